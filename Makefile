@@ -1,0 +1,47 @@
+# fp16lab: two commands.
+#   make lab   set up .venv and open JupyterLab on notebooks/
+#   make test  set up .venv and run every test, notebook execution included
+#
+# TORCH_SPEC picks the torch wheel (CI pins the CPU build; a GPU machine keeps the default).
+# CuPy is added as an extra when nvidia-smi reports a driver: cupy-cuda13x for CUDA 13,
+# cupy-cuda12x for CUDA 12, nothing without a GPU.
+
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch>=2.4
+PYTEST_ARGS ?=
+PY         := $(VENV)/bin/python
+STAMP      := $(VENV)/.fp16lab-installed
+
+CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
+CUPY_EXTRA := $(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12,))
+comma      := ,
+EXTRAS     := test,browser$(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13$(comma)vision,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12$(comma)vision,))
+
+.PHONY: setup lab test test-gpu benchmarks clean info
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@echo "fp16lab installed in $(VENV) with extras [$(EXTRAS)]"
+	@touch $@
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Only the GPU-marked tests (on a machine with a CUDA GPU).
+test-gpu: setup
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+info: setup
+	$(VENV)/bin/fp16lab info
+
+clean:
+	rm -rf $(VENV) .pytest_cache test-artifacts

@@ -1,0 +1,185 @@
+"""Timing that can be trusted, and measured results that say where they came from.
+
+GPU work is asynchronous, so GPU timings use CUDA events around the region after a warm-up;
+CPU timings use ``time.perf_counter``. Every timing is many repeats summarised by the median
+and the spread (10th to 90th percentile), never a single run.
+
+Measured results are written as JSON files under ``data/``: ``{"meta": ..., "rows": [...]}``
+where ``meta`` is :func:`fp16lab.device.metadata` (device, driver, versions, date).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+#: Where measured results live: the repository's data/ folder, or $FP16LAB_DATA.
+DATA_DIR = Path(os.environ.get("FP16LAB_DATA", Path(__file__).resolve().parent.parent / "data"))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of repeated timings, in milliseconds."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    n: int
+
+    @property
+    def spread(self) -> float:
+        """Returns (p90 - p10) / median: the relative spread of the repeats."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Returns the fields and the spread as a dict."""
+        return {**asdict(self), "spread": self.spread}
+
+
+def summarize(samples_ms: Iterable[float]) -> Timing:
+    """Returns the median and 10th/90th percentiles of a list of timings (ms)."""
+    xs = sorted(float(x) for x in samples_ms)
+    if not xs:
+        raise ValueError("summarize() needs at least one timing sample, got none")
+
+    def pct(q: float) -> float:
+        # linear interpolation between closest ranks, like numpy.percentile's default
+        pos = q * (len(xs) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return Timing(statistics.median(xs), pct(0.10), pct(0.90), len(xs))
+
+
+def _check_counts(warmup: int, repeat: int) -> None:
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+
+
+def time_cpu(fn: Callable[[], Any], *, warmup: int = 2, repeat: int = 10) -> Timing:
+    """Returns the timing of ``fn()`` on the host clock (for CPU work)."""
+    _check_counts(warmup, repeat)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return summarize(samples)
+
+
+def time_cuda(fn: Callable[[], Any], *, warmup: int = 3, repeat: int = 20,
+              backend: str = "torch") -> Timing:
+    """Returns the timing of ``fn()`` measured with CUDA events on the current stream.
+
+    Args:
+        fn: launches the GPU work to time (it need not synchronize).
+        backend: ``"torch"`` or ``"cupy"``: whose events and stream to use.
+    """
+    _check_counts(warmup, repeat)
+    if backend == "torch":
+        import torch
+
+        def event():
+            return torch.cuda.Event(enable_timing=True)
+
+        def sync():
+            torch.cuda.synchronize()
+    elif backend == "cupy":
+        import cupy
+
+        def event():
+            return cupy.cuda.Event()
+
+        def sync():
+            cupy.cuda.get_current_stream().synchronize()
+    else:
+        raise ValueError(f"backend must be 'torch' or 'cupy', got {backend!r}")
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    pairs = []
+    for _ in range(repeat):
+        start, stop = event(), event()
+        start.record()
+        fn()
+        stop.record()
+        pairs.append((start, stop))
+    sync()
+    if backend == "torch":
+        samples = [a.elapsed_time(b) for a, b in pairs]
+    else:
+        import cupy
+        samples = [cupy.cuda.get_elapsed_time(a, b) for a, b in pairs]
+    return summarize(samples)
+
+
+def copy_bandwidth_gbs(nbytes: int = 2**30, *, repeat: int = 20) -> float:
+    """Returns the device-to-device copy rate in GB/s (bytes read plus bytes written).
+
+    This is the practical memory-bandwidth ceiling that memory-bound kernels are held against.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("copy_bandwidth_gbs needs a CUDA GPU; torch sees none")
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    t = time_cuda(lambda: dst.copy_(src), warmup=3, repeat=repeat)
+    return 2 * src.numel() * 4 / (t.median_ms * 1e-3) / 1e9
+
+
+def write_result(name: str, rows: list[dict[str, Any]], *, meta: dict[str, Any] | None = None,
+                 data_dir: Path | None = None) -> Path:
+    """Writes measured rows with their provenance to ``data/<name>.json`` and returns the path."""
+    from .device import metadata
+
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"result name must be a plain file stem like 'census_bench', got {name!r}")
+    path = Path(data_dir or DATA_DIR) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": {**metadata(), **(meta or {})}, "rows": rows}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
+    tmp.replace(path)  # atomic: a reader never sees half a file
+    return path
+
+
+def read_result(name_or_path: str | Path, *, data_dir: Path | None = None) -> dict[str, Any]:
+    """Returns ``{"meta": ..., "rows": [...]}`` from a file written by :func:`write_result`."""
+    p = Path(name_or_path)
+    if p.suffix != ".json":
+        p = Path(data_dir or DATA_DIR) / f"{name_or_path}.json"
+    if not p.exists():
+        known = sorted(x.stem for x in Path(data_dir or DATA_DIR).glob("*.json"))
+        raise FileNotFoundError(f"no measured result {p}; data/ has: {', '.join(known) or 'nothing'}")
+    payload = json.loads(p.read_text())
+    if not isinstance(payload, dict) or "meta" not in payload or "rows" not in payload:
+        raise ValueError(f"{p} is not a fp16lab result file (needs 'meta' and 'rows' keys)")
+    return payload
+
+
+def describe_source(meta: dict[str, Any]) -> str:
+    """Returns one line saying which device, driver and versions produced a result."""
+    gpu = meta.get("gpu_name") or "CPU"
+    return (f"measured on {gpu} (driver {meta.get('driver_version') or 'n/a'}, "
+            f"torch {meta.get('torch')}, CuPy {meta.get('cupy_version') or 'n/a'}) "
+            f"at {meta.get('measured_at', '?')}")
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, (tuple, set)):
+        return list(x)
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"cannot write {type(x).__name__} to a result file")

@@ -1,0 +1,63 @@
+"""fp16lab.bench: summaries match numpy's percentiles; result files round-trip with provenance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fp16lab import bench
+
+
+@given(st.lists(st.floats(0.001, 1e4), min_size=1, max_size=200))
+def test_summarize_matches_numpy(xs):
+    t = bench.summarize(xs)
+    assert t.median_ms == pytest.approx(np.median(xs))
+    assert t.p10_ms == pytest.approx(np.percentile(xs, 10))
+    assert t.p90_ms == pytest.approx(np.percentile(xs, 90))
+    assert t.n == len(xs)
+
+
+def test_summarize_rejects_empty():
+    with pytest.raises(ValueError, match="at least one"):
+        bench.summarize([])
+
+
+def test_time_cpu_measures_sleep():
+    import time
+    t = bench.time_cpu(lambda: time.sleep(0.01), warmup=0, repeat=3)
+    assert 9.0 <= t.median_ms < 200
+
+
+def test_bad_counts_and_backend():
+    with pytest.raises(ValueError, match="repeat"):
+        bench.time_cpu(lambda: None, repeat=0)
+    with pytest.raises(ValueError, match="backend"):
+        bench.time_cuda(lambda: None, backend="opencl")
+
+
+def test_result_roundtrip(tmp_path):
+    rows = [{"size": 4096, "tflops": np.float32(1.5)}]
+    path = bench.write_result("demo", rows, meta={"note": "x"}, data_dir=tmp_path)
+    back = bench.read_result("demo", data_dir=tmp_path)
+    assert back["rows"] == [{"size": 4096, "tflops": 1.5}]
+    assert back["meta"]["note"] == "x" and "torch" in back["meta"]
+    assert bench.read_result(path)["rows"] == back["rows"]
+    assert "measured on" in bench.describe_source(back["meta"])
+
+
+def test_result_errors(tmp_path):
+    with pytest.raises(ValueError, match="plain file stem"):
+        bench.write_result("../x", [], data_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no measured result"):
+        bench.read_result("missing", data_dir=tmp_path)
+
+
+@pytest.mark.gpu
+def test_cuda_timing_and_copy_bandwidth():
+    import torch
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    t = bench.time_cuda(lambda: x @ x, warmup=2, repeat=5)
+    assert t.median_ms > 0
+    assert bench.copy_bandwidth_gbs(2**28, repeat=5) > 100
