@@ -13,10 +13,10 @@ PYTEST_ARGS ?=
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.fp16lab-installed
 
-CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
-CUPY_EXTRA := $(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12,))
 comma      := ,
-EXTRAS     := test,browser$(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13$(comma)vision,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12$(comma)vision,))
+CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
+GPU_EXTRAS := $(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13$(comma)vision,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12$(comma)vision,))
+EXTRAS     := test,browser$(GPU_EXTRAS)
 
 .PHONY: setup lab test test-gpu benchmarks clean info
 
@@ -34,7 +34,8 @@ lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure"; fi; exit $$rc
 
 # Only the GPU-marked tests (on a machine with a CUDA GPU).
 test-gpu: setup
