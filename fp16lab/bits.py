@@ -1,0 +1,540 @@
+"""Codes to values and back, by integer bit arithmetic: decode, encode, explain.
+
+``decode(codes, fmt)`` splits each code into sign, exponent and mantissa fields and builds the
+value ``(-1)^s * 2^(E - bias) * (1 + M / 2^m)`` (or the subnormal / special case).
+
+``encode(values, fmt)`` goes the other way without calling any library cast. Each value is
+taken as a float64 ``|x| = S * 2^(E - 52)`` with an integer significand ``S < 2^53``. The
+format's spacing ("quantum") at that magnitude is ``2^(max(E, emin) - m)``, so the value in
+quanta is ``S`` shifted right by ``k = 52 - m + max(0, emin - E)`` bits. The bits shifted off,
+``r``, decide the rounding:
+
+* nearest-even: up when ``r > 2^(k-1)``, or ``r == 2^(k-1)`` and the kept part is odd;
+* toward-zero: never up;
+* stochastic: up with probability ``r / 2^k``, so the rounding is unbiased on average.
+
+The code is then ``((max(E, emin) + bias - 1) << m) + q``: a mantissa carry into the
+exponent and the subnormal-to-normal step both fall out of the integer addition. Codes above
+the largest finite one overflow to infinity (fp16, bf16, e5m2, fp32, tf32) or to NaN
+(e4m3fn, as ml_dtypes does), or to the largest finite value with ``saturate=True``.
+
+Both work on numpy arrays (int64 / float64 arithmetic) and on torch tensors, which are
+handled with the same integer arithmetic in torch, so CUDA tensors stay on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from .formats import FormatInfo, format_info
+
+ROUNDINGS = ("nearest", "toward_zero", "stochastic")
+_ROUNDING_ALIASES = {"nearest_even": "nearest", "rne": "nearest", "rtz": "toward_zero",
+                     "truncate": "toward_zero", "sr": "stochastic"}
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy / torch dispatch
+# ---------------------------------------------------------------------------------------------
+def _is_torch(x: Any) -> bool:
+    mod = type(x).__module__
+    return mod.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+
+
+class _NumpyOps:
+    """The handful of array operations encode/decode need, for numpy."""
+
+    where = staticmethod(np.where)
+    maximum = staticmethod(np.maximum)
+    minimum = staticmethod(np.minimum)
+
+    @staticmethod
+    def f64_bits(x):
+        return np.asarray(x, dtype=np.float64).view(np.int64)
+
+    @staticmethod
+    def to_f64(x):
+        return x.astype(np.float64)
+
+    @staticmethod
+    def exp2i(values, exps):
+        return np.ldexp(values, exps.astype(np.int32))
+
+    @staticmethod
+    def full_like_int(x, v):
+        return np.full(np.shape(x), v, dtype=np.int64)
+
+    @staticmethod
+    def isnan(x):
+        return np.isnan(x)
+
+
+class _TorchOps:
+    """The same operations for torch tensors (any device)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.where = torch.where
+        self.isnan = torch.isnan
+
+    def maximum(self, a, b):
+        return a.clamp(min=b) if isinstance(b, (int, float)) else self.torch.maximum(a, b)
+
+    def minimum(self, a, b):
+        return a.clamp(max=b) if isinstance(b, (int, float)) else self.torch.minimum(a, b)
+
+    def f64_bits(self, x):
+        return x.to(self.torch.float64).contiguous().view(self.torch.int64)
+
+    def to_f64(self, x):
+        return x.to(self.torch.float64)
+
+    def exp2i(self, values, exps):
+        # powers of two up to 2^+-1100 are exact in float64; split to avoid overflow of 2^e
+        t = self.torch
+        e = exps.to(t.float64)
+        half = t.floor(e / 2)
+        return values * t.exp2(half) * t.exp2(e - half)
+
+    def full_like_int(self, x, v):
+        return self.torch.full(x.shape, v, dtype=self.torch.int64, device=x.device)
+
+
+def _ops(x: Any):
+    return _TorchOps() if _is_torch(x) else _NumpyOps
+
+
+# ---------------------------------------------------------------------------------------------
+# decode
+# ---------------------------------------------------------------------------------------------
+def _check_codes(codes: Any, f: FormatInfo):
+    """Returns codes as an int64 array/tensor after checking they are codes of the format."""
+    hi = (1 << f.bits) - 1
+    if _is_torch(codes):
+        import torch
+
+        if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+            raise ValueError(f"decode expects integer codes for {f.name} (0..{hi:#x}), "
+                             f"got a tensor of dtype {codes.dtype}")
+        c = codes.to(torch.int64)
+        if c.numel():
+            lo_v, hi_v = int(c.min()), int(c.max())
+            if lo_v < 0 or hi_v > hi:
+                bad = lo_v if lo_v < 0 else hi_v
+                raise ValueError(f"code {bad} is out of range for {f.name}: codes are "
+                                 f"{f.bits}-bit integers 0..{hi} ({hi:#x})")
+        return c
+    if isinstance(codes, str):
+        raise ValueError(f"decode expects integer codes, got the string {codes!r}; "
+                         f"use parse_code() for hex ('0x3c00') or bit strings")
+    arr = np.asarray(codes)
+    if arr.dtype == object or arr.dtype.kind not in "iu":
+        if arr.dtype.kind == "b" or arr.dtype.kind not in "iuO":
+            raise ValueError(f"decode expects integer codes for {f.name} (0..{hi:#x}), "
+                             f"got {arr.dtype} values like {arr.ravel()[:3].tolist()!r}")
+        try:
+            arr = arr.astype(np.int64)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"decode expects integer codes for {f.name}, got {codes!r}") from e
+    if arr.size:
+        lo_v, hi_v = int(arr.min()), int(arr.max())
+        if lo_v < 0 or hi_v > hi:
+            bad = lo_v if lo_v < 0 else hi_v
+            raise ValueError(f"code {bad} is out of range for {f.name}: codes are "
+                             f"{f.bits}-bit integers 0..{hi} ({hi:#x})")
+    return arr.astype(np.int64)
+
+
+def decode(codes: Any, fmt: str | FormatInfo = "fp16"):
+    """Returns the float64 values of integer codes of a format (array or tensor, same shape).
+
+    Args:
+        codes: integers in ``0 .. 2^bits - 1`` (numpy array, list, int or torch tensor; for a
+            tensor the result is a float64 tensor on the same device).
+        fmt: format name or :class:`~fp16lab.formats.FormatInfo`.
+
+    Raises:
+        ValueError: for non-integer codes or codes out of range for the format.
+    """
+    f = format_info(fmt)
+    scalar = np.isscalar(codes) or (isinstance(codes, int))
+    c = _check_codes(codes, f)
+    ops = _ops(c)
+    m = f.mantissa_bits
+    sign = (c >> (f.bits - 1)) & 1
+    e_field = (c >> m) & f.exponent_field_max
+    mant = c & f.mantissa_field_max
+    normal = e_field > 0
+    signif = ops.to_f64(mant + ops.where(normal, 1 << m, 0))
+    exp = ops.maximum(e_field, 1) - f.bias - m
+    mag = ops.exp2i(signif, exp)
+    inf = math.inf
+    if f.specials == "ieee":
+        special = e_field == f.exponent_field_max
+        mag = ops.where(special & (mant == 0), inf, mag)
+        mag = ops.where(special & (mant != 0), math.nan, mag)
+    else:
+        mag = ops.where((e_field == f.exponent_field_max) & (mant == f.mantissa_field_max),
+                        math.nan, mag)
+    out = ops.where(sign == 1, -mag, mag)
+    if scalar and not _is_torch(out):
+        return float(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# encode
+# ---------------------------------------------------------------------------------------------
+def _check_values(values: Any):
+    """Returns values as float64-convertible array/tensor, or raises a clear ValueError."""
+    if _is_torch(values):
+        if values.dtype.is_complex:
+            raise ValueError(f"encode expects real numbers, got a complex tensor ({values.dtype})")
+        return values
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"encode expects numbers, got the string {values!r}; use explain() or "
+                         f"parse_code() to read hex ('0x3c00') or bit strings")
+    arr = np.asarray(values)
+    if arr.dtype.kind == "c":
+        raise ValueError(f"encode expects real numbers, got complex values {arr.ravel()[:3]!r}")
+    if arr.dtype.kind not in "biuf":
+        try:
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"encode expects real numbers (ints, floats, arrays, tensors), got "
+                             f"{arr.dtype} values like {arr.ravel()[:3].tolist()!r}") from e
+    return arr
+
+
+def _rounding(rounding: str) -> str:
+    r = _ROUNDING_ALIASES.get(rounding, rounding)
+    if r not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; allowed: {', '.join(ROUNDINGS)}")
+    return r
+
+
+def encode(values: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "nearest",
+           saturate: bool = False, seed: int | None = None, generator: Any = None):
+    """Returns the int64 codes of values rounded into a format (array or tensor, same shape).
+
+    Args:
+        values: real numbers (scalar, list, numpy array or torch tensor on any device).
+        fmt: format name or FormatInfo.
+        rounding: ``"nearest"`` (ties to even, the IEEE default), ``"toward_zero"`` or
+            ``"stochastic"`` (up with probability equal to the distance from the lower
+            neighbour in units of the spacing).
+        saturate: clamp overflow to the largest finite value instead of inf (or NaN for
+            e4m3fn, which has no inf). Toward-zero rounding always saturates finite values.
+        seed: seed for stochastic rounding of numpy input.
+        generator: a ``numpy.random.Generator`` or ``torch.Generator`` for stochastic rounding.
+
+    Raises:
+        ValueError: for non-numeric values or an unknown rounding mode.
+    """
+    f = format_info(fmt)
+    mode = _rounding(rounding)
+    scalar = np.isscalar(values) or isinstance(values, (int, float))
+    v = _check_values(values)
+    ops = _ops(v)
+    bits = ops.f64_bits(v)
+    m = f.mantissa_bits
+    sign = (bits >> 63) & 1
+    a = bits & 0x7FFF_FFFF_FFFF_FFFF
+    e_field = a >> 52
+    frac = a & ((1 << 52) - 1)
+    is_nan = a > 0x7FF0_0000_0000_0000
+    is_inf = a == 0x7FF0_0000_0000_0000
+    # |x| = S * 2^(E - 52) with S < 2^53 (float64 subnormals: no implicit bit, E = -1022)
+    signif = frac + ops.where(e_field > 0, 1 << 52, 0)
+    e = ops.maximum(e_field, 1) - 1023
+    e_eff = ops.maximum(e, f.emin)
+    shift = 52 - m + (e_eff - e)
+    k = ops.minimum(shift, 54)  # beyond 54 bits everything is shifted off anyway
+    q = signif >> k
+    r = signif & ((1 << k) - 1)
+    if mode == "nearest":
+        half = 1 << (k - 1)
+        up = (r > half) | ((r == half) & ((q & 1) == 1))
+    elif mode == "toward_zero":
+        up = r < 0  # all False, same shape and type
+    else:
+        # probability r / 2^shift, computed exactly in float64 (r < 2^53)
+        p = ops.exp2i(ops.to_f64(r), -shift)
+        up = _uniform_like(p, seed, generator) < p
+    q = q + ops.where(up, 1, 0)
+    mag = ((e_eff + f.bias - 1) << m) + q
+    over = mag > f.max_finite_code
+    if mode == "toward_zero" or saturate:
+        over_code = f.max_finite_code
+    else:
+        over_code = f.inf_code if f.has_infs else f.nan_code
+    mag = ops.where(over, over_code, mag)
+    if f.has_infs:
+        inf_code = f.max_finite_code if saturate else f.inf_code
+    else:
+        inf_code = f.max_finite_code if saturate else f.nan_code
+    mag = ops.where(is_inf, inf_code, mag)
+    mag = ops.where(is_nan, f.nan_code, mag)
+    code = mag | (sign << (f.bits - 1))
+    if scalar and not _is_torch(code):
+        return int(code)
+    return code
+
+
+def _uniform_like(p, seed, generator):
+    if _is_torch(p):
+        import torch
+
+        return torch.rand(p.shape, dtype=torch.float64, device=p.device, generator=generator)
+    rng = generator if generator is not None else np.random.default_rng(seed)
+    return rng.random(np.shape(p))
+
+
+def quantize(values: Any, fmt: str | FormatInfo = "fp16", **kwargs):
+    """Returns values rounded to the nearest number of a format, as float64 (``decode(encode(x))``).
+
+    Keyword arguments go to :func:`encode` (``rounding``, ``saturate``, ``seed``).
+    """
+    return decode(encode(values, fmt, **kwargs), fmt)
+
+
+def ulp(values: Any, fmt: str | FormatInfo = "fp16"):
+    """Returns the spacing of the format at each value: ``2^(max(floor(log2|x|), emin) - m)``.
+
+    The spacing is that of the binade the value falls in (for 1.0 in fp16, 2^-10); zero and
+    subnormals get the subnormal spacing; inf and NaN give NaN.
+    """
+    f = format_info(fmt)
+    v = _check_values(values)
+    ops = _ops(v)
+    bits = ops.f64_bits(v)
+    a = bits & 0x7FFF_FFFF_FFFF_FFFF
+    e_field = a >> 52
+    e = ops.maximum(e_field, 1) - 1023
+    e_eff = ops.maximum(e, f.emin)
+    out = ops.exp2i(ops.to_f64(ops.full_like_int(e, 1)), e_eff - f.mantissa_bits)
+    out = ops.where(e_field == 0x7FF, math.nan, out)
+    if np.isscalar(values) or isinstance(values, (int, float)):
+        return float(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# reading and printing single codes
+# ---------------------------------------------------------------------------------------------
+_HEX_RE = re.compile(r"^[+]?0[xX][0-9a-fA-F_]+$")
+_BITS_RE = re.compile(r"^[01][01 _]*$")
+
+
+def to_hex(code: int, fmt: str | FormatInfo = "fp16") -> str:
+    """Returns a code as zero-padded lowercase hex, as ``printf("%04x", __half_as_ushort(x))``
+    prints an fp16 (e.g. ``"0x3c00"`` for 1.0)."""
+    f = format_info(fmt)
+    return f"0x{int(code):0{f.hex_digits}x}"
+
+
+def to_bits(code: int, fmt: str | FormatInfo = "fp16", sep: str = " ") -> str:
+    """Returns a code as a bit string split into sign, exponent and mantissa fields
+    (``"0 01111 0000000000"`` for fp16 1.0)."""
+    f = format_info(fmt)
+    s = f"{int(code):0{f.bits}b}"
+    e = f.exponent_bits
+    return sep.join((s[0], s[1:1 + e], s[1 + e:]))
+
+
+def parse_code(text: str, fmt: str | FormatInfo = "fp16") -> int:
+    """Returns the integer code written as hex (``"0x3c00"``) or bits (``"0 01111 0000000000"``).
+
+    Spaces and underscores in bit strings are ignored; a bit string must have exactly as many
+    bits as the format.
+
+    Raises:
+        ValueError: for anything else, saying what was given and what is allowed.
+    """
+    f = format_info(fmt)
+    hi = (1 << f.bits) - 1
+    s = str(text).strip()
+    if _HEX_RE.match(s):
+        code = int(s.replace("_", ""), 16)
+        if code > hi:
+            raise ValueError(f"hex code {text!r} is out of range for {f.name}: allowed 0x0.."
+                             f"{hi:#0{f.hex_digits + 2}x} ({f.bits} bits)")
+        return code
+    if _BITS_RE.match(s):
+        digits = s.replace(" ", "").replace("_", "")
+        if len(digits) != f.bits:
+            raise ValueError(f"bit string {text!r} has {len(digits)} bits; {f.name} codes have "
+                             f"{f.bits} (1 sign, {f.exponent_bits} exponent, {f.mantissa_bits} "
+                             f"mantissa), e.g. {to_bits(encode(1.0, f), f)!r}")
+        return int(digits, 2)
+    raise ValueError(f"cannot read {text!r} as a {f.name} code: allowed are hex like "
+                     f"{to_hex(encode(1.0, f), f)!r} or {f.bits} bits like "
+                     f"{to_bits(encode(1.0, f), f)!r} (spaces and underscores allowed)")
+
+
+def _parse_input(x: Any, f: FormatInfo) -> tuple[float | None, int | None]:
+    """Returns (value, None) for a number or (None, code) for a hex / bit string."""
+    if isinstance(x, str):
+        s = x.strip()
+        if _HEX_RE.match(s) or (_BITS_RE.match(s) and len(s.replace(" ", "").replace("_", "")) > 3
+                                and set(s) <= set("01 _")):
+            return None, parse_code(s, f)
+        try:
+            return float(s), None
+        except ValueError:
+            raise ValueError(f"cannot read {x!r}: allowed are a number ('1.5', '-inf', 'nan'), "
+                             f"hex like {to_hex(encode(1.0, f), f)!r} or {f.bits} bits like "
+                             f"{to_bits(encode(1.0, f), f)!r}") from None
+    if _is_torch(x):
+        if x.numel() != 1:
+            raise ValueError(f"explain() takes one value, got a tensor of shape {tuple(x.shape)}")
+        return float(x.item()), None
+    if isinstance(x, np.ndarray):
+        if x.size != 1:
+            raise ValueError(f"explain() takes one value, got an array of shape {x.shape}")
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise ValueError(f"explain() takes a number, hex string or bit string; got "
+                         f"{type(x).__name__} {x!r}")
+    return float(x), None
+
+
+def _classify(code: int, f: FormatInfo) -> str:
+    mag = code & (f.sign_mask - 1)
+    e_field = mag >> f.mantissa_bits
+    mant = mag & f.mantissa_field_max
+    if f.specials == "ieee" and e_field == f.exponent_field_max:
+        return "inf" if mant == 0 else "nan"
+    if f.specials == "fn" and mag == f.nan_code:
+        return "nan"
+    if e_field == 0:
+        return "zero" if mant == 0 else "subnormal"
+    return "normal"
+
+
+def next_up(code: int, fmt: str | FormatInfo = "fp16") -> int:
+    """Returns the code of the next larger number of the format (inf stays inf; NaN stays NaN;
+    the largest finite of a format without infinities stays put)."""
+    f = format_info(fmt)
+    code = int(code)
+    cls = _classify(code, f)
+    neg = bool(code & f.sign_mask)
+    mag = code & (f.sign_mask - 1)
+    if cls == "nan":
+        return code
+    if not neg:
+        if cls == "inf" or mag == f.max_finite_code and not f.has_infs:
+            return code
+        return code + 1
+    if mag == 0:  # -0 -> smallest positive subnormal
+        return 1
+    if cls == "inf":
+        return f.sign_mask | f.max_finite_code
+    return code - 1 if mag > 1 else f.sign_mask  # -min_subnormal -> -0
+
+
+def next_down(code: int, fmt: str | FormatInfo = "fp16") -> int:
+    """Returns the code of the next smaller number of the format (mirror of :func:`next_up`)."""
+    f = format_info(fmt)
+    code = int(code)
+    return next_up(code ^ f.sign_mask, f) ^ f.sign_mask if _classify(code, f) != "nan" else code
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Everything about one number stored in one format (see :func:`explain`)."""
+
+    fmt: str
+    given: float
+    code: int
+    hex: str
+    bits: str
+    sign: int
+    exponent_field: int
+    exponent: int | None
+    mantissa_field: int
+    kind: str
+    value: float
+    exact: str
+    next_up: float
+    next_down: float
+    ulp: float
+    error: float
+    relative_error: float
+
+    def rows(self) -> list[tuple[str, str]]:
+        """Returns (label, text) pairs for printing."""
+        exp = "n/a" if self.exponent is None else str(self.exponent)
+        return [
+            ("format", self.fmt),
+            ("given", repr(self.given)),
+            ("bits (s|e|m)", self.bits),
+            ("hex", self.hex),
+            ("sign", f"{self.sign} ({'-' if self.sign else '+'})"),
+            ("exponent", f"field {self.exponent_field}, unbiased {exp}"),
+            ("mantissa", f"field {self.mantissa_field}"),
+            ("class", self.kind),
+            ("value", repr(self.value)),
+            ("exact value", self.exact),
+            ("neighbours", f"{self.next_down!r} < value < {self.next_up!r}"),
+            ("ULP", repr(self.ulp)),
+            ("rounding error", f"{self.error!r} (relative {self.relative_error:.3g})"),
+        ]
+
+    def __str__(self) -> str:
+        width = max(len(k) for k, _ in self.rows())
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        cells = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                        f"<td style='text-align:left'><code>{html.escape(v)}</code></td></tr>"
+                        for k, v in self.rows())
+        return f"<table class='fp16lab-explain'>{cells}</table>"
+
+
+def explain(x: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "nearest",
+            saturate: bool = False) -> Explanation:
+    """Returns an :class:`Explanation` of how ``x`` is stored in a format.
+
+    Args:
+        x: a number (int, float, numpy or torch scalar, or a string like "0.1"), a hex code
+            ("0x3c00") or a bit string ("0 01111 0000000000"; spaces / underscores allowed).
+        fmt: the format.
+        rounding, saturate: how a number is rounded into the format (see :func:`encode`).
+
+    Raises:
+        ValueError: for malformed strings, codes out of range or non-numeric input.
+    """
+    f = format_info(fmt)
+    value, code = _parse_input(x, f)
+    if code is None:
+        code = encode(value, f, rounding=rounding, saturate=saturate)
+    stored = decode(code, f)
+    given = stored if value is None else value
+    kind = _classify(code, f)
+    mag = code & (f.sign_mask - 1)
+    e_field = mag >> f.mantissa_bits
+    exponent = None if kind in ("inf", "nan", "zero") else max(e_field, 1) - f.bias
+    finite = math.isfinite(stored)
+    # inf - inf is nan: a stored infinity that was given as infinity has no error
+    err = 0.0 if stored == given else stored - given
+    rel = abs(err) / abs(given) if given != 0 and math.isfinite(given) else (
+        0.0 if err == 0 else math.nan)
+    return Explanation(
+        fmt=f.name, given=given, code=code, hex=to_hex(code, f), bits=to_bits(code, f),
+        sign=code >> (f.bits - 1), exponent_field=e_field, exponent=exponent,
+        mantissa_field=mag & f.mantissa_field_max, kind=kind, value=stored,
+        exact=str(Decimal(stored)) if finite else str(stored),
+        next_up=decode(next_up(code, f), f), next_down=decode(next_down(code, f), f),
+        ulp=ulp(stored, f) if finite else math.nan, error=err, relative_error=rel,
+    )

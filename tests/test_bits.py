@@ -1,0 +1,380 @@
+"""decode / encode / explain against independent oracles: numpy, ml_dtypes, torch, exact fractions.
+
+A finding worth knowing: ml_dtypes and torch cast float64 -> bfloat16 (and fp8) through float32,
+so a float64 value can be rounded twice and land one ULP off the nearest bfloat16. The oracles
+below therefore use float32 inputs for ml_dtypes / torch, and an exact-fraction oracle for
+float64 inputs.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from fp16lab import bits
+from fp16lab.formats import format_info
+
+# numpy warns on casts that overflow or make NaN: that is what these tests exercise
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+NARROW = {  # format -> (numpy/ml_dtypes dtype, unsigned view dtype, torch dtype)
+    "fp16": (np.float16, np.uint16, torch.float16),
+    "bf16": (ml_dtypes.bfloat16, np.uint16, torch.bfloat16),
+    "fp8_e4m3": (ml_dtypes.float8_e4m3fn, np.uint8, torch.float8_e4m3fn),
+    "fp8_e5m2": (ml_dtypes.float8_e5m2, np.uint8, torch.float8_e5m2),
+}
+
+
+def oracle_codes(x, name: str) -> np.ndarray:
+    """Codes by numpy / ml_dtypes casts (from float32 unless fp16, which numpy rounds directly)."""
+    dt, udt, _ = NARROW[name]
+    src = np.asarray(x, dtype=np.float64 if name == "fp16" else np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return src.astype(dt).view(udt).astype(np.int64)
+
+
+def same_codes(got, want, name):
+    """Codes equal, except that any NaN code matches any NaN code."""
+    got, want = np.asarray(got), np.asarray(want)
+    gnan, wnan = np.isnan(bits.decode(got, name)), np.isnan(bits.decode(want, name))
+    return np.array_equal(gnan, wnan) and np.array_equal(got[~gnan], want[~wnan])
+
+
+# --------------------------------------------------------------------------------- decode
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_decode_every_code_numpy_ml_dtypes(name):
+    dt, udt, _ = NARROW[name]
+    codes = np.arange(2 ** (8 * np.dtype(udt).itemsize))
+    want = codes.astype(udt).view(dt).astype(np.float64)
+    got = bits.decode(codes, name)
+    assert got.dtype == np.float64
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]))
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_decode_every_code_torch(name):
+    _, udt, tdt = NARROW[name]
+    n = 2 ** (8 * np.dtype(udt).itemsize)
+    codes = torch.arange(n, dtype=torch.int64)
+    raw = np.arange(n).astype(udt).view(np.int16 if n == 65536 else np.uint8)
+    want = torch.from_numpy(raw).view(tdt).to(torch.float64)
+    got = bits.decode(codes, name)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float64
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert torch.equal(got[ok], want[ok])
+    assert torch.equal(torch.signbit(got[ok]), torch.signbit(want[ok]))
+
+
+def test_decode_fp32_and_tf32():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 2**32, 200_000, dtype=np.int64)
+    codes[:6] = [0, 0x80000000, 1, 0x7F800000, 0xFF800000, 0x7FC00000]
+    want = codes.astype(np.uint32).view(np.float32).astype(np.float64)
+    assert np.array_equal(bits.decode(codes, "fp32"), want, equal_nan=True)
+    # a tf32 code is the top 19 bits of an fp32 code
+    tcodes = codes >> 13
+    assert np.array_equal(bits.decode(tcodes, "tf32"),
+                          (tcodes << 13).astype(np.uint32).view(np.float32).astype(np.float64),
+                          equal_nan=True)
+
+
+def test_decode_scalar_and_shape():
+    assert bits.decode(0x3C00, "fp16") == 1.0
+    assert bits.decode(np.uint16(0xC000)) == -2.0
+    assert bits.decode([[0x3C00, 0x7C00]]).shape == (1, 2)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (0x10000, r"code 65536 is out of range for fp16.*0xffff"),
+    (-1, r"code -1 is out of range"),
+    ([1.5], r"integer codes.*float64"),
+    ("0x3c00", r"string '0x3c00'.*parse_code"),
+])
+def test_decode_bad_codes(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bits.decode(bad, "fp16")
+
+
+def test_decode_bad_codes_fp8_and_tensor():
+    with pytest.raises(ValueError, match=r"code 256 is out of range for fp8_e4m3.*0\.\.255"):
+        bits.decode([0, 256], "e4m3")
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        bits.decode(torch.ones(3), "fp16")
+
+
+# --------------------------------------------------------------------------------- encode
+EDGES = [0.0, -0.0, 1.0, -1.0, 2048.0, 2049.0, 2050.0, 2051.0, 65504.0, 65519.99, 65520.0,
+         65536.0, 1e6, -1e6, 448.0, 464.0, 464.1, 480.0, 57344.0, 61440.0, 1e-8, 2.0**-24,
+         2.0**-25, 2.0**-25 * 1.0001, 3 * 2.0**-26, 2.0**-14, 2.0**-14 - 2.0**-25, 2.0**-133,
+         2.0**-134, 3 * 2.0**-134, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-11,
+         1.0 + 3 * 2.0**-11, 0.1, 1 / 3, 3.0e38, 3.4e38, 1e39, -1e39, 2.0**-6, 2.0**-9,
+         2.0**-10, 2.0**-17, 2.0**-16, np.inf, -np.inf, np.nan, -np.nan]
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_encode_edges_match_casts(name):
+    x = np.array(EDGES, dtype=np.float32).astype(np.float64)
+    assert same_codes(bits.encode(x, name), oracle_codes(x, name), name)
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_encode_every_value_and_midpoint(name):
+    """Every finite value encodes to itself; every midpoint between neighbours ties to even."""
+    _, udt, _ = NARROW[name]
+    vals = bits.decode(np.arange(2 ** (8 * np.dtype(udt).itemsize)), name)
+    vals = np.unique(vals[np.isfinite(vals) & (vals >= 0)])
+    mids = (vals[1:] + vals[:-1]) / 2  # exact in float64 and in float32
+    x = np.concatenate([vals, -vals, mids, -mids, np.nextafter(mids.astype(np.float32), 0),
+                        np.nextafter(mids.astype(np.float32), np.inf)]).astype(np.float64)
+    assert same_codes(bits.encode(x, name), oracle_codes(x, name), name)
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_encode_matches_torch_casts(name):
+    _, udt, tdt = NARROW[name]
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(100_000, generator=g) * torch.exp2(torch.randint(-30, 20, (100_000,),
+                                                                      generator=g).float())
+    x = torch.cat([x, torch.tensor(EDGES, dtype=torch.float32)])
+    if name == "fp8_e4m3":
+        x = x[x.abs() <= 464]  # torch's e4m3fn overflow behaviour is not the OCP/ml_dtypes one
+    want = x.to(tdt).view(torch.int16 if udt == np.uint16 else torch.uint8).to(torch.int64)
+    want = want & (0xFFFF if udt == np.uint16 else 0xFF)
+    got = bits.encode(x, name)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.int64
+    assert same_codes(got.numpy(), want.numpy(), name)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float32, st.integers(1, 300), elements=st.floats(width=32, allow_nan=True,
+                                                                   allow_infinity=True)))
+def test_encode_random_float32_hypothesis(x):
+    for name in NARROW:
+        assert same_codes(bits.encode(x, name), oracle_codes(x, name), name), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float64, st.integers(1, 200), elements=st.floats(-7e4, 7e4)))
+def test_encode_random_float64_fp16_numpy(x):
+    assert same_codes(bits.encode(x, "fp16"), oracle_codes(x, "fp16"), "fp16")
+
+
+def _nearest_even_exact(x: float, name: str) -> int:
+    """Code of the nearest finite value by exact fractions (ties to the even code)."""
+    f = format_info(name)
+    codes = np.arange(f.max_finite_code + 1)
+    vals = bits.decode(codes, name)
+    mag = Fraction(abs(x))
+    dist = [abs(Fraction(float(v)) - mag) for v in vals]
+    best = min(dist)
+    cands = [int(c) for c, d in zip(codes, dist) if d == best]
+    code = cands[0] if len(cands) == 1 else [c for c in cands if c % 2 == 0][0]
+    return code | (f.sign_mask if np.signbit(x) else 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(-440, 440))
+def test_encode_float64_exact_oracle_fp8(x):
+    # direct rounding of float64 (the casts go through float32 and may round twice)
+    assert bits.encode(x, "e4m3") == _nearest_even_exact(x, "fp8_e4m3")
+    assert bits.encode(x, "e5m2") == _nearest_even_exact(x, "fp8_e5m2")
+
+
+def test_bf16_double_rounding_is_avoided():
+    # just above the midpoint between two bf16 values, by less than a float32 ULP
+    lo, hi = 1.0, 1.0 + 2**-7
+    x = (lo + hi) / 2 + 2.0**-30
+    assert bits.decode(bits.encode(x, "bf16"), "bf16") == hi
+    # the cast via float32 lands on the tie and rounds to even: one ULP off
+    assert float(np.float64(x).astype(np.float32).astype(ml_dtypes.bfloat16)) == lo
+
+
+def test_negative_zero_and_ties():
+    assert bits.encode(-0.0, "fp16") == 0x8000
+    assert bits.encode(2049.0, "fp16") == np.float16(2048).view(np.uint16)  # tie to even
+    assert bits.encode(2051.0, "fp16") == np.float16(2052).view(np.uint16)
+    assert bits.encode(-2.0**-26, "fp16") == 0x8000  # underflow keeps the sign
+
+
+def test_overflow_rules():
+    assert bits.encode(65520.0, "fp16") == 0x7C00  # tie above max rounds to inf
+    assert bits.encode(65519.0, "fp16") == 0x7BFF
+    assert bits.encode(1e6, "fp16", saturate=True) == 0x7BFF
+    assert bits.encode(-np.inf, "fp16", saturate=True) == 0xFBFF
+    assert bits.encode(464.0, "e4m3") == 0x7E  # tie rounds to even 448
+    assert bits.encode(465.0, "e4m3") == 0x7F  # NaN, as ml_dtypes
+    assert bits.encode(np.inf, "e4m3") == 0x7F
+    assert bits.encode(1e9, "e4m3", saturate=True) == 0x7E
+    assert bits.encode(-1e9, "e4m3", saturate=True) == 0xFE
+    assert bits.encode(1e6, "e5m2") == 0x7C
+    assert bits.encode(1e6, "fp16", rounding="toward_zero") == 0x7BFF
+
+
+def test_encode_fp32_matches_numpy():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(100_000) * np.exp2(rng.integers(-160, 130, 100_000))
+    x = np.concatenate([x, [0.0, -0.0, 2.0**-150, 2.0**-149 * 1.5, 3.5e38, np.inf]])
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float32).view(np.uint32).astype(np.int64)
+    assert np.array_equal(bits.encode(x, "fp32"), want)
+
+
+def test_tf32_is_fp32_with_low_13_bits_rounded_off():
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(200_000) * np.exp2(rng.integers(-130, 120, 200_000))).astype(np.float32)
+    b = x.view(np.uint32).astype(np.int64)
+    b[:3] = [0x3F801000, 0x3F803000, 0x3F801001]  # ties (to even, both ways) and just above
+    x = b.astype(np.uint32).view(np.float32)
+    # the definition: round the 13 dropped bits to nearest even, on the integer bit pattern
+    rounded = (b + 0xFFF + ((b >> 13) & 1)) >> 13
+    assert np.array_equal(bits.encode(x, "tf32"), rounded)
+    assert bits.encode(np.float32(1.0 + 2**-11), "tf32") == 0x3F800000 >> 13
+
+
+def test_toward_zero_matches_float64_truncation():
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-60000, 60000, 20_000)
+    got = bits.decode(bits.encode(x, "fp16", rounding="toward_zero"), "fp16")
+    near = np.float16(x).astype(np.float64)
+    # the truncated value is the neighbour not farther from zero than x
+    lower_mag = np.where(np.abs(near) <= np.abs(x), near,
+                         np.nextafter(np.float16(near), np.float16(0)).astype(np.float64))
+    assert np.array_equal(got, lower_mag)
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_stochastic_rounding_unbiased(as_torch):
+    x = np.array([1.0 + 2.0**-12, 1000.3, -3.7e-6, 2.0**-26])  # last one: below half min subnormal
+    n = 20_000
+    xs = np.repeat(x, n)
+    if as_torch:
+        codes = bits.encode(torch.from_numpy(xs), "fp16", rounding="stochastic",
+                            generator=torch.Generator().manual_seed(0)).numpy()
+    else:
+        codes = bits.encode(xs, "fp16", rounding="stochastic", seed=0)
+    vals = bits.decode(codes, "fp16").reshape(len(x), n)
+    for xi, row in zip(x, vals):
+        lo = np.float16(xi)
+        lo = lo if abs(float(lo)) <= abs(xi) else np.nextafter(lo, np.float16(0))
+        hi = np.nextafter(lo, np.float16(np.inf) if xi > 0 else np.float16(-np.inf))
+        assert set(np.unique(row)) <= {float(lo), float(hi)}
+        p = abs(xi - float(lo)) / abs(float(hi) - float(lo))
+        # mean of n Bernoulli(p) draws: within 5 standard errors of x
+        se = abs(float(hi) - float(lo)) * np.sqrt(p * (1 - p) / n) + 1e-300
+        assert abs(row.mean() - xi) < 5 * se + 1e-12 * abs(xi), (xi, row.mean())
+
+
+def test_exact_values_never_move_under_any_rounding():
+    v = bits.decode(np.arange(0x7C00), "fp16")
+    for mode in ("toward_zero", "stochastic"):
+        assert np.array_equal(bits.decode(bits.encode(v, "fp16", rounding=mode), "fp16"), v)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("abc", r"string 'abc'"), (["a", "b"], r"real numbers.*\['a', 'b'\]"),
+    (1 + 2j, "complex"),
+])
+def test_encode_bad_values(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bits.encode(bad, "fp16")
+
+
+def test_encode_bad_rounding():
+    with pytest.raises(ValueError, match=r"unknown rounding 'up'.*nearest, toward_zero, stochastic"):
+        bits.encode(1.0, "fp16", rounding="up")
+
+
+def test_quantize_and_ulp():
+    assert bits.quantize(2048.0 + 1.0, "fp16") == 2048.0
+    x = np.array([1.0, 3.0, 1000.0, 60000.0, 1e-6, 2.0**-20])
+    assert np.array_equal(bits.ulp(x, "fp16"), np.spacing(np.float16(x)).astype(np.float64))
+
+
+# --------------------------------------------------------------------------------- codes, explain
+def test_hex_and_bits_strings():
+    assert bits.to_hex(0x3C00, "fp16") == "0x3c00"
+    assert bits.to_hex(0x7F, "e4m3") == "0x7f"
+    assert bits.to_bits(0x3C00, "fp16") == "0 01111 0000000000"
+    assert bits.parse_code("0x3C00", "fp16") == 0x3C00
+    assert bits.parse_code("0_01111_0000000000", "fp16") == 0x3C00
+    assert bits.parse_code("0 0111 000", "e4m3") == 0x38
+
+
+@pytest.mark.parametrize("text,match", [
+    ("0x1ffff", r"'0x1ffff' is out of range for fp16.*0xffff"),
+    ("0 01111 000000000", r"has 15 bits; fp16 codes have 16"),
+    ("0xzz", r"cannot read '0xzz'.*hex like '0x3c00'.*16 bits like '0 01111 0000000000'"),
+    ("12", r"cannot read '12'"),
+])
+def test_parse_code_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        bits.parse_code(text, "fp16")
+
+
+@pytest.mark.parametrize("x", [1.0, 0.1, -3.14159, 65504.0, 6e-8, 1e-5, 2049.0, -0.0])
+def test_explain_against_numpy_float16(x):
+    h = np.float16(x)
+    e = bits.explain(x, "fp16")
+    assert e.code == int(h.view(np.uint16))
+    assert e.hex == f"0x{int(h.view(np.uint16)):04x}"
+    assert e.value == float(h)
+    assert e.next_up == float(np.nextafter(h, np.float16(np.inf)))
+    assert e.next_down == float(np.nextafter(h, np.float16(-np.inf)))
+    spacing = float(np.spacing(abs(h)))  # numpy says inf at the largest finite
+    assert e.ulp == (spacing if np.isfinite(spacing) else 32.0)
+    assert e.error == float(h) - x
+    assert Fraction(e.exact) == Fraction(float(h))
+
+
+def test_explain_fields_and_classes():
+    e = bits.explain("0 00000 0000000001", "fp16")
+    assert (e.kind, e.value, e.exponent, e.mantissa_field) == ("subnormal", 2.0**-24, -14, 1)
+    e = bits.explain("0x3c00", "half")
+    assert (e.sign, e.exponent_field, e.exponent, e.kind) == (0, 15, 0, "normal")
+    assert bits.explain(-0.0).kind == "zero" and bits.explain(-0.0).sign == 1
+    assert bits.explain(1e6).kind == "inf"
+    assert bits.explain(1e6, "e4m3").kind == "nan"
+    assert bits.explain(1e6, "e4m3", saturate=True).value == 448
+    assert bits.explain("nan", "bf16").kind == "nan"
+    assert bits.explain(torch.tensor(0.5), "bf16").value == 0.5
+    assert "0x3c00" in str(bits.explain(1.0)) and "<table" in bits.explain(1.0)._repr_html_()
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("hello", r"cannot read 'hello'.*number.*hex like '0x3c00'"),
+    (None, r"takes a number.*NoneType"),
+    ([1.0, 2.0], r"takes a number.*list"),
+    (np.ones(3), r"one value.*\(3,\)"),
+])
+def test_explain_bad_input(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bits.explain(bad, "fp16")
+
+
+# --------------------------------------------------------------------------------- CUDA
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(NARROW) + ["tf32", "fp32"])
+def test_cuda_matches_numpy(name):
+    f = format_info(name)
+    codes = torch.randint(0, 2**f.bits, (300_000,), dtype=torch.int64)
+    cpu = bits.decode(codes, name)
+    gpu = bits.decode(codes.cuda(), name)
+    assert gpu.is_cuda and torch.equal(torch.isnan(gpu.cpu()), torch.isnan(cpu))
+    ok = ~torch.isnan(cpu)
+    assert torch.equal(gpu.cpu()[ok], cpu[ok])
+    x = torch.randn(300_000, dtype=torch.float32) * torch.exp2(torch.randint(-40, 40, (300_000,)).float())
+    enc = bits.encode(x.cuda(), name)
+    assert enc.is_cuda and torch.equal(enc.cpu(), torch.from_numpy(bits.encode(x.numpy(), name)))
+    sr = bits.encode(x.cuda(), name, rounding="stochastic")
+    lo = bits.encode(x, name, rounding="toward_zero").numpy()
+    assert np.all((sr.cpu().numpy() == lo) | (sr.cpu().numpy() == lo + 1)
+                  | ~np.isfinite(bits.decode(lo, name)) | (np.abs(x.numpy()) > f.max_finite))
