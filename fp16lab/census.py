@@ -1,0 +1,484 @@
+"""Where a tensor's values would land in a format: a census of zeros, underflow, subnormals,
+normals, overflow and NaNs, plus a histogram of log2|x| (per layer for a whole model).
+
+Rounding to nearest-even decides each class by comparing ``|x|`` with three thresholds of the
+format (``s`` = smallest subnormal, ``n`` = smallest normal, ``M`` = largest finite, ``u`` = the
+spacing at ``M``):
+
+* underflow to zero: ``0 < |x| <= s/2`` (the tie rounds to the even code, zero);
+* subnormal: ``s/2 < |x| < n - s/2`` (from ``n - s/2`` up it rounds to ``n``);
+* overflow: ``|x| >= M + u/2`` where the largest code is odd (inf, all IEEE-style formats), or
+  ``|x| > M + u/2`` for e4m3fn, whose largest code (448, mantissa 110) is even; plus +-inf.
+
+The comparisons are made in the data's own precision (fp16 / bf16 / fp8 data are widened to
+float32, which is exact), with each threshold replaced by the nearest representable number on
+the correct side, so the classes are exact for every input.
+
+The histogram bins are the binary exponents ``e = floor(log2|x|)`` (bin ``e`` holds
+``2^e <= |x| < 2^(e+1)``), read from the exponent field of the bit pattern. Torch tensors are
+counted with torch on their own device; a CUDA tensor never leaves the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from .formats import FormatInfo, format_info
+
+#: Classes, in order of magnitude.
+CLASSES = ("zero", "underflow", "subnormal", "normal", "overflow", "nan")
+#: Histogram bins: binary exponents from HIST_MIN to HIST_MAX (float64 data beyond them is clamped).
+HIST_MIN, HIST_MAX = -160, 130
+_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class CensusResult:
+    """Counts of each class of a tensor's values in one format, and its log2|x| histogram.
+
+    Attributes:
+        fmt: the format's name.
+        n: number of elements.
+        counts: elements per class (see ``CLASSES``).
+        exponents: bin labels ``e`` (bin ``e`` is ``2^e <= |x| < 2^(e+1)``).
+        hist: nonzero finite elements per bin.
+        dtype: the data's dtype, as text.
+    """
+
+    fmt: str
+    n: int
+    counts: dict[str, int]
+    exponents: np.ndarray = field(repr=False)
+    hist: np.ndarray = field(repr=False)
+    dtype: str = ""
+
+    @property
+    def fractions(self) -> dict[str, float]:
+        """Returns the fraction of elements in each class (they sum to 1)."""
+        return {k: (v / self.n if self.n else 0.0) for k, v in self.counts.items()}
+
+    def row(self) -> dict[str, Any]:
+        """Returns a flat dict (format, n, fractions) for a DataFrame row."""
+        return {"format": self.fmt, "n": self.n, **self.fractions}
+
+    def log2_range(self) -> tuple[int, int] | None:
+        """Returns the smallest and largest occupied exponent bins, or None if there are none."""
+        nz = np.nonzero(self.hist)[0]
+        if not len(nz):
+            return None
+        return int(self.exponents[nz[0]]), int(self.exponents[nz[-1]])
+
+    def __str__(self) -> str:
+        fr = self.fractions
+        parts = ", ".join(f"{k} {100 * fr[k]:.3g}%" for k in CLASSES)
+        rng = self.log2_range()
+        span = f"; log2|x| in [{rng[0]}, {rng[1]}]" if rng else ""
+        return f"census of {self.n:,} {self.dtype} values in {self.fmt}: {parts}{span}"
+
+    def _repr_html_(self) -> str:
+        fr = self.fractions
+        head = "".join(f"<th>{k}</th>" for k in CLASSES)
+        cells = "".join(f"<td>{100 * fr[k]:.3g}%</td>" for k in CLASSES)
+        return (f"<p>census of {self.n:,} {self.dtype} values in <b>{self.fmt}</b></p>"
+                f"<table><tr>{head}</tr><tr>{cells}</tr></table>")
+
+
+def thresholds(fmt: str | FormatInfo) -> dict[str, float]:
+    """Returns the class boundaries of a format in float64, with how each is compared.
+
+    ``under`` (``|x| <= under`` underflows), ``normal`` (``|x| < normal`` is subnormal) and
+    ``over`` (``|x| >= over`` overflows, or ``>`` when ``over_inclusive`` is False).
+    """
+    f = format_info(fmt)
+    s = f.smallest_subnormal
+    top_ulp = math.ldexp(1.0, f.emax - f.mantissa_bits)
+    return {"under": s / 2, "normal": f.smallest_normal - s / 2,
+            "over": f.max_finite + top_ulp / 2,
+            "over_inclusive": bool(f.max_finite_code & 1)}
+
+
+def _below(t: float, dtype, strict: bool) -> float:
+    """Returns the largest value of ``dtype`` that is <= t (or < t when strict)."""
+    with np.errstate(over="ignore"):
+        v = dtype(t)
+    if v > t or (strict and v == t):
+        v = np.nextafter(v, dtype(-np.inf))
+    return float(v)
+
+
+def _compare_limits(f: FormatInfo, dtype) -> tuple[float, float, float]:
+    """Returns thresholds T1, T2, T3 in ``dtype`` so that the classes are counted by ``<=``."""
+    t = thresholds(f)
+    return (_below(t["under"], dtype, strict=False), _below(t["normal"], dtype, strict=True),
+            _below(t["over"], dtype, strict=t["over_inclusive"]))
+
+
+def _hist_index(exps):
+    """Clamps exponents to the histogram range and returns bin indices."""
+    return exps.clip(HIST_MIN, HIST_MAX) - HIST_MIN
+
+
+# ---------------------------------------------------------------------------------- numpy path
+_NARROW_NUMPY = {"float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                 "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float32"}
+
+
+def _as_numpy_float(x: Any) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind == "c" or arr.dtype.kind not in "biuf" and arr.dtype.name not in _NARROW_NUMPY:
+        raise ValueError(f"census expects a real numeric array or tensor, got dtype {arr.dtype}")
+    return arr.reshape(-1)
+
+
+def _census_numpy(arr: np.ndarray, f: FormatInfo) -> tuple[np.ndarray, np.ndarray]:
+    wide = np.float64 if arr.dtype == np.float64 or arr.dtype.kind in "iu" else np.float32
+    t1, t2, t3 = _compare_limits(f, wide)
+    ibits, shift, fmask, bias, sub_exp = ((np.int32, 23, 0xFF, 127, -149) if wide == np.float32
+                                          else (np.int64, 52, 0x7FF, 1023, -1074))
+    counts = np.zeros(6, dtype=np.int64)  # zero, <=T1, <=T2, <=T3, total, nan
+    hist = np.zeros(HIST_MAX - HIST_MIN + 1, dtype=np.int64)
+    for start in range(0, arr.size, _CHUNK):
+        a = np.abs(arr[start:start + _CHUNK].astype(wide, copy=False))
+        counts[0] += np.count_nonzero(a == 0)
+        counts[1] += np.count_nonzero(a <= t1)
+        counts[2] += np.count_nonzero(a <= t2)
+        counts[3] += np.count_nonzero(a <= t3)
+        counts[5] += np.count_nonzero(np.isnan(a))
+        b = a.view(ibits)
+        efield = (b >> shift) & fmask
+        by_field = np.bincount(efield.ravel(), minlength=fmask + 1)
+        exps = np.arange(fmask + 1) - bias
+        keep = (np.arange(fmask + 1) > 0) & (np.arange(fmask + 1) < fmask)
+        np.add.at(hist, _hist_index(exps[keep]), by_field[keep])
+        if by_field[0] > counts[0]:  # subnormals of the data's own dtype: few, count exactly
+            sub = b[(efield == 0) & (b != 0)]
+            e_sub = np.floor(np.log2(sub.astype(np.float64))).astype(np.int64) + sub_exp
+            np.add.at(hist, _hist_index(e_sub), 1)
+    counts[4] = arr.size
+    return counts, hist
+
+
+# ---------------------------------------------------------------------------------- torch path
+def _census_torch(t, f: FormatInfo, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
+    x = t.detach().reshape(-1)
+    if x.dtype.is_complex or x.dtype == torch.bool:
+        raise ValueError(f"census expects a real numeric tensor, got dtype {x.dtype}")
+    wide = torch.float64 if x.dtype in (torch.float64, torch.int64, torch.int32) else torch.float32
+    np_wide = np.float64 if wide == torch.float64 else np.float32
+    t1, t2, t3 = _compare_limits(f, np_wide)
+    if x.is_cuda and backend in ("auto", "cupy") and wide == torch.float32:
+        done = _cupy_census(x, t1, t2, t3)
+        if done is not None:
+            return done
+        if backend == "cupy":
+            raise RuntimeError("census backend 'cupy' needs CuPy and a contiguous, 16-byte "
+                               "aligned float32 / float16 / bfloat16 CUDA tensor")
+    ibits, shift, fmask, bias, sub_exp = ((torch.int32, 23, 0xFF, 127, -149)
+                                          if wide == torch.float32
+                                          else (torch.int64, 52, 0x7FF, 1023, -1074))
+    dev = x.device
+    counts = torch.zeros(6, dtype=torch.int64, device=dev)
+    by_field = torch.zeros(fmask + 1, dtype=torch.int64, device=dev)
+    sub_hist = torch.zeros(HIST_MAX - HIST_MIN + 1, dtype=torch.int64, device=dev)
+    chunk = _CHUNK * 4 if x.is_cuda else _CHUNK
+    for start in range(0, x.numel(), chunk):
+        a = x[start:start + chunk].to(wide).abs()
+        counts[0] += (a == 0).sum()
+        counts[1] += (a <= t1).sum()
+        counts[2] += (a <= t2).sum()
+        counts[3] += (a <= t3).sum()
+        counts[5] += torch.isnan(a).sum()
+        b = a.view(ibits)
+        efield = (b >> shift) & fmask
+        by_field += torch.bincount(efield, minlength=fmask + 1)
+        subs = b[(efield == 0) & (b != 0)]
+        if subs.numel():
+            e_sub = torch.floor(torch.log2(subs.to(torch.float64))).to(torch.int64) + sub_exp
+            sub_hist += torch.bincount(_hist_index(e_sub), minlength=sub_hist.numel())
+    counts[4] = x.numel()
+    counts_np = counts.cpu().numpy()
+    by_field_np = by_field.cpu().numpy()
+    hist = sub_hist.cpu().numpy()
+    fields = np.arange(1, fmask)
+    np.add.at(hist, _hist_index(fields - bias), by_field_np[1:fmask])
+    return counts_np, hist
+
+
+def census(x: Any, fmt: str | FormatInfo = "fp16", *, backend: str = "auto") -> CensusResult:
+    """Returns the census of a tensor's values in a format (rounding to nearest-even).
+
+    Args:
+        x: a numpy array (any real dtype, including ml_dtypes' bfloat16 / fp8), a torch tensor
+            on any device, or anything ``numpy.asarray`` accepts.
+        fmt: the format the values would be stored in.
+        backend: for CUDA tensors, ``"auto"`` (the one-pass CuPy kernel when CuPy is there,
+            else torch), ``"cupy"`` or ``"torch"`` (several passes of torch operations).
+
+    Raises:
+        ValueError: for an unknown format or non-numeric data.
+    """
+    f = format_info(fmt)
+    if backend not in ("auto", "cupy", "torch"):
+        raise ValueError(f"unknown census backend {backend!r}; allowed: auto, cupy, torch")
+    from .bits import _is_torch
+
+    if _is_torch(x) and not x.is_cuda:
+        # numpy is several times faster than torch on the CPU for these passes; it is a view
+        import torch
+
+        dtype = str(x.dtype).replace("torch.", "")
+        t = x.detach()
+        if t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"census expects a real numeric tensor, got dtype {t.dtype}")
+        if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+            t = t.float()
+        counts, hist = _census_numpy(t.reshape(-1).numpy(), f)
+    elif _is_torch(x):
+        counts, hist = _census_torch(x, f, backend)
+        dtype = str(x.dtype).replace("torch.", "")
+    else:
+        if isinstance(x, (str, bytes)):
+            raise ValueError(f"census expects numbers, got the string {x!r}")
+        arr = _as_numpy_float(x)
+        counts, hist = _census_numpy(arr, f)
+        dtype = arr.dtype.name
+    zero, le1, le2, le3, total, nan = (int(c) for c in counts)
+    result = {"zero": zero, "underflow": le1 - zero, "subnormal": le2 - le1,
+              "normal": le3 - le2, "overflow": total - le3 - nan, "nan": nan}
+    return CensusResult(f.name, total, result, np.arange(HIST_MIN, HIST_MAX + 1), hist, dtype)
+
+
+# ---------------------------------------------------------------------------------- CUDA kernel
+# One pass over the data: each thread classifies its elements with integer comparisons on the
+# bit pattern of |x| (for positive floats, integer order is value order), keeps the class counts
+# in registers and adds the exponent bin to its warp's private shared-memory histogram; each
+# block then adds its non-zero counts to the global result. Bytes moved: the input, once.
+_KERNEL_SRC = r"""
+#define HIST_MIN (%(hist_min)d)
+#define NBINS (%(nbins)d)
+#define WARPS 8
+
+__device__ __forceinline__ float load_f(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float load_f(const unsigned short* p, long long i, int is_bf16) {
+    unsigned short h = p[i];
+    if (is_bf16) return __uint_as_float(((unsigned int)h) << 16);
+    float f;
+    asm("cvt.f32.f16 %%0, %%1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+struct Counts { unsigned int zero, le1, le2, le3, nan; };
+
+__device__ __forceinline__ void tally(float v, unsigned int t1, unsigned int t2, unsigned int t3,
+                                      Counts& c, unsigned int* warp_hist) {
+    unsigned int u = __float_as_uint(v) & 0x7fffffffu;
+    c.zero += (u == 0u);
+    c.le1 += (u <= t1);
+    c.le2 += (u <= t2);
+    c.le3 += (u <= t3);
+    c.nan += (u > 0x7f800000u);
+    if (u != 0u && u < 0x7f800000u) {
+        unsigned int field = u >> 23;
+        int e = field ? (int)field - 127 : (31 - __clz(u)) - 149;
+        atomicAdd(&warp_hist[e - HIST_MIN], 1u);
+    }
+}
+
+__device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBINS],
+                                      unsigned long long* out) {
+    __shared__ unsigned int cls[5];
+    if (threadIdx.x < 5) cls[threadIdx.x] = 0u;
+    __syncthreads();
+    unsigned int v[5] = {c.zero, c.le1, c.le2, c.le3, c.nan};
+    for (int k = 0; k < 5; ++k) {
+        unsigned int s = v[k];
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+        if ((threadIdx.x & 31) == 0 && s) atomicAdd(&cls[k], s);
+    }
+    __syncthreads();
+    if (threadIdx.x < 5 && cls[threadIdx.x])
+        atomicAdd(&out[threadIdx.x], (unsigned long long)cls[threadIdx.x]);
+    for (int b = threadIdx.x; b < NBINS; b += blockDim.x) {
+        unsigned int s = 0u;
+        for (int w = 0; w < WARPS; ++w) s += hist[w][b];
+        if (s) atomicAdd(&out[5 + b], (unsigned long long)s);
+    }
+}
+
+#define CENSUS_PROLOGUE                                                        \
+    __shared__ unsigned int hist[WARPS][NBINS];                                \
+    for (int b = threadIdx.x; b < WARPS * NBINS; b += blockDim.x)              \
+        (&hist[0][0])[b] = 0u;                                                 \
+    __syncthreads();                                                           \
+    unsigned int* warp_hist = hist[threadIdx.x >> 5];                          \
+    Counts c = {0u, 0u, 0u, 0u, 0u};                                           \
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;          \
+    long long stride = (long long)gridDim.x * blockDim.x;
+
+// fp32: 16-byte loads of 4 values, then a scalar tail
+extern "C" __global__ void __launch_bounds__(256)
+census_f32(const float* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
+           unsigned int t3, unsigned long long* __restrict__ out) {
+    CENSUS_PROLOGUE
+    long long nvec = n / 4;
+    const float4* xv = reinterpret_cast<const float4*>(x);
+    for (long long i = tid; i < nvec; i += stride) {
+        float4 q = __ldg(&xv[i]);
+        tally(q.x, t1, t2, t3, c, warp_hist); tally(q.y, t1, t2, t3, c, warp_hist);
+        tally(q.z, t1, t2, t3, c, warp_hist); tally(q.w, t1, t2, t3, c, warp_hist);
+    }
+    for (long long i = nvec * 4 + tid; i < n; i += stride) tally(x[i], t1, t2, t3, c, warp_hist);
+    __syncthreads();
+    flush(c, hist, out);
+}
+
+// fp16 / bf16: 16-byte loads of 8 values, then a scalar tail
+extern "C" __global__ void __launch_bounds__(256)
+census_f16(const unsigned short* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
+           unsigned int t3, unsigned long long* __restrict__ out, int is_bf16) {
+    CENSUS_PROLOGUE
+    long long nvec = n / 8;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    for (long long i = tid; i < nvec; i += stride) {
+        uint4 q = __ldg(&xv[i]);
+        unsigned int w[4] = {q.x, q.y, q.z, q.w};
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            unsigned short lo = (unsigned short)(w[k] & 0xffffu), hi = (unsigned short)(w[k] >> 16);
+            tally(load_f(&lo, 0, is_bf16), t1, t2, t3, c, warp_hist);
+            tally(load_f(&hi, 0, is_bf16), t1, t2, t3, c, warp_hist);
+        }
+    }
+    for (long long i = nvec * 8 + tid; i < n; i += stride)
+        tally(load_f(x, i, is_bf16), t1, t2, t3, c, warp_hist);
+    __syncthreads();
+    flush(c, hist, out);
+}
+"""
+
+
+def kernel_source() -> str:
+    """Returns the CUDA C++ source of the one-pass census kernels (for CuPy's NVRTC or nvcc)."""
+    return _KERNEL_SRC % {"hist_min": HIST_MIN, "nbins": HIST_MAX - HIST_MIN + 1}
+
+
+_MODULE = None
+
+
+def _cupy_census(x, t1: float, t2: float, t3: float):
+    """Returns (counts, hist) computed by the one-pass kernel, or None where it cannot run."""
+    import torch
+
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.numel() == 0:
+        return None
+    try:
+        import cupy
+    except ImportError:
+        return None
+    global _MODULE
+    with cupy.cuda.Device(x.device.index):
+        if _MODULE is None:
+            _MODULE = cupy.RawModule(code=kernel_source(), options=("--std=c++17",))
+        x = x.contiguous()
+        if x.data_ptr() % 16:
+            return None  # vector loads need 16-byte alignment; the torch path handles the rest
+        nbins = HIST_MAX - HIST_MIN + 1
+        out = torch.zeros(5 + nbins, dtype=torch.int64, device=x.device)
+        lim = [np.uint32(np.float32(t).view(np.uint32)) for t in (t1, t2, t3)]
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        per_vec = 4 if x.dtype == torch.float32 else 8
+        blocks = int(max(1, min(sms * 8, -(-x.numel() // (256 * per_vec)))))
+        args = [np.uint64(x.data_ptr()), np.int64(x.numel()), *lim, np.uint64(out.data_ptr())]
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream)
+        with stream:
+            if x.dtype == torch.float32:
+                _MODULE.get_function("census_f32")((blocks,), (256,), tuple(args))
+            else:
+                args.append(np.int32(x.dtype == torch.bfloat16))
+                _MODULE.get_function("census_f16")((blocks,), (256,), tuple(args))
+    res = out.cpu().numpy()
+    counts = np.array([res[0], res[1], res[2], res[3], x.numel(), res[4]], dtype=np.int64)
+    return counts, res[5:].astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------- models
+def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | FormatInfo = "fp16",
+                 kinds: Iterable[str] = ("weight", "activation", "gradient"),
+                 keep_histograms: bool = False):
+    """Returns a pandas DataFrame: the census of each layer's weights, activations and gradients.
+
+    Runs one forward pass (recording every leaf module's output with a forward hook) and one
+    backward pass, then counts parameters and their gradients.
+
+    Args:
+        model: a ``torch.nn.Module``.
+        inputs: one input batch (a tensor, or a tuple passed as ``model(*inputs)``).
+        targets: labels for the default loss (cross-entropy); ignored if ``loss_fn`` is given.
+        loss_fn: ``loss_fn(output)`` or, with targets, ``loss_fn(output, targets)``; default
+            cross-entropy with ``targets``, or ``mean(output^2) / 2`` without targets.
+        fmt: the format to count in.
+        kinds: which of "weight", "activation", "gradient" to include.
+        keep_histograms: add a ``census`` column holding each :class:`CensusResult`.
+
+    Rows are ordered by layer; columns: layer, kind, tensor, n and the class fractions.
+    """
+    import pandas as pd
+    import torch
+
+    kinds = tuple(kinds)
+    bad = set(kinds) - {"weight", "activation", "gradient"}
+    if bad:
+        raise ValueError(f"unknown kinds {sorted(bad)}; allowed: weight, activation, gradient")
+    f = format_info(fmt)
+    rows: list[dict[str, Any]] = []
+
+    def add(layer: str, kind: str, name: str, tensor) -> None:
+        c = census(tensor, f)
+        row = {"layer": layer, "kind": kind, "tensor": name, **c.row()}
+        if keep_histograms:
+            row["census"] = c
+        rows.append(row)
+
+    handles = []
+    if "activation" in kinds:
+        for name, mod in model.named_modules():
+            if name and not any(True for _ in mod.children()):
+                def hook(_mod, _inp, out, name=name):
+                    t = out[0] if isinstance(out, (tuple, list)) else out
+                    if isinstance(t, torch.Tensor):
+                        add(name, "activation", "output", t)
+                handles.append(mod.register_forward_hook(hook))
+    try:
+        model.zero_grad(set_to_none=True)
+        out = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    if "gradient" in kinds:
+        out_t = out[0] if isinstance(out, (tuple, list)) else out
+        if loss_fn is not None:
+            loss = loss_fn(out_t, targets) if targets is not None else loss_fn(out_t)
+        elif targets is not None:
+            loss = torch.nn.functional.cross_entropy(out_t.float(), targets)
+        else:
+            loss = out_t.float().pow(2).mean() / 2
+        loss.backward()
+    for pname, p in model.named_parameters():
+        layer, _, leaf = pname.rpartition(".")
+        if "weight" in kinds:
+            add(layer, "weight", leaf, p)
+        if "gradient" in kinds and p.grad is not None:
+            add(layer, "gradient", leaf, p.grad)
+    df = pd.DataFrame(rows)
+    if len(df):
+        order = {k: i for i, k in enumerate(dict.fromkeys(df["layer"]))}
+        order.update({k: i for i, k in enumerate(("weight", "activation", "gradient"))})
+        df = df.sort_values(["layer", "kind"], key=lambda s: s.map(order),
+                            kind="stable").reset_index(drop=True)
+    return df

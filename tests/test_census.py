@@ -1,0 +1,204 @@
+"""census / census_model against casts by numpy and ml_dtypes and numpy's frexp."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from fp16lab.census import CLASSES, HIST_MIN, census, census_model, kernel_source
+from fp16lab.formats import format_info
+from fp16lab.models import build_model, input_shape
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+CAST = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+        "fp8_e5m2": ml_dtypes.float8_e5m2, "fp32": np.float32}
+
+
+def oracle_counts(x: np.ndarray, name: str) -> dict[str, int]:
+    """Classes from the value the cast actually stores (casts from float32, or float64 for fp16
+    and fp32, so that no double rounding enters the oracle)."""
+    f = format_info(name)
+    src = x.astype(np.float64 if name in ("fp16", "fp32") else np.float32)
+    y = np.abs(src.astype(CAST[name]).astype(np.float64))
+    isnan = np.isnan(x)
+    return {
+        "zero": int(np.sum(x == 0)),
+        "underflow": int(np.sum((x != 0) & (y == 0))),
+        "subnormal": int(np.sum((y > 0) & (y < f.smallest_normal))),
+        "normal": int(np.sum((y >= f.smallest_normal) & (y <= f.max_finite))),
+        "overflow": int(np.sum(~isnan & ((y > f.max_finite) | np.isnan(y)))),
+        "nan": int(np.sum(isnan)),
+    }
+
+
+def oracle_hist(x: np.ndarray) -> np.ndarray:
+    a = np.abs(x[np.isfinite(x) & (x != 0)].astype(np.float64))
+    e = np.frexp(a)[1] - 1  # floor(log2|x|)
+    return np.bincount(np.clip(e - HIST_MIN, 0, 290), minlength=291)  # census clamps too
+
+
+def wide_sample(n: int, seed: int, lo: int = -45, hi: int = 45) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(lo, hi, n))).astype(np.float32)
+    x[:8] = [0.0, -0.0, np.nan, np.inf, -np.inf, 2.0**-25, 65520.0, 464.0]
+    return x
+
+
+@pytest.mark.parametrize("name", sorted(CAST))
+def test_classes_match_casts(name):
+    x = wide_sample(300_000, 1)
+    if name == "fp32":
+        x = x.astype(np.float64) * np.exp2(np.random.default_rng(2).integers(-120, 120, x.size))
+    c = census(x, name)
+    assert c.counts == oracle_counts(x, name)
+    assert sum(c.counts.values()) == x.size and abs(sum(c.fractions.values()) - 1) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
+def test_boundaries_exactly(name):
+    """Values at and next to each class boundary, where rounding decides."""
+    f = format_info(name)
+    s, n, m = f.smallest_subnormal, f.smallest_normal, f.max_finite
+    top = 2.0 ** (f.emax - f.mantissa_bits)
+    b = np.array([s / 2, n - s / 2, m + top / 2, s, n, m], dtype=np.float32)
+    x = np.concatenate([b, np.nextafter(b, np.float32(0)), np.nextafter(b, np.float32(np.inf))])
+    x = np.concatenate([x, -x])
+    assert census(x, name).counts == oracle_counts(x, name)
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(np.float32, st.integers(0, 200), elements=st.floats(width=32)))
+def test_hypothesis_fp16_and_e4m3(x):
+    for name in ("fp16", "fp8_e4m3"):
+        c = census(x, name)
+        assert c.counts == oracle_counts(x, name)
+        assert np.array_equal(c.hist, oracle_hist(x))
+
+
+def test_histogram_matches_frexp_including_subnormals():
+    x = wide_sample(200_000, 3, -160, 100)  # float32 subnormals included
+    assert np.array_equal(census(x).hist, oracle_hist(x))
+    x64 = x.astype(np.float64) * 2.0**-900  # float64 far below: clamped into the first bin
+    h = census(x64).hist
+    assert h.sum() == oracle_hist(x64).sum() and h[0] == h.sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_torch_tensors_match_numpy(dtype):
+    x = torch.from_numpy(wide_sample(100_000, 4, -20, 20)).to(dtype)
+    ref = x.double().numpy()
+    for name in ("fp16", "fp8_e5m2"):
+        c = census(x, name)
+        assert c.counts == oracle_counts(ref, name), (dtype, name)
+        assert np.array_equal(c.hist, oracle_hist(ref))
+        # the torch backend (the one used on GPUs without CuPy) gives the same counts
+        from fp16lab.census import _census_torch
+        counts, hist = _census_torch(x, format_info(name), backend="torch")
+        assert counts[5] == c.counts["nan"] and np.array_equal(hist, c.hist)
+
+
+def test_ml_dtypes_and_int_input():
+    x = wide_sample(10_000, 5, -10, 10).astype(ml_dtypes.bfloat16)
+    assert census(x, "fp16").counts == oracle_counts(x.astype(np.float32), "fp16")
+    ints = np.array([0, 1, 70000, -3])
+    assert census(ints, "fp16").counts["overflow"] == 1
+    assert census(ints, "fp16").counts["zero"] == 1
+
+
+def test_result_text_and_row():
+    c = census(np.array([0.0, 1.0, 1e-8, 1e6], dtype=np.float32), "fp16")
+    assert c.fractions == {"zero": 0.25, "underflow": 0.25, "subnormal": 0.0, "normal": 0.25,
+                           "overflow": 0.25, "nan": 0.0}
+    assert "normal 25%" in str(c) and "<table" in c._repr_html_()
+    assert set(CLASSES) <= set(c.row())
+    assert c.log2_range() == (-27, 19)  # floor(log2 1e-8) = -27
+
+
+@pytest.mark.parametrize("bad,match", [("abc", "string"), (np.array(["a"]), "real numeric"),
+                                       (np.ones(3) * 1j, "real numeric")])
+def test_bad_input(bad, match):
+    with pytest.raises(ValueError, match=match):
+        census(bad, "fp16")
+
+
+def test_bad_format_and_backend():
+    with pytest.raises(ValueError, match="unknown format"):
+        census(np.ones(3), "fp7")
+    with pytest.raises(ValueError, match="allowed: auto, cupy, torch"):
+        census(np.ones(3), "fp16", backend="numba")
+
+
+def test_census_model_small_cnn():
+    torch.manual_seed(0)
+    model = build_model("small_cnn")
+    x = torch.randn(input_shape("small_cnn", 4))
+    y = torch.randint(0, 10, (4,))
+    df = census_model(model, x, y, fmt="fp16")
+    assert set(df["kind"]) == {"weight", "activation", "gradient"}
+    # one weight row and one gradient row per parameter, one activation row per leaf module
+    params = dict(model.named_parameters())
+    assert (df["kind"] == "weight").sum() == len(params) == (df["kind"] == "gradient").sum()
+    leaves = [n for n, m in model.named_modules() if n and not list(m.children())]
+    assert (df["kind"] == "activation").sum() == len(leaves)
+    # the fc weight's row is the census of that very tensor
+    row = df[(df.layer == "fc") & (df.kind == "weight") & (df.tensor == "weight")].iloc[0]
+    ref = oracle_counts(params["fc.weight"].detach().numpy(), "fp16")
+    assert row["normal"] == ref["normal"] / params["fc.weight"].numel()
+    # gradients equal a fresh autograd pass with the same loss
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    g = params["features.0.weight"].grad.numpy()
+    row = df[(df.layer == "features.0") & (df.kind == "gradient")].iloc[0]
+    assert row["subnormal"] == oracle_counts(g, "fp16")["subnormal"] / g.size
+    # ReLU outputs are about half zeros
+    relu = df[(df.layer == "features.2") & (df.kind == "activation")].iloc[0]
+    assert 0.3 < relu["zero"] < 0.7
+    assert np.allclose(df[list(CLASSES)].sum(axis=1), 1.0)
+
+
+def test_census_model_options():
+    model = build_model("mlp")
+    x = torch.randn(input_shape("mlp", 2))
+    df = census_model(model, x, kinds=("weight",), fmt="bf16", keep_histograms=True)
+    assert set(df["kind"]) == {"weight"} and set(df["format"]) == {"bf16"}
+    assert df["census"].iloc[0].n == df["n"].iloc[0]
+    df = census_model(model, x, loss_fn=lambda out: out.sum(), kinds=("gradient",))
+    assert (df["kind"] == "gradient").all()
+    with pytest.raises(ValueError, match="allowed: weight, activation, gradient"):
+        census_model(model, x, kinds=("bias",))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_kernel_compiles(tmp_path, arch):
+    src = tmp_path / "census.cu"
+    src.write_text(kernel_source())
+    out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-o", str(tmp_path / "c.cubin"),
+                          str(src)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_cuda_matches_cpu(dtype, backend):
+    if backend == "auto":
+        pytest.importorskip("cupy")
+    x = torch.from_numpy(wide_sample(3_000_001, 6, -40, 30)).to(dtype)  # odd size: tail path
+    for name in ("fp16", "bf16", "fp8_e4m3"):
+        cpu = census(x, name)
+        gpu = census(x.cuda(), name, backend="cupy" if backend == "auto" else "torch")
+        assert gpu.counts == cpu.counts, (dtype, name)
+        assert np.array_equal(gpu.hist, cpu.hist)
+    # a misaligned view falls back to torch and still agrees
+    xs = x.cuda()[1:]
+    assert census(xs, "fp16").counts == census(x[1:], "fp16").counts
