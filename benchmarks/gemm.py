@@ -1,0 +1,147 @@
+"""Times every GEMM kernel of fp16lab.kernels against cuBLAS (cupy.matmul, torch.matmul) in one run.
+
+For each shape: fresh random fp16 inputs (several sets, rotated, when they would fit in L2), each
+result checked against a float64 reference, CUDA-event medians after a warm-up, TFLOP/s and the
+ratio to cupy.matmul's cuBLAS taken in the same run. The device-to-device copy rate is measured
+too, for the roofline. Results go to data/<name>.json with device, driver and versions.
+
+    PYTHONPATH=. python3 benchmarks/gemm.py                      # full: 1024..8192 cubed + odd shapes
+    PYTHONPATH=. python3 benchmarks/gemm.py --quick              # 1024 and one odd shape
+    PYTHONPATH=. python3 benchmarks/gemm.py --sizes 4096 8192 --kernels mma_sync wmma_pipeline
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fp16lab import bench  # noqa: E402
+from fp16lab.kernels import KERNELS, KernelUnavailable, gemm, gemm_flops  # noqa: E402
+from fp16lab.kernels.compiler import require_cupy  # noqa: E402
+
+SIZES = (1024, 2048, 4096, 8192)
+ODD_SHAPES = ((1000, 1001, 1003), (4097, 4097, 4097), (8191, 8191, 8191))
+L2_BYTES = 60 * 2**20
+
+
+def _rel_err(cupy, out, ref) -> float:
+    return float(cupy.linalg.norm(out.astype(cupy.float64) - ref) / cupy.linalg.norm(ref))
+
+
+def bench_shape(m: int, n: int, k: int, kernels: list[str], *, warmup: int, repeat: int,
+                out_dtype: str, with_torch: bool) -> list[dict]:
+    """Returns one row per implementation for an M x N x K product."""
+    cupy = require_cupy()
+    set_bytes = 2 * (m * k + k * n)
+    n_sets = max(1, min(8, math.ceil(3 * L2_BYTES / set_bytes)))
+    rng = cupy.random.default_rng()
+    sets = [(rng.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16),
+             rng.standard_normal((k, n), dtype=cupy.float32).astype(cupy.float16))
+            for _ in range(n_sets)]
+    ref = sets[0][0].astype(cupy.float64) @ sets[0][1].astype(cupy.float64)
+    flops = gemm_flops(m, n, k)
+    rows = []
+
+    def record(impl, kind, step, fn, backend, out):
+        out.fill(cupy.nan) if hasattr(out, "fill") else out.fill_(float("nan"))
+        it = iter(range(10**9))
+
+        def call():
+            a, b = sets[next(it) % n_sets]
+            return fn(a, b)
+        # correctness on set 0 (the first call uses set 0), then timing
+        fn(*sets[0])
+        cupy.cuda.runtime.deviceSynchronize()
+        err = _rel_err(cupy, cupy.asarray(out), ref)
+        t = bench.time_cuda(call, warmup=warmup, repeat=repeat, backend=backend)
+        rows.append({"shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "impl": impl, "kind": kind,
+                     "step": step, "out_dtype": out_dtype, "rel_err": err,
+                     "tflops": flops / (t.median_ms * 1e-3) / 1e12, "n_input_sets": n_sets,
+                     **t.as_dict()})
+        print(f"  {impl:20s} {rows[-1]['tflops']:7.1f} TFLOP/s  {t.median_ms:8.3f} ms  "
+              f"spread {t.spread:.2f}  rel_err {err:.1e}", flush=True)
+
+    c_out = cupy.empty((m, n), dtype=cupy.float16)
+    record("cupy.matmul", "cublas", 0, lambda a, b: cupy.matmul(a, b, out=c_out), "cupy", c_out)
+    if with_torch:
+        import torch
+        tsets = {id(a): (torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in sets}
+        t_out = torch.empty((m, n), dtype=torch.float16, device="cuda")
+        record("torch.matmul", "cublas", 0,
+               lambda a, b: torch.matmul(*tsets[id(a)], out=t_out), "torch", t_out)
+    for name in kernels:
+        out = cupy.empty((m, n), dtype=out_dtype)
+        record(name, "kernel", KERNELS[name].step,
+               lambda a, b, name=name, out=out: gemm(a, b, kernel=name, out_dtype=out_dtype, out=out),
+               "cupy", out)
+    base = next(r["tflops"] for r in rows if r["impl"] == "cupy.matmul")
+    for r in rows:
+        r["pct_cublas"] = 100.0 * r["tflops"] / base
+    del sets, ref
+    cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def versions(cupy) -> dict:
+    """Returns the CUDA runtime/driver versions CuPy sees and the kernel specs."""
+    rt = cupy.cuda.runtime.runtimeGetVersion()
+    dr = cupy.cuda.runtime.driverGetVersion()
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    return {"cupy_cuda_runtime": f"{rt // 1000}.{rt % 1000 // 10}",
+            "cupy_cuda_driver": f"{dr // 1000}.{dr % 1000 // 10}",
+            "sm_count": props["multiProcessorCount"], "l2_bytes": props["l2CacheSize"],
+            "kernels": {k: {"step": s.step, "title": s.title, "source": s.source,
+                            "block": [s.bm, s.bn], "threads": s.threads,
+                            "dynamic_smem": s.dynamic_smem} for k, s in KERNELS.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="*", default=list(SIZES), help="square sizes")
+    p.add_argument("--no-odd", action="store_true", help="skip the odd shapes")
+    p.add_argument("--kernels", nargs="*", default=list(KERNELS), choices=list(KERNELS))
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--out-dtype", default="float16", choices=["float16", "float32"],
+                   help="output dtype of our kernels (cuBLAS writes fp16)")
+    p.add_argument("--name", default="gemm", help="result file stem under the data directory")
+    p.add_argument("--data-dir", type=Path, default=None, help="default: the repository's data/")
+    p.add_argument("--quick", action="store_true", help="1024 cubed and one odd shape, 5 repeats")
+    args = p.parse_args(argv)
+    try:
+        cupy = require_cupy()
+    except KernelUnavailable as e:
+        print(f"benchmarks/gemm.py needs a CUDA GPU with CuPy: {e}", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        with_torch = torch.cuda.is_available()
+    except ImportError:
+        with_torch = False
+    shapes = [(s, s, s) for s in args.sizes] + ([] if args.no_odd else list(ODD_SHAPES))
+    if args.quick:
+        shapes, args.repeat = [(1024, 1024, 1024), (1000, 1001, 1003)], 5
+    copy_gbs = bench.copy_bandwidth_gbs() if with_torch else None
+    print(f"device-to-device copy: {copy_gbs and round(copy_gbs)} GB/s", flush=True)
+    rows = []
+    for m, n, k in shapes:
+        print(f"{m}x{n}x{k}:", flush=True)
+        rows += bench_shape(m, n, k, args.kernels, warmup=args.warmup, repeat=args.repeat,
+                            out_dtype=args.out_dtype, with_torch=with_torch)
+    meta = {"benchmark": "benchmarks/gemm.py", "copy_gbs": copy_gbs, "repeat": args.repeat,
+            "warmup": args.warmup, "out_dtype": args.out_dtype, **versions(cupy)}
+    path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir)
+    print(f"\nwrote {path}\n")
+    print(f"{'shape':>16s} {'implementation':20s} {'TFLOP/s':>8s} {'% cuBLAS':>9s} {'rel err':>8s}")
+    for r in rows:
+        print(f"{r['shape']:>16s} {r['impl']:20s} {r['tflops']:8.1f} {r['pct_cublas']:8.1f}% "
+              f"{r['rel_err']:8.1e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

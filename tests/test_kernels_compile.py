@@ -1,0 +1,52 @@
+"""Compile-checks every .cu file of fp16lab.kernels with nvcc for sm_80 and sm_90 (no GPU needed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from fp16lab.kernels import KERNELS
+from fp16lab.kernels.compiler import SOURCE_DIR
+
+SOURCES = sorted(p.name for p in SOURCE_DIR.glob("*.cu"))
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA "
+                                "toolkit to compile-check the kernels")
+
+
+def _compile(src: str, arch: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [NVCC, f"-arch={arch}", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o",
+         str(tmp_path / f"{src}.{arch}.cubin"), str(SOURCE_DIR / src)],
+        capture_output=True, text=True, timeout=300)
+
+
+def test_every_kernel_source_is_checked():
+    assert {s.source for s in KERNELS.values()} | {"debug_bits.cu"} == set(SOURCES)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("src", SOURCES)
+def test_cu_file_compiles(src, arch, tmp_path):
+    res = _compile(src, arch, tmp_path)
+    assert res.returncode == 0, f"nvcc -arch={arch} {src} failed:\n{res.stderr}"
+    # every extern "C" entry point the launcher uses is in the compiled file
+    for spec in KERNELS.values():
+        if spec.source == src:
+            for suffix in ("_f32", "_f16"):
+                assert f"'{spec.function}{suffix}'" in res.stderr
+
+
+@needs_nvcc
+@pytest.mark.parametrize("src", ["wmma_pipeline.cu", "mma_sync.cu"])
+def test_fast_kernels_do_not_spill(src, tmp_path):
+    res = _compile(src, "sm_90", tmp_path)
+    assert res.returncode == 0, res.stderr
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", res.stderr)]
+    frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", res.stderr)]
+    assert spills and not any(spills), f"{src} spills registers:\n{res.stderr}"
+    assert frames and not any(frames), f"{src} uses a stack frame:\n{res.stderr}"
