@@ -1,0 +1,366 @@
+"""The sweep engine: validation, grid, interleaving, flags, OOM/failure/interrupt handling, resume."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fp16lab import sweep
+from fp16lab.models import build_model, input_shape
+from fp16lab.sweep import Point, ScalerSettings, SweepSpec
+
+
+def tiny(**kw) -> SweepSpec:
+    base = dict(models=("small_cnn",), batches=(2, 4), layouts=("nchw",), precisions=("fp32",),
+                device="cpu", warmup=0, steps=2, repeats=2, telemetry=False)
+    base.update(kw)
+    return SweepSpec(**base)
+
+
+# --------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(models=("resnet9000",)), ["resnet9000", "small_cnn", "transformer_block"]),
+    (dict(layouts=("nhwc",)), ["nhwc", "nchw", "channels_last"]),
+    (dict(precisions=("fp8",)), ["fp8", "amp-fp16", "amp-bf16", "tf32"]),
+    (dict(batches=(8, 0)), ["positive", "0"]),
+    (dict(batches=(-4,)), ["positive", "-4"]),
+    (dict(batches=(2.5,)), ["positive", "2.5"]),
+    (dict(batches=(True,)), ["positive", "True"]),
+    (dict(batches=()), ["at least one batch"]),
+    (dict(models=()), ["at least one model"]),
+    (dict(layouts=()), ["at least one layout"]),
+    (dict(precisions=()), ["at least one precision"]),
+    (dict(models=("transformer_block",), layouts=("channels_last",)), ["image models"]),
+    (dict(repeats=0), ["repeats"]),
+    (dict(steps=0), ["steps"]),
+    (dict(warmup=-1), ["warmup"]),
+    (dict(tolerance=0.0), ["tolerance"]),
+    (dict(device="tpu"), ["'auto', 'cpu' or 'cuda'"]),
+])
+def test_bad_spec_is_refused_with_what_is_allowed(kw, words):
+    with pytest.raises(ValueError) as e:
+        tiny(**kw)
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize("kw, word", [
+    (dict(init_scale=0.0), "init_scale"), (dict(init_scale=-1.0), "init_scale"),
+    (dict(init_scale=math.inf), "init_scale"), (dict(init_scale=math.nan), "init_scale"),
+    (dict(growth_factor=1.0), "growth_factor"), (dict(growth_factor=0.5), "growth_factor"),
+    (dict(backoff_factor=1.0), "backoff_factor"), (dict(backoff_factor=0.0), "backoff_factor"),
+    (dict(growth_interval=0), "growth_interval"), (dict(growth_interval=2.5), "growth_interval"),
+])
+def test_scaler_settings_out_of_range_are_refused(kw, word):
+    with pytest.raises(ValueError, match=word):
+        ScalerSettings(**kw)
+
+
+def test_cuda_without_gpu_is_refused_before_running():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        tiny(device="cuda")
+
+
+def test_point_refuses_channels_last_for_a_non_image_model():
+    with pytest.raises(ValueError, match="image models only"):
+        Point("transformer_block", 8, "channels_last")
+
+
+# --------------------------------------------------------------------------- the grid
+
+def test_grid_is_the_product_with_layouts_and_scalers_only_where_they_apply():
+    scalers = (ScalerSettings(), ScalerSettings(init_scale=1024.0))
+    spec = tiny(models=("small_cnn", "transformer_block"), batches=(2, 4),
+                layouts=("nchw", "channels_last"), precisions=("fp32", "amp-fp16"), scalers=scalers)
+    got = {(p.model, p.batch, p.layout, p.precision, p.scaler.init_scale if p.scaler else None)
+           for p in spec.points()}
+    want = set()
+    for m, b, lay, prec in itertools.product(spec.models, spec.batches, spec.layouts, spec.precisions):
+        if lay == "channels_last" and m != "small_cnn":
+            continue
+        for s in (scalers if prec == "amp-fp16" else (None,)):
+            want.add((m, b, lay, prec, s.init_scale if s else None))
+    assert got == want
+    assert len(spec.points()) == len(want)  # no duplicates
+
+
+def test_point_keys_are_stable_and_distinguish_settings():
+    a = Point("small_cnn", 8, "nchw", "amp-fp16", ScalerSettings(), device="cpu")
+    b = Point("small_cnn", 8, "nchw", "amp-fp16", None, device="cpu")  # default scaler filled in
+    c = Point("small_cnn", 8, "nchw", "amp-fp16", ScalerSettings(init_scale=2.0), device="cpu")
+    d = Point("small_cnn", 8, "nchw", "fp32", ScalerSettings(init_scale=2.0), device="cpu")
+    e = Point("small_cnn", 8, "nchw", "fp32", None, device="cpu")
+    assert a.key == b.key and len(a.key) == 16
+    assert a.key != c.key
+    assert d.key == e.key  # a scaler changes nothing for fp32, so it is not part of the point
+
+
+# --------------------------------------------------------------------------- running
+
+def test_repeats_are_interleaved_round_robin():
+    order = []
+    spec = tiny(batches=(2, 3, 4), repeats=3)
+    sweep.run_sweep(spec, on_result=lambda row, i, n: order.append((row["repeat"], row["key"])))
+    keys = [p.key for p in spec.points()]
+    assert order == [(r, k) for r in range(3) for k in keys]
+
+
+def test_rows_carry_measurements_and_provenance_on_cpu(tmp_path):
+    out = tmp_path / "r.parquet"
+    df = sweep.run_sweep(tiny(batches=(4,), repeats=1, steps=3), out)
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["status"] == "ok"
+    assert row["step_ms_p10"] <= row["step_ms_median"] <= row["step_ms_p90"]
+    assert row["samples_per_s"] == pytest.approx(4 / (row["step_ms_median"] / 1e3))
+    assert pd.isna(row["peak_mem_allocated_mb"]) and "CPU" in row["memory_note"]
+    assert row["torch"] == torch.__version__
+    for c in ("gpu_name", "driver_version", "cuda_runtime_version"):
+        assert c in df.columns
+    csv = pd.read_csv(tmp_path / "r.csv")
+    assert list(csv["key"]) == list(df["key"])
+
+
+def _raise_at(kind: type[BaseException], where: set[tuple[int, int]], message: str = ""):
+    """Returns a fault injector raising ``kind`` at step 0 of the listed (point index, repeat)."""
+    seen: list[tuple[str, int]] = []
+
+    def inject(point, repeat, step):
+        if step == 0:
+            seen.append((point.key, repeat))
+            if (inject.index.get(point.key), repeat) in where:
+                raise kind(message)
+
+    inject.index = {}
+    inject.seen = seen
+    return inject
+
+
+def test_oom_is_recorded_and_the_sweep_goes_on(tmp_path):
+    spec = tiny(batches=(2, 3, 4), repeats=2)
+    pts = spec.points()
+    inject = _raise_at(torch.cuda.OutOfMemoryError, {(1, 0)}, "CUDA out of memory. Tried to allocate 1 TiB")
+    inject.index = {p.key: i for i, p in enumerate(pts)}
+    out = tmp_path / "oom.parquet"
+    df = sweep.run_sweep(spec, out, fault_injector=inject)
+    on_disk = pd.read_parquet(out)
+    assert len(on_disk) == len(df) == 2 + 1 + 2  # the OOM point is not repeated
+    by_key = on_disk.groupby("key")["status"].apply(list).to_dict()
+    assert by_key[pts[1].key] == ["oom"]
+    assert by_key[pts[0].key] == by_key[pts[2].key] == ["ok", "ok"]
+    assert "out of memory" in on_disk.loc[on_disk["status"] == "oom", "error"].iloc[0]
+    assert len(pd.read_csv(tmp_path / "oom.csv")) == len(on_disk)
+    s = sweep.summarize_results(on_disk).set_index("key")
+    assert s.loc[pts[1].key, "status"] == "oom"
+
+
+def test_a_real_host_oom_on_cpu_is_recorded(tmp_path, monkeypatch):
+    # Stand-in for a memory cap: the model build itself fails the way a capped allocator does.
+    real = sweep.make_train_step
+
+    def capped(point, *a, **k):
+        if point.batch == 3:
+            raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate "
+                               "1099511627776 bytes. out of memory")
+        return real(point, *a, **k)
+
+    monkeypatch.setattr(sweep, "make_train_step", capped)
+    df = sweep.run_sweep(tiny(batches=(2, 3, 4), repeats=1), tmp_path / "cap.parquet")
+    assert list(df["status"]) == ["ok", "oom", "ok"]
+
+
+def test_other_failures_are_recorded_with_their_message(tmp_path):
+    spec = tiny(batches=(2, 4), repeats=1)
+    inject = _raise_at(ValueError, {(0, 0)}, "something specific broke")
+    inject.index = {p.key: i for i, p in enumerate(spec.points())}
+    df = sweep.run_sweep(spec, tmp_path / "e.parquet", fault_injector=inject)
+    assert list(df["status"]) == ["error", "ok"]
+    assert df["error"].iloc[0] == "ValueError: something specific broke"
+
+
+def test_interrupt_keeps_finished_points_and_rerun_resumes(tmp_path):
+    spec = tiny(batches=(2, 3, 4), repeats=2)
+    pts = spec.points()
+    out = tmp_path / "int.parquet"
+    inject = _raise_at(KeyboardInterrupt, {(1, 1)})  # 5th task: repeat 1 of the second point
+    inject.index = {p.key: i for i, p in enumerate(pts)}
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(spec, out, fault_injector=inject)
+    first = pd.read_parquet(out)
+    finished = [(p.key, 0) for p in pts] + [(pts[0].key, 1)]
+    assert sorted(zip(first["key"], first["repeat"])) == sorted(finished)
+    assert (first["status"] == "ok").all()
+    assert not list(tmp_path.glob(".*tmp"))  # no half-written file left behind
+
+    again = _raise_at(KeyboardInterrupt, set())
+    df = sweep.run_sweep(spec, out, fault_injector=again)
+    assert again.seen == [(pts[1].key, 1), (pts[2].key, 1)]  # only what was missing ran
+    assert len(df) == 6 and (df["status"] == "ok").all()
+    kept = df.set_index(["key", "repeat"]).loc[[tuple(x) for x in finished], "finished_at"]
+    assert list(kept) == list(first.set_index(["key", "repeat"]).loc[[tuple(x) for x in finished],
+                                                                      "finished_at"])
+    assert sweep.run_sweep(spec, out, fault_injector=again).shape[0] == 6  # nothing left to do
+    assert len(again.seen) == 2
+
+
+def test_stop_event_ends_the_sweep_between_points(tmp_path):
+    import threading
+
+    stop = threading.Event()
+    spec = tiny(batches=(2, 3, 4), repeats=1)
+
+    def after(row, i, n):
+        if i == 2:
+            stop.set()
+
+    df = sweep.run_sweep(spec, tmp_path / "s.parquet", stop=stop, on_result=after)
+    assert len(df) == 2
+
+
+def test_results_file_must_be_parquet(tmp_path):
+    with pytest.raises(ValueError, match=".parquet"):
+        sweep.append_rows(tmp_path / "x.csv", [{}])
+
+
+# --------------------------------------------------------------------------- the scaler
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "fp16"])
+def test_overflowing_scale_skips_every_step_and_backs_off(precision):
+    # Oracle: GradScaler's rule. With a scale of 2**60 every fp16 gradient overflows, so each
+    # step is skipped and the scale multiplied by backoff_factor.
+    s = ScalerSettings(init_scale=2.0**60, backoff_factor=0.25)
+    row = sweep.measure_point(Point("small_cnn", 4, "nchw", precision, s), warmup=1, steps=3,
+                              telemetry=False)
+    assert row["status"] == "ok", row["error"]
+    assert row["skipped_steps"] == 4
+    assert row["final_scale"] == 2.0**60 * 0.25**4
+
+
+@pytest.mark.parametrize("precision", ["amp-fp16", "fp16"])
+def test_small_scale_grows_every_growth_interval(precision):
+    s = ScalerSettings(init_scale=1.0, growth_factor=3.0, growth_interval=2)
+    row = sweep.measure_point(Point("small_cnn", 4, "nchw", precision, s), warmup=1, steps=4,
+                              telemetry=False)
+    assert row["skipped_steps"] == 0
+    assert row["final_scale"] == 3.0 ** (5 // 2)
+
+
+def test_scaler_columns_are_empty_without_a_scaler():
+    row = sweep.measure_point(Point("small_cnn", 4, "nchw", "amp-bf16"), warmup=0, steps=2,
+                              telemetry=False)
+    assert row["final_scale"] is None and row["skipped_steps"] is None
+    assert row["init_scale"] is None
+
+
+def test_pure_fp16_keeps_fp32_master_weights_and_matches_an_fp32_step():
+    torch.manual_seed(0)
+    ref = build_model("small_cnn")
+    model = build_model("small_cnn")
+    model.load_state_dict(ref.state_dict())
+    x = torch.randn(input_shape("small_cnn", 8))
+    y = torch.randint(0, 10, (8,))
+    point = Point("small_cnn", 8, "nchw", "fp16", ScalerSettings(init_scale=256.0))
+    step, scaler = sweep.make_train_step(point, model, x, y)
+    step()
+    # the oracle: one plain fp32 SGD step of the same model on the same batch
+    opt = torch.optim.SGD(ref.parameters(), lr=sweep.LR, momentum=sweep.MOMENTUM)
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    opt.step()
+    bn = {id(p) for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)
+          for p in m.parameters()}
+    assert bn
+    for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        assert p.dtype == (torch.float32 if id(p) in bn else torch.float16), name
+        np.testing.assert_allclose(p.float().detach().numpy(), r.detach().numpy(),
+                                   rtol=2e-2, atol=2e-3, err_msg=name)
+    master = [p for g in step.optimizer.param_groups for p in g["params"]]
+    assert all(m.dtype == torch.float32 for m in master)
+    for m, p in zip(master, model.parameters()):  # the model holds the master weights, rounded
+        assert torch.equal(m.to(p.dtype), p.detach())
+
+
+# --------------------------------------------------------------------------- summaries
+
+def _row(key, repeat, ms, status="ok", batch=8):
+    r = dict.fromkeys(sweep.ROW_COLUMNS)
+    r.update(key=key, model="small_cnn", batch=batch, layout="nchw", precision="fp32",
+             device="cpu", repeat=repeat, status=status, error="" if status == "ok" else "boom",
+             step_ms_median=ms, spread=0.01, tolerance=0.03, cudnn_benchmark=False)
+    return r
+
+
+def test_summary_flags_points_whose_repeats_disagree():
+    medians = {"a": [10.0, 10.2, 10.1], "b": [10.0, 11.0, 10.5], "c": [5.0]}
+    rows = pd.DataFrame([_row(k, i, ms) for k, v in medians.items() for i, ms in enumerate(v)])
+    s = sweep.summarize_results(rows).set_index("key")
+    for k, v in medians.items():
+        v = np.array(v)
+        spread = (v.max() - v.min()) / np.median(v)
+        assert s.loc[k, "repeat_spread"] == pytest.approx(spread)
+        assert s.loc[k, "unstable"] == (spread > 0.03)
+        assert s.loc[k, "samples_per_s"] == pytest.approx(8 / (np.median(v) / 1e3))
+    assert list(s["unstable"]) == [False, True, False]
+    assert not sweep.summarize_results(rows, tolerance=0.2)["unstable"].any()
+
+
+def test_report_is_readable_and_names_failures():
+    rows = pd.DataFrame([_row("a", 0, 10.0), _row("a", 1, 12.0), _row("b", 0, None, "oom", 16)])
+    text = sweep.format_report(rows)
+    assert "UNSTABLE" in text and "oom" in text and "boom" in text
+    assert "11.00" in text
+
+
+def test_throughput_table_pivots_by_batch():
+    rows = pd.DataFrame([_row("a", 0, 10.0, batch=8), _row("b", 0, 10.0, batch=16)])
+    t = sweep.throughput_table(rows)
+    assert list(t.index) == [8, 16]
+    assert t.iloc[:, 0].tolist() == pytest.approx([800.0, 1600.0])
+
+
+def test_plot_draws_a_line_per_layout_and_precision():
+    rows = pd.DataFrame([_row("a", 0, 10.0, batch=8), _row("b", 0, 12.0, batch=16)])
+    fig = sweep.plot_results(rows)
+    ax = fig.axes[0]
+    assert len(ax.lines) == 1
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), [800.0, 16 / 0.012])
+
+
+# --------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+def test_gpu_oom_point_is_recorded_and_memory_returns_to_its_start(tmp_path):
+    import importlib.util
+
+    model = "resnet50" if importlib.util.find_spec("torchvision") else "small_cnn"
+    batch = 100_000 if model == "resnet50" else 4_000_000
+    # a small point first, so library workspaces (cuBLAS, cuDNN) that stay allocated exist
+    spec = SweepSpec(models=(model,), batches=(32, batch, 64), layouts=("nchw",),
+                     precisions=("amp-fp16",), device="cuda", warmup=1, steps=3, repeats=1)
+    level = []
+    out = tmp_path / "gpu_oom.parquet"
+    df = sweep.run_sweep(spec, out, on_result=lambda row, i, n: level.append(
+        torch.cuda.memory_allocated()))
+    assert list(df["status"]) == ["ok", "oom", "ok"], df["error"].tolist()
+    assert level[1] == level[0], "memory after the OOM point differs from before it"
+    assert len(pd.read_parquet(out)) == 3
+    ok = df[df["status"] == "ok"].iloc[0]
+    assert ok["peak_mem_allocated_mb"] > 0 and ok["peak_mem_reserved_mb"] >= ok["peak_mem_allocated_mb"]
+    assert ok["telemetry_samples"] >= 0 and ok["gpu_name"]
+
+
+@pytest.mark.gpu
+def test_gpu_point_has_telemetry_and_events_timing():
+    row = sweep.measure_point(Point("small_cnn", 256, "channels_last", "amp-fp16", device="cuda"),
+                              warmup=3, steps=200, telemetry=True, interval_s=0.02)
+    assert row["status"] == "ok", row["error"]
+    assert row["telemetry_samples"] > 0, row["telemetry_note"]
+    assert 0 <= row["gpu_busy_mean"] <= 100 and row["power_w_mean"] > 0
+    assert row["sm_clock_mhz_mean"] > 100
