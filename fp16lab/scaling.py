@@ -414,8 +414,8 @@ def classify_skips(history: list[ScaleEvent], warmup_steps: int | None = None) -
 
     Warm-up skips are the scale calibrating down from a too-large ``init_scale``: a run of
     consecutive skips from step 0, after which skips are rare (about one per growth interval, when
-    the scale grows one step too far). A problem looks different: skips keep coming after the
-    warm-up, come in runs, or the scale falls below 1.
+    the scale grows one step too far). A problem looks different: no step ever succeeds, skips
+    keep coming after the warm-up or come in runs, or the scale falls below 1.
 
     Args:
         history: the scaler's events.
@@ -441,6 +441,8 @@ def classify_skips(history: list[ScaleEvent], warmup_steps: int | None = None) -
     min_scale = min((e.next_scale for e in history), default=float("nan"))
     if not any(skipped):
         verdict = "no skips"
+    elif lead == len(skipped) or min_scale < 1.0:
+        verdict = "problem"  # never a clean step, or a scale too small to be a calibration
     elif n_later == 0:
         verdict = "warm-up only"
     elif longest <= 2 and rate <= 0.01 and min_scale >= 1.0:

@@ -1,0 +1,553 @@
+"""Gradient health in FP16: where gradients fall, cheap per-layer hooks, and the first inf/NaN.
+
+What FP16 does to a gradient value ``g`` when it is stored (round to nearest even):
+
+* ``|g| <= 2**-25`` (and ``g != 0``): rounds to zero - *underflow*, the update is lost;
+* ``2**-25 < |g| < 2**-14``: a *subnormal*, kept with fewer significant bits;
+* ``2**-14 <= |g| < 65520``: a *normal* number, 11 significant bits;
+* ``|g| >= 65520``: rounds to inf - *overflow*, and a loss scaler skips the step.
+
+This module has four parts:
+
+* :func:`fp16_fate` / :func:`gradient_fate_table`: the exact fractions above for a tensor, and for
+  every parameter's gradient at several loss scales (lost at scale 1, kept at scale S);
+* :class:`GradientMonitor`: per-parameter statistics collected by hooks during backward, computed
+  on the device in a handful of fused passes and never read back until asked - cheap enough to
+  leave on (``benchmarks/diagnostics_overhead.py`` measures it);
+* :func:`locate_first_nonfinite`: runs one step and names the first module whose forward output
+  or backward gradient became inf/NaN;
+* measured demonstrations: :func:`fp32_island_demo`, :func:`clipping_demo`,
+  :func:`scheduler_warning_demo`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from .scaling import (GradScalerRecorder, ScaleCollapseWarning, classify_skips)
+
+#: FP16 facts used below (IEEE binary16).
+FP16_MIN_SUBNORMAL = 2.0**-24
+FP16_MIN_NORMAL = 2.0**-14
+FP16_MAX = 65504.0
+FP16_OVERFLOW_AT = 65520.0  # the rounding midpoint between 65504 and 2**16
+
+FATES = ("zero", "underflow", "subnormal", "normal", "overflow", "nonfinite")
+
+
+# --------------------------------------------------------------------------------------------
+# Exact fates of values stored in FP16
+# --------------------------------------------------------------------------------------------
+def fp16_fate(values: torch.Tensor, scale: float = 1.0) -> dict[str, float]:
+    """Returns the fractions of ``values * scale`` that FP16 stores as zero, underflow, etc.
+
+    The fates (``FATES``) partition the elements: ``zero`` (already exactly zero), ``underflow``
+    (non-zero, becomes 0), ``subnormal``, ``normal``, ``overflow`` (finite, becomes inf) and
+    ``nonfinite`` (already inf/NaN). The product is taken in float64 and cast to FP16 once, so
+    the answer is exact for any float32 input and any scale.
+    """
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite positive number, got {scale!r}")
+    x = values.detach().to("cpu", torch.float64).reshape(-1) * float(scale)
+    n = x.numel()
+    if n == 0:
+        return {f: 0.0 for f in FATES}
+    finite = torch.isfinite(x)
+    # float64 -> float16 via float32 could round twice; x is a float32 times a scale, so use
+    # the exact thresholds instead of a cast.
+    a = x.abs()
+    zero = (x == 0)
+    under = finite & ~zero & (a <= 2.0**-25)
+    over = finite & (a >= FP16_OVERFLOW_AT)
+    # rounds to a subnormal: (2**-25, 2**-14 - 2**-25); the midpoint ties to 2**-14 (even)
+    sub = finite & (a > 2.0**-25) & (a < FP16_MIN_NORMAL - 2.0**-25)
+    normal = finite & ~zero & ~under & ~over & ~sub
+    counts = {"zero": zero, "underflow": under, "subnormal": sub, "normal": normal,
+              "overflow": over, "nonfinite": ~finite}
+    return {k: float(v.sum()) / n for k, v in counts.items()}
+
+
+def gradient_fate_table(named_grads: Iterable[tuple[str, torch.Tensor]],
+                        scales: Iterable[float] = (1.0, 2.0**16)):
+    """Returns a DataFrame: per parameter and scale, the FP16 fate fractions of its gradient.
+
+    ``lost`` is the underflow fraction (non-zero values FP16 turns to 0) and ``kept`` the
+    fraction that stays non-zero and finite (subnormal + normal); feed it FP32 gradients.
+    """
+    import pandas as pd
+
+    rows = []
+    for name, g in named_grads:
+        if g is None:
+            continue
+        for s in scales:
+            f = fp16_fate(g, s)
+            rows.append({"param": name, "scale": float(s), "numel": g.numel(), **f,
+                         "lost": f["underflow"], "kept": f["subnormal"] + f["normal"]})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Cheap per-layer statistics with hooks
+# --------------------------------------------------------------------------------------------
+#: Exponent bins of the monitor's histogram: floor(log2|g|) from -149 (float32's smallest
+#: subnormal) to 127, plus one bin each for zero, inf and NaN.
+EXP_MIN, EXP_MAX = -149, 127
+_ZERO_BIN = 0
+_INF_BIN = EXP_MAX - EXP_MIN + 2
+_NAN_BIN = _INF_BIN + 1
+N_BINS = _NAN_BIN + 1
+
+
+def _bin_of_exponent(e: int) -> int:
+    return e - EXP_MIN + 1
+
+
+class GradientMonitor:
+    """Per-parameter gradient statistics, collected with hooks, computed on the device.
+
+    Every parameter gets a post-accumulate-grad hook; the first one to fire in a backward pass
+    queues a callback for the end of that pass, which computes for all gradients at once:
+
+    * an exponent histogram of ``|g|`` per parameter (``floor(log2|g|)`` from ``torch.frexp``,
+      exact, plus zero/inf/NaN bins) - one ``torch.histc`` over all gradients concatenated;
+    * ``max|g|`` per parameter - one fused ``torch._foreach_norm(ord=inf)``.
+
+    That is about a dozen kernel launches per step whatever the number of layers, no host sync;
+    the results stay on the device until :meth:`frame` reads them all at once.
+
+    The gradients seen are the ones in ``.grad`` at the end of backward: *scaled* when a loss
+    scaler is used (which is what FP16 has to hold), FP32 under autocast (values that FP16
+    already flushed show up as exact zeros). From the exponent bins the FP16 fates are:
+    underflow ``|g| < 2**-25``, subnormal ``2**-25 <= |g| < 2**-14``, overflow ``|g| >= 2**16``
+    or inf - binary-exponent edges, so the rare values of exactly ``2**-25`` or in
+    ``[65520, 65536)`` are counted one bin over (:func:`fp16_fate` is exact).
+
+    Args:
+        model: the module whose parameters to watch (those with ``requires_grad``).
+        keep_history: keep every step's statistics (default); otherwise only the last and a sum.
+    """
+
+    def __init__(self, model: nn.Module, keep_history: bool = True):
+        self.names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no parameters that require grad; nothing to monitor")
+        self.keep_history = keep_history
+        self._handles = []
+        self._queued = False
+        self._cache: dict[Any, tuple[torch.Tensor, list[int]]] = {}
+        self._steps: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
+        self.enabled = True
+        for p in self.params:
+            self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _on_grad(self, _param: torch.Tensor) -> None:
+        if self.enabled and not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._collect)
+
+    def _collect(self) -> None:
+        self._queued = False
+        idx = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not idx:
+            return
+        grads = [self.params[i].grad.detach() for i in idx]
+        self._steps_append(self.statistics(grads, idx), idx)
+
+    def _steps_append(self, stats, idx) -> None:
+        hist, maxabs = stats
+        if not self.keep_history and self._steps:
+            self._steps.clear()
+        self._steps.append((hist, maxabs, idx))
+
+    def statistics(self, grads: list[torch.Tensor], key: Any = None):
+        """Returns (histogram [n_grads, N_BINS], max|g| [n_grads]) on the grads' device."""
+        device = grads[0].device
+        sizes = [g.numel() for g in grads]
+        ck = (tuple(key) if key is not None else tuple(sizes), device)
+        if ck not in self._cache:
+            base = torch.repeat_interleave(
+                torch.arange(len(grads), device=device, dtype=torch.float32) * N_BINS,
+                torch.tensor(sizes, device=device))
+            self._cache[ck] = base
+        base = self._cache[ck]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        a = flat.abs().float()
+        _, e = torch.frexp(a)  # a = m * 2**e with m in [0.5, 1): floor(log2 a) = e - 1
+        b = (e - (EXP_MIN + 1) + 1).clamp_(1, _INF_BIN - 1).float()
+        b = torch.where(a == 0, _ZERO_BIN, b)
+        b = torch.where(torch.isinf(a), _INF_BIN, b)
+        b = torch.where(torch.isnan(a), _NAN_BIN, b)
+        total = len(grads) * N_BINS
+        hist = torch.histc(b.add_(base), bins=total, min=0, max=total).view(len(grads), N_BINS)
+        maxabs = torch.stack([m.float() for m in
+                              torch._foreach_norm(grads, ord=math.inf)])
+        return hist, maxabs
+
+    # -- results -------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Returns the number of backward passes recorded."""
+        return len(self._steps)
+
+    def reset(self) -> None:
+        """Forgets the recorded statistics."""
+        self._steps.clear()
+
+    def remove(self) -> None:
+        """Removes the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> "GradientMonitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def histograms(self) -> torch.Tensor:
+        """Returns all recorded histograms as a CPU tensor [steps, n_params, N_BINS] (0 rows
+        where a parameter had no gradient)."""
+        out = torch.zeros(len(self._steps), len(self.params), N_BINS)
+        if not self._steps:
+            return out
+        # one transfer per step at most, done here and not during training
+        for s, (hist, _, idx) in enumerate(self._steps):
+            out[s, idx] = hist.cpu()
+        return out
+
+    def frame(self):
+        """Returns a DataFrame: one row per step and parameter with max|g|, FP16 fate fractions
+        (zero, underflow, subnormal, overflow) and inf/NaN counts."""
+        import pandas as pd
+
+        rows = []
+        under_hi = _bin_of_exponent(-26) + 1    # bins for |g| < 2**-25
+        sub_hi = _bin_of_exponent(-15) + 1      # bins for |g| < 2**-14
+        over_lo = _bin_of_exponent(16)          # |g| >= 2**16
+        for s, (hist, maxabs, idx) in enumerate(self._steps):
+            h = hist.cpu().double()
+            m = maxabs.cpu()
+            n = h.sum(dim=1)
+            for j, i in enumerate(idx):
+                hj = h[j]
+                nj = float(n[j])
+                rows.append({
+                    "step": s, "param": self.names[i], "numel": int(nj),
+                    "max_abs": float(m[j]),
+                    "zero_frac": float(hj[_ZERO_BIN]) / nj,
+                    "fp16_underflow_frac": float(hj[1:under_hi].sum()) / nj,
+                    "fp16_subnormal_frac": float(hj[under_hi:sub_hi].sum()) / nj,
+                    "fp16_overflow_frac": float(hj[over_lo:_INF_BIN + 1].sum()) / nj,
+                    "n_inf": int(hj[_INF_BIN]), "n_nan": int(hj[_NAN_BIN]),
+                })
+        return pd.DataFrame(rows)
+
+
+def exponent_of_bin(b: int) -> int:
+    """Returns floor(log2|g|) for a GradientMonitor histogram bin (1 .. N_BINS-3)."""
+    if not 1 <= b <= _INF_BIN - 1:
+        raise ValueError(f"bin {b} is not an exponent bin; those are 1..{_INF_BIN - 1}")
+    return b + EXP_MIN - 1
+
+
+# --------------------------------------------------------------------------------------------
+# The first non-finite value
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NonFiniteReport:
+    """Where an inf/NaN first appeared during one training step."""
+
+    module: str            # dotted module name ("" is the whole model)
+    phase: str             # "forward", "backward" (gradient w.r.t. the module's input) or
+                           # "parameter gradient"
+    tensor: str            # which tensor: "output 0", "input 0", or the parameter's name
+    dtype: str
+    shape: tuple[int, ...]
+    n_inf: int
+    n_nan: int
+    finite_min: float      # of the finite values (nan if none)
+    finite_max: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Returns the fields as a dict."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        where = self.module or "<model>"
+        return (f"first non-finite value in {self.phase} of {where!r} ({self.tensor}, "
+                f"{self.dtype} {list(self.shape)}): {self.n_inf} inf, {self.n_nan} NaN; finite "
+                f"values range over [{self.finite_min:.3g}, {self.finite_max:.3g}]")
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    if isinstance(x, dict):
+        return [t for item in x.values() for t in _tensors(item)]
+    return []
+
+
+def _describe(t: torch.Tensor) -> tuple[int, int, float, float]:
+    t = t.detach()
+    n_inf = int(torch.isinf(t).sum())
+    n_nan = int(torch.isnan(t).sum())
+    fin = t[torch.isfinite(t)].double()
+    lo = float(fin.min()) if fin.numel() else math.nan
+    hi = float(fin.max()) if fin.numel() else math.nan
+    return n_inf, n_nan, lo, hi
+
+
+def _nonfinite(t: torch.Tensor) -> bool:
+    return t.is_floating_point() and not bool(torch.isfinite(t.detach()).all())
+
+
+def locate_first_nonfinite(model: nn.Module, step: Callable[[], torch.Tensor], *,
+                           backward: bool = True, loss_scale: float = 1.0
+                           ) -> NonFiniteReport | None:
+    """Returns where the first inf/NaN of one training step appeared, or None if none did.
+
+    Runs ``loss = step()`` (the forward pass and loss, e.g. under autocast) and, if ``backward``,
+    ``(loss * loss_scale).backward()``, with temporary hooks:
+
+    * forward: a module *produced* a non-finite value if its output has one and its inputs do
+      not; the innermost such module reports first;
+    * backward: a tensor hook on every leaf module's inputs sees the gradient that module's
+      backward produced; the first non-finite one in backward order is reported (a functional
+      op between two modules is attributed to the module whose input it feeds);
+    * parameter gradients are checked as they are accumulated.
+
+    This syncs with the device at every module: a debugging tool, not something to leave on.
+    """
+    names = {m: n for n, m in model.named_modules()}
+    leaves = {m for m in names if not list(m.children())}
+    found: list[NonFiniteReport] = []
+    handles = []
+
+    def report(module_name, phase, what, t):
+        if found:
+            return
+        n_inf, n_nan, lo, hi = _describe(t)
+        found.append(NonFiniteReport(module_name, phase, what, str(t.dtype).replace("torch.", ""),
+                                     tuple(t.shape), n_inf, n_nan, lo, hi))
+
+    def pre_hook(module, args):
+        if not backward or module not in leaves:
+            return
+        for k, t in enumerate(_tensors(args)):
+            if t.requires_grad:
+                def on_grad(g, _k=k, _name=names[module]):
+                    if _nonfinite(g):
+                        report(_name, "backward", f"input {_k}", g)
+                t.register_hook(on_grad)
+
+    def fwd_hook(module, args, output):
+        if found:
+            return
+        outs = _tensors(output)
+        bad = [i for i, t in enumerate(outs) if _nonfinite(t)]
+        if bad and not any(_nonfinite(t) for t in _tensors(args)):
+            report(names[module], "forward", f"output {bad[0]}", outs[bad[0]])
+
+    for m in names:
+        handles.append(m.register_forward_pre_hook(pre_hook))
+        handles.append(m.register_forward_hook(fwd_hook))
+    for mod_name, m in model.named_modules():
+        for p_name, p in m.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            full = f"{mod_name}.{p_name}" if mod_name else p_name
+
+            def on_param(q, _m=mod_name, _f=full):
+                if _nonfinite(q.grad):
+                    report(_m, "parameter gradient", _f, q.grad)
+            handles.append(p.register_post_accumulate_grad_hook(on_param))
+    try:
+        loss = step()
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"step() must return the loss tensor, got {type(loss).__name__}")
+        if not found and _nonfinite(loss):
+            report("", "forward", "loss", loss)
+        if backward:
+            (loss * loss_scale).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0] if found else None
+
+
+# --------------------------------------------------------------------------------------------
+# Measured demonstrations
+# --------------------------------------------------------------------------------------------
+class FP32Island(nn.Module):
+    """Runs a wrapped module in FP32 inside an autocast region, done correctly.
+
+    Disabling autocast is not enough: tensors arriving from autocast regions are already FP16,
+    and with autocast off an op simply runs in its inputs' dtype. So the island disables
+    autocast *and* casts floating inputs to float32.
+    """
+
+    def __init__(self, inner: nn.Module, cast_inputs: bool = True):
+        super().__init__()
+        self.inner = inner
+        self.cast_inputs = cast_inputs
+
+    def forward(self, *args):
+        dev = next((t.device.type for t in _tensors(args)), "cpu")
+        with torch.autocast(device_type=dev, enabled=False):
+            if self.cast_inputs:
+                args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                             else a for a in args)
+            return self.inner(*args)
+
+
+class Gram(nn.Module):
+    """Returns x @ x^T: unnormalised attention-like scores, a classic FP16 overflow."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ x.transpose(-1, -2)
+
+
+def fp32_island_demo(device: str = "cpu", width: int = 256, level: float = 20.0
+                     ) -> "Any":
+    """Returns a DataFrame comparing a precision-sensitive layer under FP16 autocast three ways.
+
+    A linear layer (autocast: FP16) feeds :class:`Gram`, whose entries (``~ level**2 * width``)
+    exceed FP16's 65504. Rows: no island; autocast disabled but inputs left in FP16 (the common
+    mistake); :class:`FP32Island` (disabled and cast). Columns: the output dtype, how many outputs
+    are inf, and the relative error against a float64 reference.
+    """
+    import pandas as pd
+
+    torch.manual_seed(0)
+    lin = nn.Linear(width, width, device=device)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(width, device=device))
+        lin.bias.zero_()
+    x = level + torch.randn(8, width, device=device)
+    with torch.no_grad():
+        ref = Gram()(lin.double()(x.double())).float()
+    lin.float()
+    variants = {"no island (FP16 matmul)": Gram(),
+                "autocast off, inputs still FP16": FP32Island(Gram(), cast_inputs=False),
+                "FP32 island (off + cast to FP32)": FP32Island(Gram(), cast_inputs=True)}
+    rows = []
+    for name, layer in variants.items():
+        with torch.no_grad(), torch.autocast(device, dtype=torch.float16):
+            h = lin(x)
+            out = layer(h)
+        o = out.float()
+        fin = torch.isfinite(o)
+        err = float(((o - ref).norm() / ref.norm())) if bool(fin.all()) else math.inf
+        rows.append({"variant": name, "input_dtype": str(h.dtype).replace("torch.", ""),
+                     "output_dtype": str(out.dtype).replace("torch.", ""),
+                     "n_inf": int((~fin).sum()), "numel": o.numel(), "rel_error": err})
+    return pd.DataFrame(rows)
+
+
+def clipping_demo(device: str = "cpu", max_norm: float = 1.0, init_scale: float = 2.0**16,
+                  seed: int = 0) -> "Any":
+    """Returns a DataFrame: gradient clipping with and without ``scaler.unscale_`` first.
+
+    One step of a small model with a real ``torch.amp.GradScaler``. ``true_grad_norm`` is the
+    unscaled gradient norm (from an unscaled backward), ``norm_seen_by_clip`` what
+    ``clip_grad_norm_`` returned, ``applied_grad_norm`` the norm of the gradients the optimizer
+    actually used (read after ``scaler.step``), and ``update_norm / lr`` the same, measured from
+    the parameters. Without ``unscale_`` the clip acts on scaled gradients: the applied norm is
+    ``max_norm / scale`` instead of ``max_norm``.
+    """
+    import pandas as pd
+
+    torch.manual_seed(seed)
+    base = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    x = torch.randn(64, 32, device=device)
+    y = torch.randn(64, 4, device=device) * 10
+
+    def loss_of(model):
+        with torch.autocast(device, dtype=torch.float16):
+            out = model(x)
+        return (out.float() - y).pow(2).mean()
+
+    ref = copy.deepcopy(base)
+    loss_of(ref).backward()
+    true_norm = float(torch.norm(torch.stack([p.grad.norm() for p in ref.parameters()])))
+    rows = []
+    lr = 0.1
+    for unscale_first in (True, False):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device, init_scale=init_scale)
+        before = [p.detach().clone() for p in model.parameters()]
+        scaler.scale(loss_of(model)).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
+        seen = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        scaler.step(opt)
+        scaler.update()
+        applied = float(torch.norm(torch.stack([p.grad.norm() for p in model.parameters()])))
+        upd = float(torch.norm(torch.stack([(p.detach() - b).norm()
+                                            for p, b in zip(model.parameters(), before)])))
+        rows.append({"recipe": "unscale_ then clip" if unscale_first else "clip scaled grads",
+                     "scale": init_scale, "max_norm": max_norm, "true_grad_norm": true_norm,
+                     "norm_seen_by_clip": seen, "applied_grad_norm": applied,
+                     "update_norm_over_lr": upd / lr})
+    return pd.DataFrame(rows)
+
+
+def scheduler_warning_demo(device: str = "cpu", steps: int = 40, seed: int = 0) -> dict[str, Any]:
+    """Returns what happens to the LR-scheduler warning and the skips in two short runs.
+
+    ``warm-up``: a healthy model with ``init_scale=2**24``: the first steps overflow and are
+    skipped while the scale calibrates, so the first ``scheduler.step()`` comes before any
+    ``optimizer.step()`` and PyTorch warns about the call order (harmless here).
+    ``broken``: the inputs overflow FP16 in the forward pass (values ~1e5), so every step is
+    skipped and the scale collapses: the same warning, but a real problem.
+
+    Returns:
+        dict run -> {"scheduler_warning": text or None, "collapse_warning": text or None,
+        "skipped": list of skipped step indices, "history": DataFrame, **classify_skips(...)}.
+    """
+    out = {}
+    for run, x_level, init_scale in (("warm-up", 1.0, 2.0**24), ("broken", 1e5, 2.0**16)):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+        rec = GradScalerRecorder(torch.amp.GradScaler(device, init_scale=init_scale,
+                                                      growth_interval=1000))
+        x = torch.randn(32, 16, device=device) * x_level
+        y = torch.randn(32, 1, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(steps):
+                opt.zero_grad()
+                with torch.autocast(device, dtype=torch.float16):
+                    pred = model(x)
+                loss = (pred.float() - y).pow(2).mean()
+                rec.scale(loss).backward()
+                rec.step(opt)
+                rec.update()
+                sched.step()
+        sched_w = next((str(w.message) for w in caught
+                        if "lr_scheduler.step()" in str(w.message)), None)
+        coll_w = next((str(w.message) for w in caught
+                       if issubclass(w.category, ScaleCollapseWarning)), None)
+        hist = rec.history
+        out[run] = {"scheduler_warning": sched_w, "collapse_warning": coll_w,
+                    "skipped": [e.step for e in hist if e.skipped],
+                    "history": rec.history_frame(), **classify_skips(hist)}
+    return out

@@ -1,0 +1,281 @@
+"""Diagnostics: FP16 fates against a numpy cast, hook statistics against numpy thresholds,
+the first-non-finite locator against planted faults, and the measured demonstrations."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes  # noqa: F401  (numpy float16 is IEEE binary16 already; imported as a check)
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fp16lab import diagnostics as d
+
+
+def _numpy_fates(x32: np.ndarray, scale: float) -> dict[str, float]:
+    """Oracle: scale in float64 (exact for power-of-two scales) and let numpy round to float16."""
+    y = x32.astype(np.float64) * scale
+    with np.errstate(over="ignore"):
+        h = y.astype(np.float16)
+    fin = np.isfinite(y)
+    ah = np.abs(h.astype(np.float64))
+    return {
+        "zero": np.mean(y == 0),
+        "underflow": np.mean(fin & (y != 0) & (h == 0)),
+        "subnormal": np.mean(fin & (ah > 0) & (ah < 2.0**-14)),
+        "normal": np.mean(fin & np.isfinite(h) & (ah >= 2.0**-14)),
+        "overflow": np.mean(fin & ~np.isfinite(h)),
+        "nonfinite": np.mean(~fin),
+    }
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**8, 2.0**16, 2.0**-3])
+def test_fp16_fate_matches_numpy_cast(scale):
+    rng = np.random.default_rng(1)
+    e = rng.uniform(-40, 20, 20000)
+    x = (np.sign(rng.standard_normal(e.size)) * 2.0**e).astype(np.float32)
+    # edge cases: exact thresholds and their float32 neighbours, specials
+    edges = np.array([2.0**-25, 2.0**-24, 2.0**-14, 2.0**-14 - 2.0**-25, 65504, 65520, 65519.99,
+                      0.0, -0.0, np.inf, -np.inf, np.nan], dtype=np.float32)
+    with np.errstate(over="ignore"):
+        edges = np.concatenate([edges, np.nextafter(edges, np.float32(np.inf)),
+                                np.nextafter(edges, np.float32(-np.inf))]) / np.float32(scale)
+    x = np.concatenate([x, edges.astype(np.float32)])
+    got = d.fp16_fate(torch.from_numpy(x), scale)
+    want = _numpy_fates(x, scale)
+    for k in d.FATES:
+        assert got[k] == pytest.approx(want[k], abs=1e-12), k
+    assert sum(got.values()) == pytest.approx(1.0)
+
+
+def test_fp16_fate_rejects_bad_scale():
+    with pytest.raises(ValueError, match="finite positive"):
+        d.fp16_fate(torch.ones(3), 0.0)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        d.fp16_fate([1.0, 2.0])
+
+
+def test_gradient_fate_table_lost_and_kept():
+    g = torch.tensor([1e-9, 1e-9, 1.0, 0.0])  # 1e-9 < 2**-25 ~ 3e-8
+    t = d.gradient_fate_table([("w", g)], scales=(1.0, 2.0**10))
+    one = t[t.scale == 1.0].iloc[0]
+    big = t[t.scale == 1024.0].iloc[0]
+    assert one.lost == 0.5 and one.kept == 0.25
+    assert big.lost == 0.0 and big.kept == 0.75
+
+
+def _oracle_stats(g: np.ndarray) -> dict[str, float]:
+    a = np.abs(g.astype(np.float64))
+    n = a.size
+    return {
+        "max_abs": np.nan if np.isnan(a).any() else a.max(),
+        "zero_frac": np.sum(a == 0) / n,
+        "fp16_underflow_frac": np.sum((a > 0) & (a < 2.0**-25)) / n,
+        "fp16_subnormal_frac": np.sum((a >= 2.0**-25) & (a < 2.0**-14)) / n,
+        "fp16_overflow_frac": np.sum(a >= 2.0**16) / n,   # includes inf
+        "n_inf": int(np.isinf(a).sum()), "n_nan": int(np.isnan(a).sum()),
+    }
+
+
+class _Planted(nn.Module):
+    """Parameters whose gradient we set by hand."""
+
+    def __init__(self, shapes, dtype=torch.float32):
+        super().__init__()
+        self.ps = nn.ParameterList([nn.Parameter(torch.zeros(s, dtype=dtype)) for s in shapes])
+
+    def forward(self):
+        return sum((p * p.detach()).sum() for p in self.ps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_monitor_statistics_match_numpy(dtype):
+    rng = np.random.default_rng(0)
+    shapes = [(50, 7), (13,), (3, 3, 4)]
+    model = _Planted(shapes, dtype)
+    mon = d.GradientMonitor(model)
+    want = []
+    for step in range(3):
+        grads = []
+        for s in shapes:
+            lo, hi = (-30, 17) if dtype == torch.float16 else (-149, 40)
+            v = np.sign(rng.standard_normal(s)) * 2.0 ** rng.uniform(lo, hi, s)
+            v = v.astype(np.float32)
+            flat = v.reshape(-1)
+            flat[:3] = [0.0, 2.0**-25, 2.0**-14]  # exact edges
+            if step == 1:
+                flat[3:5] = [np.inf, np.nan]
+            with np.errstate(over="ignore"):  # FP16 gradients may overflow to inf: intended
+                v = v.astype(np.float16 if dtype == torch.float16 else np.float32)
+            grads.append(v)
+        # the "model" multiplies each parameter by a constant whose value is the wanted grad
+        for p, g in zip(model.ps, grads):
+            p.data = torch.from_numpy(g.copy())
+        model.zero_grad()
+        model().backward()
+        want.append([_oracle_stats(g) for g in grads])
+    frame = mon.frame()
+    assert mon.steps == 3 and len(frame) == 3 * len(shapes)
+    for row in frame.itertuples():
+        w = want[row.step][int(row.param.split(".")[-1])]
+        for k, v in w.items():
+            got = getattr(row, k)
+            if isinstance(v, float) and math.isnan(v):
+                assert math.isnan(got), (row, k)
+            else:
+                assert got == pytest.approx(v, rel=1e-6, abs=1e-12), (row.step, row.param, k)
+    mon.remove()
+    model.zero_grad()
+    model().backward()
+    assert mon.steps == 3  # hooks gone
+
+
+def test_monitor_histogram_counts_every_element():
+    model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3))
+    with d.GradientMonitor(model) as mon:
+        model(torch.randn(4, 10)).sum().backward()
+        h = mon.histograms()
+    assert h.shape == (1, 4, d.N_BINS)
+    assert h.sum(dim=2)[0].tolist() == [p.numel() for p in model.parameters()]
+    # the largest non-empty exponent bin is floor(log2(max|g|)) by numpy's own frexp
+    g = model[2].bias.grad.abs().max().item()
+    top = int(np.nonzero(h[0, 3, 1:d.N_BINS - 2].numpy())[0].max()) + 1
+    assert d.exponent_of_bin(top) == math.floor(math.log2(g))
+
+
+def test_monitor_gradient_accumulation_records_each_backward():
+    model = nn.Linear(4, 2)
+    mon = d.GradientMonitor(model, keep_history=False)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+    assert mon.steps == 1
+    assert mon.frame().numel.tolist() == [8, 2]
+
+
+class _Blowup(nn.Module):
+    def forward(self, x):
+        return x * 1e30 if x.dtype == torch.float32 else x * 60000.0
+
+
+class _GradBlowupFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g.half() * 60000.0 * 60000.0).to(g.dtype)
+
+
+class _GradBlowup(nn.Module):
+    def forward(self, x):
+        return _GradBlowupFn.apply(x)
+
+
+def test_locator_names_forward_culprit_in_fp16():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), _Blowup(), _Blowup(), nn.Linear(8, 2))
+    model.half()
+    x = torch.randn(4, 8).half() + 3.0
+    rep = d.locate_first_nonfinite(model, lambda: model(x).float().sum(), backward=False)
+    assert rep is not None
+    # oracle: where does a plain step-by-step run first go non-finite?
+    h = x
+    for i, m in enumerate(model):
+        h = m(h)
+        if not torch.isfinite(h).all():
+            first = str(i)
+            break
+    assert rep.module == first and rep.phase == "forward"
+    assert rep.n_inf > 0 and rep.dtype == "float16"
+    assert "forward" in str(rep)
+
+
+def test_locator_names_backward_culprit():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), _GradBlowup(),
+                          nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    rep = d.locate_first_nonfinite(model, lambda: model(x).pow(2).mean())
+    assert rep is not None and rep.module == "3" and rep.phase == "backward"
+    assert rep.n_inf > 0
+
+
+def test_locator_reports_overflowing_parameter_gradient():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    # scale big enough that float32 weight gradients overflow, inputs' grads too
+    rep = d.locate_first_nonfinite(model, lambda: model(x).sum(), loss_scale=1e38)
+    assert rep is not None and rep.phase in {"backward", "parameter gradient"}
+    assert rep.module == "1"
+
+
+def test_locator_returns_none_for_a_healthy_step():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 2))
+    assert d.locate_first_nonfinite(model, lambda: model(torch.randn(3, 8)).sum()) is None
+
+
+def test_fp32_island_demo_measures_dtypes_and_overflow():
+    t = d.fp32_island_demo().set_index("variant")
+    assert t.loc["no island (FP16 matmul)", "output_dtype"] == "float16"
+    assert t.loc["no island (FP16 matmul)", "n_inf"] > 0
+    wrong = t.loc["autocast off, inputs still FP16"]
+    assert wrong.output_dtype == "float16" and wrong.n_inf > 0
+    right = t.loc["FP32 island (off + cast to FP32)"]
+    assert right.output_dtype == "float32" and right.n_inf == 0 and right.rel_error < 1e-3
+
+
+def test_clipping_demo_effective_norm():
+    t = d.clipping_demo(max_norm=1.0, init_scale=2.0**12).set_index("recipe")
+    right, wrong = t.loc["unscale_ then clip"], t.loc["clip scaled grads"]
+    assert right.true_grad_norm > 1.0  # so the clip acts
+    assert right.applied_grad_norm == pytest.approx(1.0, rel=1e-4)
+    assert right.update_norm_over_lr == pytest.approx(1.0, rel=1e-3)
+    assert wrong.norm_seen_by_clip == pytest.approx(right.true_grad_norm * 2**12, rel=1e-2)
+    assert wrong.applied_grad_norm == pytest.approx(2.0**-12, rel=1e-3)
+
+
+def test_scheduler_warning_demo():
+    r = d.scheduler_warning_demo(steps=30)
+    warm, broken = r["warm-up"], r["broken"]
+    assert warm["scheduler_warning"] and "optimizer.step()" in warm["scheduler_warning"]
+    assert warm["verdict"] == "warm-up only" and warm["skipped"] == list(range(len(warm["skipped"])))
+    assert 1 <= len(warm["skipped"]) <= 12 and warm["collapse_warning"] is None
+    assert broken["verdict"] == "problem" and broken["collapse_warning"]
+    assert len(broken["skipped"]) == 30
+
+
+@pytest.mark.gpu
+def test_monitor_on_cuda_matches_cpu():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    x = torch.randn(32, 64)
+    cpu = d.GradientMonitor(model)
+    (model(x).sum() * 1e-6).backward()
+    cpu.remove()
+    grads = [p.grad.clone() for p in model.parameters()]
+    cuda_model = model.cuda()
+    cuda_model.zero_grad()
+    mon = d.GradientMonitor(cuda_model)
+    for p, g in zip(cuda_model.parameters(), grads):
+        p.grad = None
+    # same gradients on the GPU: feed them through the statistics directly
+    hist, maxabs = mon.statistics([g.cuda() for g in grads])
+    hist_cpu, maxabs_cpu = cpu.statistics(grads)
+    assert torch.equal(hist.cpu(), hist_cpu)
+    assert torch.equal(maxabs.cpu(), maxabs_cpu)
+    # and the hooks fire under CUDA autocast with a real GradScaler
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = cuda_model(x.cuda()).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    f = mon.frame()
+    assert mon.steps == 1 and len(f) == 4 and (f.n_nan == 0).all()
+
+
+@pytest.mark.gpu
+def test_demos_on_cuda():
+    assert d.fp32_island_demo("cuda").n_inf.tolist()[2] == 0
+    t = d.clipping_demo("cuda").set_index("recipe")
+    assert t.loc["unscale_ then clip", "applied_grad_norm"] == pytest.approx(1.0, rel=1e-4)
+    assert d.scheduler_warning_demo("cuda")["warm-up"]["verdict"] == "warm-up only"
