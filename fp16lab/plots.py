@@ -1,0 +1,152 @@
+"""Plots the notebooks share: the log2|x| histogram against format ranges, ULP vs magnitude.
+
+``plot_census`` draws a tensor's histogram of binary exponents with each format's subnormal
+range (light) and normal range (darker) shaded behind it, in the manner of the gradient
+histogram of Micikevicius et al., "Mixed Precision Training" (ICLR 2018), Figure 3.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .formats import format_info
+
+#: One colour per format, so a format looks the same in every plot.
+FORMAT_COLOURS = {"fp32": "#7f7f7f", "tf32": "#8c564b", "fp16": "#1f77b4", "bf16": "#ff7f0e",
+                  "fp8_e4m3": "#2ca02c", "fp8_e5m2": "#d62728"}
+
+
+def _axes(ax):
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots(figsize=(9, 3.6))
+    return ax
+
+
+def shade_format_ranges(ax, formats: Iterable[str] = ("fp16",), *, label: bool = True) -> None:
+    """Shades each format's subnormal and normal ranges of log2|x| on an axis (x in exponents)."""
+    for i, name in enumerate(formats):
+        f = format_info(name)
+        colour = FORMAT_COLOURS.get(f.name, f"C{i}")
+        sub_lo = math.log2(f.smallest_subnormal)
+        norm_lo = math.log2(f.smallest_normal)
+        hi = math.log2(f.max_finite)
+        ax.axvspan(sub_lo, norm_lo, color=colour, alpha=0.08, lw=0,
+                   label=f"{f.name} subnormal" if label else None)
+        ax.axvspan(norm_lo, hi, color=colour, alpha=0.16, lw=0,
+                   label=f"{f.name} normal" if label else None)
+        for xv in (sub_lo, hi):
+            ax.axvline(xv, color=colour, lw=1, ls="--")
+
+
+def plot_census(data: Any, formats: Iterable[str] = ("fp16",), ax=None, *,
+                label: str | None = None, title: str | None = None, logy: bool = True,
+                scale: float = 1.0, xlim: tuple[float, float] | None = None):
+    """Returns a matplotlib Axes with the log2|x| histogram of one or more tensors over the
+    ranges of the given formats.
+
+    Args:
+        data: a :class:`~fp16lab.census.CensusResult`, a tensor / array (counted here), or a
+            dict ``{label: result or tensor}`` to overlay several histograms.
+        formats: formats whose subnormal and normal ranges are shaded.
+        ax: axes to draw on (a new figure if None).
+        label, title: legend label for a single histogram, and the axes title.
+        logy: logarithmic count axis (zeros are not drawn).
+        scale: multiply the data by this before counting (e.g. a loss scale), which shifts the
+            histogram by log2(scale) bins. Only applies to tensors, not to finished results.
+        xlim: exponent range to show; default the data's range and the first format's range.
+    """
+    from .census import CensusResult, census
+
+    formats = tuple(formats)
+    ax = _axes(ax)
+    items = data.items() if isinstance(data, Mapping) else [(label, data)]
+    shade_format_ranges(ax, formats)
+    zero_notes = []
+    spans = []
+    for i, (name, item) in enumerate(items):
+        if not isinstance(item, CensusResult):
+            item = census(item * scale if scale != 1.0 else item, formats[0] if formats else "fp16")
+        frac = item.hist / max(item.n, 1)
+        keep = item.hist > 0
+        if item.log2_range():
+            spans.append(item.log2_range())
+        # bin e holds 2^e <= |x| < 2^(e+1): a bar from e to e+1
+        ax.bar(item.exponents[keep], frac[keep], width=1.0, align="edge", alpha=0.55,
+               color=f"C{i + 4}" if name else "0.25", label=name or "values", edgecolor="none")
+        if item.counts.get("zero"):
+            zero_notes.append(f"{name + ': ' if name else ''}{100 * item.fractions['zero']:.1f}% zeros")
+    if logy:
+        ax.set_yscale("log")
+    if xlim is None and spans:
+        lo = min(min(a for a, _ in spans), math.log2(format_info(formats[0]).smallest_subnormal)
+                 if formats else 0)
+        hi = max(max(b for _, b in spans), math.log2(format_info(formats[0]).max_finite)
+                 if formats else 0)
+        xlim = (lo - 4, hi + 4)
+    if xlim is not None:
+        ax.set_xlim(*xlim)
+    ax.set_xlabel("log2 |x|  (binary exponent)")
+    ax.set_ylabel("fraction of values")
+    if title:
+        ax.set_title(title)
+    if zero_notes:
+        ax.text(0.01, 0.97, "; ".join(zero_notes) + " (not drawn)", transform=ax.transAxes,
+                va="top", fontsize=8)
+    ax.legend(fontsize=8, loc="upper right", ncol=2)
+    return ax
+
+
+def plot_ulp(formats: Iterable[str] = ("fp16", "bf16"), ax=None, *, points: int = 2000,
+             relative: bool = False, xlim: tuple[float, float] | None = None):
+    """Returns Axes with the spacing between neighbouring numbers (ULP) against magnitude,
+    on log-log axes, for each format from its smallest subnormal to its largest finite value.
+
+    With ``relative=True`` plots ULP/|x| instead: flat (epsilon/2 .. epsilon) over the normal
+    range and rising through the subnormals, where precision is lost. The x range defaults to
+    the first format's range (``xlim`` overrides it).
+    """
+    from .bits import ulp
+
+    ax = _axes(ax)
+    formats = tuple(formats)
+    for i, name in enumerate(formats):
+        f = format_info(name)
+        x = np.logspace(math.log10(f.smallest_subnormal), math.log10(f.max_finite), points)
+        y = ulp(x, f)
+        if relative:
+            y = y / x
+        ax.step(x, y, where="post", color=FORMAT_COLOURS.get(f.name, f"C{i}"), label=f.name)
+        ax.axvline(f.smallest_normal, color=FORMAT_COLOURS.get(f.name, f"C{i}"), ls=":", lw=1)
+    formats = tuple(formats)
+    if xlim is None and formats:
+        f0 = format_info(formats[0])
+        xlim = (f0.smallest_subnormal / 4, f0.max_finite * 4)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    if xlim is not None:
+        ax.set_xlim(*xlim)
+    ax.set_xlabel("|x|  (dotted: smallest normal)")
+    ax.set_ylabel("ULP / |x|" if relative else "ULP (gap to the next number)")
+    ax.legend()
+    return ax
+
+
+def plot_census_table(df, column: str = "underflow", ax=None, *, kinds: Iterable[str] = (
+        "weight", "activation", "gradient")):
+    """Returns Axes with one class's fraction per layer and kind from :func:`census_model`'s
+    DataFrame (e.g. how much of each layer's gradient would underflow)."""
+    ax = _axes(ax)
+    sub = df[df["kind"].isin(tuple(kinds))]
+    table = sub.groupby(["layer", "kind"], sort=False)[column].mean().unstack("kind")
+    table = table.reindex(columns=[k for k in kinds if k in table.columns])
+    table.plot.bar(ax=ax, width=0.8)
+    ax.set_ylabel(f"fraction {column}")
+    ax.set_xlabel("layer")
+    ax.tick_params(axis="x", labelrotation=45)
+    return ax
