@@ -16,7 +16,7 @@ from fp16lab.sweep import Point, ScalerSettings, SweepSpec
 
 
 def tiny(**kw) -> SweepSpec:
-    base = dict(models=("small_cnn",), batches=(2, 4), layouts=("nchw",), precisions=("fp32",),
+    base = dict(models=("mlp",), batches=(2, 4), layouts=("nchw",), precisions=("fp32",),
                 device="cpu", warmup=0, steps=2, repeats=2, telemetry=False)
     base.update(kw)
     return SweepSpec(**base)
