@@ -1,0 +1,307 @@
+"""Browser tests: the notebooks in JupyterLab, driven by headless Debian Chromium via Playwright.
+
+One JupyterLab server serves a temporary copy of notebooks/ (and of data/, through
+FP16LAB_DATA) for the whole session, so Run All never writes into committed files; it is
+always stopped at the end, kernels included, and the session fails if a process is left.
+One Chromium, with a fresh user-data dir, opens each notebook in a new tab. Screenshots of
+each step go to test-artifacts/browser/<notebook>/.
+
+Without a Chromium binary (or without Playwright) every test here skips with a message that
+says how to enable them.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from fp16lab.testing import LabServer, jupyter_server
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOK_DIR = ROOT / "notebooks"
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+ENABLE_HINT = "install Debian's chromium: apt-get install chromium; `make test` then runs these"
+# windowingMode "none" keeps every cell in the DOM, so a cell below the fold can be read and
+# clicked; the notification settings keep news and update pop-ups out of the screenshots.
+LAB_SETTINGS = {
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
+                                                    "checkForUpdates": False},
+}
+RUN_ALL_TIMEOUT_S = 600.0
+TIMINGS: dict[str, float] = {}
+
+
+def find_chromium() -> str | None:
+    """Returns the path of a Chromium binary (Debian's /usr/bin/chromium first), or None."""
+    for name in CHROMIUM_CANDIDATES:
+        path = name if os.path.isabs(name) else shutil.which(name)
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _alive(pids: list[int]) -> list[int]:
+    import psutil
+
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+# ---------------------------------------------------------------------------- session fixtures
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Returns Chromium's path; skips the browser tests, saying how to enable them, without one."""
+    path = find_chromium()
+    if path is None:
+        pytest.skip(f"no Chromium binary (looked for {', '.join(CHROMIUM_CANDIDATES)}): "
+                    f"{ENABLE_HINT}")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("Playwright for Python is missing: pip install -e '.[browser]' "
+                    "(no `playwright install`: the tests use Debian's chromium)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def lab(chromium, tmp_path_factory) -> Iterator[LabServer]:
+    """Yields the session's JupyterLab server, serving a temporary copy of notebooks/."""
+    base = tmp_path_factory.mktemp("browser-lab")
+    root = base / "notebooks"
+    shutil.copytree(NOTEBOOK_DIR, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    data = base / "data"
+    if (ROOT / "data").is_dir():
+        shutil.copytree(ROOT / "data", data)
+    else:
+        data.mkdir()
+    if ARTIFACTS.exists():
+        shutil.rmtree(ARTIFACTS)  # screenshots of an earlier run would mislead
+    ARTIFACTS.mkdir(parents=True)
+    t0 = time.perf_counter()
+    pids: list[int] = []
+    with jupyter_server(root, user_settings=LAB_SETTINGS, expose_app=True,
+                        env={"FP16LAB_DATA": str(data)},
+                        log_path=ARTIFACTS / "jupyterlab.log") as server:
+        TIMINGS["JupyterLab server start"] = time.perf_counter() - t0
+        try:
+            yield server
+        finally:
+            pids = server.processes()
+    left = _alive(pids)
+    assert not left, f"processes of the JupyterLab server outlived it: {left}"
+
+
+@pytest.fixture(scope="session")
+def browser_context(chromium, tmp_path_factory):
+    """Yields a Playwright browser context of headless Chromium with a fresh user-data dir."""
+    import psutil
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    t0 = time.perf_counter()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    spawned: list[int] = []
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(profile), executable_path=chromium, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1280, "height": 1000}, device_scale_factor=1)
+        context.set_default_timeout(60_000)
+        TIMINGS["Chromium start"] = time.perf_counter() - t0
+        spawned = [p.pid for p in psutil.Process().children(recursive=True)
+                   if p.pid not in before]
+        try:
+            yield context
+        finally:
+            context.close()
+    left = _alive(spawned)
+    assert not left, f"Chromium or Playwright processes outlived the browser fixture: {left}"
+
+
+# ---------------------------------------------------------------------------- one notebook
+
+NOTEBOOK_STATE_JS = """(path) => {
+  const app = window.jupyterapp;
+  if (!app) return null;
+  let panel = null;
+  for (const w of app.shell.widgets('main')) {
+    if (w.context && w.context.path === path) { panel = w; break; }
+  }
+  if (!panel || !panel.content) return null;
+  const session = panel.sessionContext && panel.sessionContext.session;
+  const kernel = session ? session.kernel : null;
+  const state = {kernel: kernel ? kernel.status : null,
+                 connection: kernel ? kernel.connectionStatus : null,
+                 running: 0, pending: 0, errors: [], codeCells: 0};
+  panel.content.widgets.forEach((cell, index) => {
+    if (cell.model.type !== 'code') return;
+    state.codeCells += 1;
+    const prompt = cell.node.querySelector('.jp-InputArea-prompt');
+    if (prompt && prompt.textContent.includes('[*]')) state.running += 1;
+    if (cell.model.sharedModel.getSource().trim() && cell.model.executionCount == null)
+      state.pending += 1;
+    const outputs = cell.model.outputs;
+    for (let j = 0; j < outputs.length; j++) {
+      const out = outputs.get(j).toJSON();
+      if (out.output_type !== 'error') continue;
+      const child = cell.node.querySelectorAll('.jp-OutputArea-child')[j];
+      const shown = child ? child.querySelector('.jp-OutputArea-output') : null;
+      state.errors.push({cell: index, ename: out.ename, evalue: out.evalue,
+                         mime: shown ? shown.getAttribute('data-mime-type') : null,
+                         shown: shown ? shown.textContent.slice(-1500) : null});
+    }
+  });
+  return state;
+}"""
+
+
+class Notebook:
+    """A notebook open in its own Chromium tab: run it, read its errors, screenshot its steps."""
+
+    def __init__(self, page, server: LabServer, name: str, shots_dir: pathlib.Path):
+        self.page, self.server, self.name = page, server, name
+        self.stem = pathlib.Path(name).stem
+        self.shots_dir = shots_dir
+        self.shots: list[pathlib.Path] = []
+        self.console: list[str] = []
+        page.on("pageerror", lambda exc: self.console.append(f"pageerror: {exc}"))
+        page.on("console", lambda msg: msg.type == "error"
+                and self.console.append(f"console.error: {msg.text}"))
+
+    # -- state
+    def state(self) -> dict | None:
+        """Returns the kernel's status, running/pending cell counts and error outputs, or None."""
+        return self.page.evaluate(NOTEBOOK_STATE_JS, self.name)
+
+    def wait_until(self, done: Callable[[dict], bool], what: str, timeout: float) -> dict:
+        """Returns the notebook state once done(state) holds; fails with the last state if not."""
+        deadline = time.monotonic() + timeout
+        state = None
+        while time.monotonic() < deadline:
+            state = self.state()
+            if state is not None and done(state):
+                return state
+            self.page.wait_for_timeout(250)
+        self.shot(f"timeout-{what}")
+        raise AssertionError(f"{self.name}: not {what} after {timeout:.0f} s; last state {state}")
+
+    def wait_kernel_idle(self, timeout: float = 120.0) -> dict:
+        """Returns the state once the kernel is connected and idle."""
+        return self.wait_until(lambda s: s["connection"] == "connected" and s["kernel"] == "idle",
+                               "kernel idle", timeout)
+
+    # -- actions
+    def open(self) -> Notebook:
+        """Returns self after loading the notebook in JupyterLab and waiting for an idle kernel."""
+        t0 = time.perf_counter()
+        self.page.goto(self.server.notebook_url(self.name))
+        self.page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+        self.wait_kernel_idle()
+        # The file browser takes a fifth of the width and shows nothing a test looks at.
+        self.page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+        TIMINGS[f"{self.stem}: open"] = time.perf_counter() - t0
+        return self
+
+    def run_all(self, timeout: float = RUN_ALL_TIMEOUT_S) -> dict:
+        """Returns the final state after Run > Run All Cells has finished (or stopped at an error)."""
+        t0 = time.perf_counter()
+        self.page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
+        self.page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
+        state = self.wait_until(
+            lambda s: (s["connection"] == "connected" and s["kernel"] == "idle"
+                       and s["running"] == 0 and (s["pending"] == 0 or s["errors"])),
+            "finished Run All", timeout)
+        TIMINGS[f"{self.stem}: Run All"] = time.perf_counter() - t0
+        return state
+
+    def assert_no_errors(self, state: dict | None = None) -> None:
+        """Fails, quoting the traceback shown, if any cell shows an error output."""
+        state = state or self.state()
+        if state["errors"]:
+            self.shot("error")
+            first = state["errors"][0]
+            raise AssertionError(
+                f"{self.name}: {len(state['errors'])} cell(s) show an error output; first in cell "
+                f"{first['cell']}: {first['ename']}: {first['evalue']}\n{first['shown']}")
+
+    def cell_of(self, locator):
+        """Returns a locator for the notebook cell that contains locator (a widget, an output)."""
+        return locator.locator("xpath=ancestor::div[contains(concat(' ', normalize-space(@class),"
+                               " ' '), ' jp-Cell ')][1]")
+
+    def shot(self, step: str, target=None) -> pathlib.Path:
+        """Returns the path of a screenshot of the page (or of one locator) named after step."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", step)
+        self.shots_dir.mkdir(parents=True, exist_ok=True)
+        path = self.shots_dir / f"{len(self.shots) + 1:02d}_{safe}.png"
+        (target or self.page).screenshot(path=str(path))
+        self.shots.append(path)
+        return path
+
+    def close(self) -> None:
+        """Closes the tab, shuts the notebook's kernel down and writes the console log."""
+        try:
+            self.page.close()
+        finally:
+            for session in self.server.api("sessions") or []:
+                if session.get("path") == self.name:
+                    self.server.api(f"sessions/{session['id']}", method="DELETE")
+            if self.console:
+                self.shots_dir.mkdir(parents=True, exist_ok=True)
+                (self.shots_dir / f"{self.stem}.console.log").write_text(
+                    "\n".join(self.console) + "\n")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"_report_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def open_notebook(request, lab, browser_context) -> Iterator[Callable[[str], Notebook]]:
+    """Yields a function that opens a notebook (path relative to notebooks/) in a new tab."""
+    opened: list[Notebook] = []
+
+    def _open(name: str) -> Notebook:
+        if not (lab.root_dir / name).is_file():
+            known = sorted(p.name for p in lab.root_dir.glob("*.ipynb"))
+            raise FileNotFoundError(f"no notebook {name!r} in notebooks/; there are {known}")
+        shots = ARTIFACTS / re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)
+        nb = Notebook(browser_context.new_page(), lab, name, shots)
+        opened.append(nb)
+        return nb.open()
+
+    yield _open
+    failed = getattr(request.node, "_report_call", None)
+    for nb in opened:
+        if failed is not None and failed.failed and not nb.page.is_closed():
+            nb.shot("failure")
+        nb.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not TIMINGS:
+        return
+    terminalreporter.section("browser test timings")
+    for what, seconds in TIMINGS.items():
+        terminalreporter.write_line(f"{what:<45} {seconds:7.1f} s")
