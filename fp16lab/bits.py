@@ -538,3 +538,38 @@ def explain(x: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "nearest"
         next_up=decode(next_up(code, f), f), next_down=decode(next_down(code, f), f),
         ulp=ulp(stored, f) if finite else math.nan, error=err, relative_error=rel,
     )
+
+
+def explain_table(values: Any, fmt: str | FormatInfo = "fp16", **kwargs):
+    """Returns a pandas DataFrame with one :func:`explain` per value (numbers, hex or bits),
+    columns: given, hex, bits, class, value, next down, next up, ULP, error."""
+    import pandas as pd
+
+    rows = []
+    for x in values:
+        e = explain(x, fmt, **kwargs)
+        given = x if isinstance(x, str) else repr(float(x))
+        rows.append({"given": given, "hex": e.hex, "bits": e.bits, "class": e.kind,
+                     "value": e.value, "next down": e.next_down, "next up": e.next_up,
+                     "ULP": e.ulp, "error": e.error})
+    return pd.DataFrame(rows).set_index("given")
+
+
+def accumulate(values: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "nearest",
+               seed: int | None = None) -> np.ndarray:
+    """Returns the running sums of values when the accumulator is stored in a format, rounding
+    after every addition (as a kernel that keeps its sum in fp16 registers would).
+
+    The addition itself is exact (float64 holds the sum of two fp16 / bf16 / fp8 numbers), so
+    the only error is the rounding of each partial sum back into the format.
+    """
+    f = format_info(fmt)
+    mode = _rounding(rounding)
+    xs = quantize(np.asarray(values, dtype=np.float64).ravel(), f)
+    rng = np.random.default_rng(seed)
+    out = np.empty_like(xs)
+    acc = 0.0
+    for i, x in enumerate(xs):
+        acc = decode(encode(acc + x, f, rounding=mode, generator=rng), f)
+        out[i] = acc
+    return out

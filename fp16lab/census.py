@@ -33,7 +33,7 @@ from .formats import FormatInfo, format_info
 CLASSES = ("zero", "underflow", "subnormal", "normal", "overflow", "nan")
 #: Histogram bins: binary exponents from HIST_MIN to HIST_MAX (float64 data beyond them is clamped).
 HIST_MIN, HIST_MAX = -160, 130
-_CHUNK = 1 << 22
+_CHUNK = 1 << 18  # elements per pass on the CPU: the temporaries stay in cache
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,7 @@ def _census_numpy(arr: np.ndarray, f: FormatInfo) -> tuple[np.ndarray, np.ndarra
                                           else (np.int64, 52, 0x7FF, 1023, -1074))
     counts = np.zeros(6, dtype=np.int64)  # zero, <=T1, <=T2, <=T3, total, nan
     hist = np.zeros(HIST_MAX - HIST_MIN + 1, dtype=np.int64)
+    fields = np.zeros(fmask + 1, dtype=np.int64)
     for start in range(0, arr.size, _CHUNK):
         a = np.abs(arr[start:start + _CHUNK].astype(wide, copy=False))
         counts[0] += np.count_nonzero(a == 0)
@@ -149,15 +150,15 @@ def _census_numpy(arr: np.ndarray, f: FormatInfo) -> tuple[np.ndarray, np.ndarra
         counts[3] += np.count_nonzero(a <= t3)
         counts[5] += np.count_nonzero(np.isnan(a))
         b = a.view(ibits)
-        efield = (b >> shift) & fmask
-        by_field = np.bincount(efield.ravel(), minlength=fmask + 1)
-        exps = np.arange(fmask + 1) - bias
-        keep = (np.arange(fmask + 1) > 0) & (np.arange(fmask + 1) < fmask)
-        np.add.at(hist, _hist_index(exps[keep]), by_field[keep])
-        if by_field[0] > counts[0]:  # subnormals of the data's own dtype: few, count exactly
+        efield = b >> shift  # |x| has a zero sign bit, so this is the exponent field
+        by_field = np.bincount(efield, minlength=fmask + 1)
+        fields += by_field
+        if by_field[0] > np.count_nonzero(b == 0):  # the data's own subnormals: count exactly
             sub = b[(efield == 0) & (b != 0)]
             e_sub = np.floor(np.log2(sub.astype(np.float64))).astype(np.int64) + sub_exp
             np.add.at(hist, _hist_index(e_sub), 1)
+    # exponent fields 1 .. max-1 are the normal binades; 0 is zero / subnormal, max is inf / nan
+    np.add.at(hist, _hist_index(np.arange(1, fmask) - bias), fields[1:fmask])
     counts[4] = arr.size
     return counts, hist
 
@@ -173,7 +174,7 @@ def _census_torch(t, f: FormatInfo, backend: str = "auto") -> tuple[np.ndarray, 
     np_wide = np.float64 if wide == torch.float64 else np.float32
     t1, t2, t3 = _compare_limits(f, np_wide)
     if x.is_cuda and backend in ("auto", "cupy") and wide == torch.float32:
-        done = _cupy_census(x, t1, t2, t3)
+        done = _cupy_census(x, f)
         if done is not None:
             return done
         if backend == "cupy":
@@ -186,7 +187,7 @@ def _census_torch(t, f: FormatInfo, backend: str = "auto") -> tuple[np.ndarray, 
     counts = torch.zeros(6, dtype=torch.int64, device=dev)
     by_field = torch.zeros(fmask + 1, dtype=torch.int64, device=dev)
     sub_hist = torch.zeros(HIST_MAX - HIST_MIN + 1, dtype=torch.int64, device=dev)
-    chunk = _CHUNK * 4 if x.is_cuda else _CHUNK
+    chunk = 1 << 24
     for start in range(0, x.numel(), chunk):
         a = x[start:start + chunk].to(wide).abs()
         counts[0] += (a == 0).sum()
@@ -371,38 +372,63 @@ def kernel_source() -> str:
 _MODULE = None
 
 
-def _cupy_census(x, t1: float, t2: float, t3: float):
-    """Returns (counts, hist) computed by the one-pass kernel, or None where it cannot run."""
+def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
+    """Returns ``(launch, out)``: a function that enqueues the one-pass census kernel on torch's
+    current stream, and the int64 CUDA tensor it accumulates into (5 class counts, then the
+    histogram); or None where the kernel cannot run (no CuPy, another dtype, misaligned data).
+
+    ``launch()`` zeroes ``out`` and counts ``x`` into it without synchronising; benchmarks time it
+    alone, :func:`census` calls it once and copies ``out`` to the host.
+    """
     import torch
 
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.numel() == 0:
+    f = format_info(fmt)
+    if (not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16)
+            or x.numel() == 0):
         return None
     try:
         import cupy
     except ImportError:
         return None
+    x = x.detach().reshape(-1)
+    if not x.is_contiguous() or x.data_ptr() % 16:
+        return None  # 16-byte vector loads need aligned, contiguous data
     global _MODULE
     with cupy.cuda.Device(x.device.index):
         if _MODULE is None:
             _MODULE = cupy.RawModule(code=kernel_source(), options=("--std=c++17",))
-        x = x.contiguous()
-        if x.data_ptr() % 16:
-            return None  # vector loads need 16-byte alignment; the torch path handles the rest
-        nbins = HIST_MAX - HIST_MIN + 1
-        out = torch.zeros(5 + nbins, dtype=torch.int64, device=x.device)
-        lim = [np.uint32(np.float32(t).view(np.uint32)) for t in (t1, t2, t3)]
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        per_vec = 4 if x.dtype == torch.float32 else 8
-        blocks = int(max(1, min(sms * 8, -(-x.numel() // (256 * per_vec)))))
-        args = [np.uint64(x.data_ptr()), np.int64(x.numel()), *lim, np.uint64(out.data_ptr())]
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream)
-        with stream:
-            if x.dtype == torch.float32:
-                _MODULE.get_function("census_f32")((blocks,), (256,), tuple(args))
-            else:
-                args.append(np.int32(x.dtype == torch.bfloat16))
-                _MODULE.get_function("census_f16")((blocks,), (256,), tuple(args))
-    res = out.cpu().numpy()
+        kernel = _MODULE.get_function("census_f32" if x.dtype == torch.float32 else "census_f16")
+    t1, t2, t3 = _compare_limits(f, np.float32)
+    nbins = HIST_MAX - HIST_MIN + 1
+    out = torch.zeros(5 + nbins, dtype=torch.int64, device=x.device)
+    lim = [np.uint32(np.float32(t).view(np.uint32)) for t in (t1, t2, t3)]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    per_thread = 4 if x.dtype == torch.float32 else 8
+    blocks = int(max(1, min(sms * 8, -(-x.numel() // (256 * per_thread)))))
+    args = [np.uint64(x.data_ptr()), np.int64(x.numel()), *lim, np.uint64(out.data_ptr())]
+    if x.dtype != torch.float32:
+        args.append(np.int32(x.dtype == torch.bfloat16))
+    args = tuple(args)
+
+    def launch():
+        out.zero_()
+        with cupy.cuda.Device(x.device.index):
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream)
+            with stream:
+                kernel((blocks,), (256,), args)
+        return out
+
+    launch.keep_alive = x  # the kernel reads x through a raw pointer
+    return launch, out
+
+
+def _cupy_census(x, f: FormatInfo):
+    """Returns (counts, hist) computed by the one-pass kernel, or None where it cannot run."""
+    got = cupy_kernel_launcher(x, f)
+    if got is None:
+        return None
+    launch, _ = got
+    res = launch().cpu().numpy()
     counts = np.array([res[0], res[1], res[2], res[3], x.numel(), res[4]], dtype=np.int64)
     return counts, res[5:].astype(np.int64)
 

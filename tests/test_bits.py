@@ -378,3 +378,27 @@ def test_cuda_matches_numpy(name):
     lo = bits.encode(x, name, rounding="toward_zero").numpy()
     assert np.all((sr.cpu().numpy() == lo) | (sr.cpu().numpy() == lo + 1)
                   | ~np.isfinite(bits.decode(lo, name)) | (np.abs(x.numpy()) > f.max_finite))
+
+
+# --------------------------------------------------------------------------------- helpers
+def test_explain_table_against_numpy():
+    xs = [0.0, 1.0, 65504.0, 1e5, 2.0**-24, 0.1]
+    t = bits.explain_table(xs, "fp16")
+    h = np.array(xs).astype(np.float16)
+    assert list(t["hex"]) == [f"0x{int(c):04x}" for c in h.view(np.uint16)]
+    assert list(t["value"]) == [float(v) for v in h]
+    assert list(t.index) == [repr(x) for x in xs]
+
+
+def test_accumulate_matches_float16_loop():
+    rng = np.random.default_rng(8)
+    xs = np.concatenate([np.ones(3000), rng.uniform(0, 4, 500)]).astype(np.float16)
+    acc, want = np.float16(0), []
+    for x in xs:  # fp16 + fp16 is exact in float32 here, so numpy rounds once
+        acc = np.float16(np.float32(acc) + np.float32(x))
+        want.append(float(acc))
+    got = bits.accumulate(xs, "fp16")
+    assert np.array_equal(got, want)
+    assert got[2999] == 2048.0  # 2048 + 1 rounds back to 2048
+    sr = bits.accumulate(np.ones(3000), "fp16", rounding="stochastic", seed=1)
+    assert abs(sr[-1] - 3000) < 200  # unbiased on average, so it keeps growing

@@ -1,0 +1,142 @@
+"""How fast is a tensor census? GB/s of input read, against the copy rate measured in the same run.
+
+A census reads every element once, so its floor is the time to read the input: a read-only
+pass at full bandwidth moves half the bytes of a copy of the same tensor, and the issue's goal,
+"at least half the copy bandwidth", means a census of N bytes may take as long as copying them.
+Reported per row: GB/s = input bytes / median time, and ratio = that / copy GB/s (copy GB/s
+counts bytes read plus written, as bench.copy_bandwidth_gbs does).
+
+Rows: CPU (numpy, chunked) for fp32 and fp16 input; on a GPU, the one-pass CuPy kernel alone
+("kernel"), the full census() call including the copy of the counts to the host ("census()"),
+and the torch fallback (several torch passes), for fp32, fp16 and bf16 input.
+
+    PYTHONPATH=. python3 benchmarks/census.py             # 1e8 elements, CPU and GPU if present
+    PYTHONPATH=. python3 benchmarks/census.py --gpu-only  # skip the (slow) CPU rows
+    PYTHONPATH=. python3 benchmarks/census.py --quick     # 1e6 elements on the CPU, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from fp16lab import bench  # noqa: E402
+from fp16lab.census import census, cupy_kernel_launcher  # noqa: E402
+
+
+def cpu_copy_gbs(nbytes: int, repeat: int) -> float:
+    """Returns the host memory copy rate in GB/s (bytes read plus written) for nbytes."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    t = bench.time_cpu(lambda: np.copyto(dst, src), warmup=1, repeat=repeat)
+    return 2 * src.nbytes / (t.median_ms * 1e-3) / 1e9
+
+
+def sample(n: int, seed: int = 0) -> np.ndarray:
+    """Returns n float32 values spread over many binades (like gradients: mostly small)."""
+    rng = np.random.default_rng(seed)
+    x = np.empty(n, dtype=np.float32)
+    step = 1 << 24
+    for i in range(0, n, step):
+        m = min(step, n - i)
+        x[i:i + m] = rng.standard_normal(m, dtype=np.float32) * np.float32(1e-3)
+    return x
+
+
+def row(device, backend, what, dtype, n, itemsize, t, copy_gbs, fmt) -> dict:
+    gbs = n * itemsize / (t.median_ms * 1e-3) / 1e9
+    return {"device": device, "backend": backend, "what": what, "dtype": dtype, "format": fmt,
+            "n": n, "bytes": n * itemsize, "gbs": gbs, "copy_gbs": copy_gbs,
+            "ratio_to_copy": gbs / copy_gbs, **t.as_dict()}
+
+
+def run_cpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
+    n = x32.size
+    copy = cpu_copy_gbs(x32.nbytes, repeat)
+    rows = []
+    for name, x in (("float32", x32), ("float16", x32.astype(np.float16))):
+        t = bench.time_cpu(lambda: census(x, fmt), warmup=1, repeat=repeat)
+        rows.append(row("cpu", "numpy", "census()", name, n, x.itemsize, t, copy, fmt))
+        print(f"cpu {name}: {rows[-1]['gbs']:.2f} GB/s (copy {copy:.2f})", flush=True)
+        del x
+    return rows
+
+
+def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
+    import torch
+
+    n = x32.size
+    copy = bench.copy_bandwidth_gbs(max(x32.nbytes, 2**28))
+    print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
+    rows = []
+    xg32 = torch.from_numpy(x32).cuda()
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = xg32.to(dtype)
+        name = str(dtype).replace("torch.", "")
+        ref = census(x[: 2**24].cpu(), fmt)  # the oracle for the GPU paths: numpy on the host
+        got = cupy_kernel_launcher(x, fmt)
+        if got is not None:
+            launch, _ = got
+            check = census(x[: 2**24], fmt, backend="cupy")
+            assert check.counts == ref.counts, "kernel and CPU census disagree"
+            t = bench.time_cuda(launch, warmup=3, repeat=repeat)
+            rows.append(row("cuda", "cupy", "kernel", name, n, x.element_size(), t, copy, fmt))
+            t = bench.time_cuda(lambda: census(x, fmt, backend="cupy"), warmup=3, repeat=repeat)
+            rows.append(row("cuda", "cupy", "census()", name, n, x.element_size(), t, copy, fmt))
+        else:
+            print("CuPy kernel unavailable (no CuPy?): torch fallback only", flush=True)
+        check = census(x[: 2**24], fmt, backend="torch")
+        assert check.counts == ref.counts, "torch census on GPU and CPU census disagree"
+        t = bench.time_cuda(lambda: census(x, fmt, backend="torch"), warmup=2,
+                            repeat=max(3, repeat // 4))
+        rows.append(row("cuda", "torch", "census()", name, n, x.element_size(), t, copy, fmt))
+        for r in rows[-3:]:
+            if r["dtype"] == name:
+                print(f"cuda {name} {r['backend']} {r['what']}: {r['gbs']:.0f} GB/s "
+                      f"= {r['ratio_to_copy']:.2f} x copy", flush=True)
+        del x
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=float, default=1e8, help="elements (default 1e8)")
+    p.add_argument("--format", default="fp16", help="census format (default fp16)")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="1e6 elements, CPU only, few repeats")
+    p.add_argument("--cpu-only", action="store_true")
+    p.add_argument("--gpu-only", action="store_true")
+    p.add_argument("--name", default="census_bench", help="result file stem under data/")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.size, a.repeat, a.cpu_only = 1e6, 5, True
+    n = int(a.size)
+    x32 = sample(n)
+    rows: list[dict] = []
+    if not a.gpu_only:
+        rows += run_cpu(x32, a.format, max(3, min(a.repeat, 5)))
+    if not a.cpu_only:
+        import torch
+
+        if torch.cuda.is_available():
+            rows += run_gpu(x32, a.format, a.repeat)
+        else:
+            print("no CUDA GPU: GPU rows skipped", flush=True)
+    path = bench.write_result(a.name, rows, meta={"benchmark": "census", "n": n,
+                                                  "format": a.format, "quick": a.quick})
+    print(f"\nwrote {path}")
+    print(f"{'device':6} {'backend':7} {'what':9} {'dtype':9} {'GB/s':>9} {'copy GB/s':>10} "
+          f"{'ratio':>6} {'median ms':>10}")
+    for r in rows:
+        print(f"{r['device']:6} {r['backend']:7} {r['what']:9} {r['dtype']:9} {r['gbs']:9.1f} "
+              f"{r['copy_gbs']:10.1f} {r['ratio_to_copy']:6.2f} {r['median_ms']:10.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
