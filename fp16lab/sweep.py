@@ -804,12 +804,18 @@ def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = Non
             why = ("not measured on a CPU" if len(s) and (s["device"] == "cpu").all()
                    else "no points yet")
             ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="0.4")
+            ax.set_xticks([])
+            ax.set_yticks([])
             continue
         for (m, lay, prec), g in s.groupby(["model", "layout", "precision"], sort=False):
             g = g.groupby("batch")[col].median().sort_index()
             label = f"{m} {lay} {prec}" if many_models else f"{lay} {prec}"
             ax.plot(g.index, g.values, marker="o", ls="-" if lay == "nchw" else "--", label=label)
         ax.set_xscale("log", base=2)
+        batches = sorted(s["batch"].unique())
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     if len(s) and axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
