@@ -1,0 +1,367 @@
+"""fp16lab.claims: verdict rules at their thresholds, CPU experiments against torch, the command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fp16lab import bench, claims
+from fp16lab.claims import FAILS, HOLDS, NONEXISTENT, PARTLY, UNTESTABLE, VERDICTS
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+
+
+# ------------------------------------------------------------------ verdict rules, synthetic
+
+def alignment_figures(odd=130.0, t8=700.0, t16=730.0, b256=100.0, b192=90.0, b320=95.0,
+                      kernel_odd="void cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm>",
+                      ceiling=100.0):
+    gemm = [{"offset": d, "tflops": t, "kernel": "nvjet_sm90_hsh" if d != 1 else kernel_odd}
+            for d, t in ((0, 760.0), (1, odd), (2, 210.0), (4, 210.0), (8, t8), (16, t16))]
+    linear = [{"batch": b, "tflops": t} for b, t in ((192, b192), (248, 95.0), (255, 60.0),
+                                                     (256, b256), (257, 60.0), (264, 90.0),
+                                                     (320, b320))]
+    return {"n_base": 4096, "gemm": gemm, "linear": linear,
+            "fp32_simt_tflops": ceiling / 2, "cuda_core_fp16_ceiling_tflops": ceiling}
+
+
+def test_alignment_rule():
+    # the H200 picture: tensor-core kernel at odd N, x8 enough, batch 256 not special
+    v, why = claims.judge_alignment(alignment_figures())
+    assert v == PARTLY and "aligned sizes are faster" in why
+    # a SIMT kernel at or below the CUDA-core ceiling is a fallback; with x16 and 256: holds
+    v, _ = claims.judge_alignment(alignment_figures(odd=90.0, kernel_odd="ampere_sgemm_128x64",
+                                                    t8=600.0, t16=661.0, b256=110.0))
+    assert v == HOLDS
+    # just below the 10% margins for x16 and for batch 256 -> those parts do not count
+    v, why = claims.judge_alignment(alignment_figures(odd=90.0, kernel_odd="ampere_sgemm",
+                                                      t8=600.0, t16=659.0, b256=104.0))
+    assert v == PARTLY and why.startswith("only these parts: tensor cores are lost off alignment.")
+    # nothing of it and no alignment effect -> does not hold
+    v, _ = claims.judge_alignment(alignment_figures(odd=700.0, t8=730.0, t16=730.0))
+    assert v == FAILS
+
+
+def test_channels_last_rule():
+    def f(amp, fp32):
+        return {"model": "resnet50", "speedup_amp": amp, "speedup_fp32": fp32}
+    assert claims.judge_channels_last(f(1.25, 1.20))[0] == HOLDS
+    v, why = claims.judge_channels_last(f(1.25, 0.95))
+    assert v == PARTLY and "only under AMP" in why
+    assert claims.judge_channels_last(f(1.10, 1.0))[0] == PARTLY
+    assert claims.judge_channels_last(f(1.05, 1.0))[0] == PARTLY
+    assert claims.judge_channels_last(f(1.049, 1.0))[0] == FAILS
+    assert claims.judge_channels_last(f(1.05 - 1e-9, 0.9))[0] == FAILS
+
+
+def test_bf16_memory_rule():
+    base = {"fp16_element_bytes": 2, "bf16_element_bytes": 2,
+            "fp16_param_bytes": 100, "bf16_param_bytes": 100}
+    gpu = {**base, "model": "resnet50", "fp16_peak_gib": 10.0}
+    assert claims.judge_bf16_memory({**gpu, "bf16_peak_gib": 8.5})[0] == HOLDS
+    assert claims.judge_bf16_memory({**gpu, "bf16_peak_gib": 9.0})[0] == HOLDS
+    assert claims.judge_bf16_memory({**gpu, "bf16_peak_gib": 9.5})[0] == PARTLY
+    assert claims.judge_bf16_memory({**gpu, "bf16_peak_gib": 9.71})[0] == FAILS
+    assert claims.judge_bf16_memory({**gpu, "bf16_peak_gib": 10.0})[0] == FAILS
+    # without a GPU: the saved activations decide, else the parameter bytes
+    cpu = {**base, "fp16_saved_bytes": 1000, "bf16_saved_bytes": 1000}
+    assert claims.judge_bf16_memory(cpu)[0] == FAILS
+    assert claims.judge_bf16_memory({**base, "bf16_param_bytes": 85})[0] == HOLDS
+
+
+def test_amp_rule():
+    def f(s, m):
+        return {"model": "resnet50", "speedup_vs_fp32": s, "speedup_vs_tf32": s / 2,
+                "memory_saving": m}
+    assert claims.judge_amp_vs_fp32(f(1.6, 0.30))[0] == HOLDS
+    assert claims.judge_amp_vs_fp32(f(1.45, 0.20))[0] == HOLDS
+    assert claims.judge_amp_vs_fp32(f(1.44, 0.30))[0] == PARTLY
+    assert claims.judge_amp_vs_fp32(f(3.0, 0.19))[0] == PARTLY
+    assert claims.judge_amp_vs_fp32(f(1.2, 0.05))[0] == FAILS
+
+
+def test_utilisation_rule():
+    def f(b32, b16, m32, m16):
+        return {"nvml_utilization_fields": ["gpu", "memory"], "fp32_gpu_busy_pct": b32,
+                "amp-fp16_gpu_busy_pct": b16, "fp32_mem_busy_pct": m32,
+                "amp-fp16_mem_busy_pct": m16, "fp32_telemetry": "nvml"}
+    assert claims.judge_utilisation(f(51, 68, 90, 90))[0] == HOLDS
+    assert claims.judge_utilisation(f(51, 60, 90, 90))[0] == PARTLY
+    assert claims.judge_utilisation(f(51, 68, 50, 40))[0] == PARTLY
+    v, why = claims.judge_utilisation(f(100, 99, 40, 35))
+    assert v == FAILS and "not SM occupancy" in why
+    assert claims.judge_utilisation(f(None, None, None, None))[0] == UNTESTABLE
+
+
+def gradscaler_figures(**over):
+    f = {"planted_steps": [2, 10, 11, 12], "nonfinite_detected_at": [2, 10, 11, 12],
+         "nonfinite_before_first_backoff": 1, "clean_steps_before_growth": 4,
+         "growth_interval": 4, "gradscaler_parameters": ["init_scale", "growth_interval"]}
+    return {**f, **over}
+
+
+def test_gradscaler_rule():
+    assert claims.judge_gradscaler(gradscaler_figures())[0] == FAILS
+    assert claims.judge_gradscaler(gradscaler_figures(
+        nonfinite_detected_at=[12], nonfinite_before_first_backoff=3))[0] == HOLDS
+    assert claims.judge_gradscaler(gradscaler_figures(clean_steps_before_growth=8))[0] == PARTLY
+
+
+def test_allow_tf32_rule():
+    f = {"precision_flag_off": "highest", "precision_flag_on": "high",
+         "grad_dtype_flag_off": "torch.float32", "grad_dtype_flag_on": "torch.float32",
+         "settings_present": ["allow_tf32", "allow_bf16_reduced_precision_reduction"]}
+    v, why = claims.judge_allow_tf32(f)
+    assert v == NONEXISTENT and "allow_bf16_reduced_precision_reduction" in why
+    gpu = {**f, "fp32_matmul_err_flag_on": 3e-4, "fp32_matmul_err_flag_off": 1e-7,
+           "tf32_emulated_err": 2.5e-4, "bf16_emulated_err": 2e-3,
+           "bf16_matmul_unchanged_by_flag": True}
+    assert "matches TF32 rounding" in claims.judge_allow_tf32(gpu)[1]
+    assert "matches bf16 rounding" in claims.judge_allow_tf32(
+        {**gpu, "fp32_matmul_err_flag_on": 1.5e-3})[1]
+    assert claims.judge_allow_tf32({**f, "grad_dtype_flag_on": "torch.bfloat16"})[0] == HOLDS
+
+
+def test_autocast_disable_rule():
+    f32, f16 = "torch.float32", "torch.float16"
+    base = {"outer_linear": f16, "linear_cast": f32, "softmax_cast": f32}
+    assert claims.judge_autocast_disable(
+        {**base, "linear_uncast": f32, "softmax_uncast": f32})[0] == HOLDS
+    assert claims.judge_autocast_disable(
+        {**base, "linear_uncast": "error: RuntimeError: x", "softmax_uncast": f16})[0] == PARTLY
+    assert claims.judge_autocast_disable(
+        {**base, "linear_uncast": f16, "softmax_uncast": f16, "linear_cast": f16})[0] == FAILS
+
+
+def test_clipping_rule():
+    def f(none, one, mean_abs):
+        return {"loss_none": none, "loss_clip1": one, "loss_mean_abs": mean_abs,
+                "loss_clip1_before_unscale": 2.3, "clip1_share": 0.2, "median_grad_norm": 0.7,
+                "mean_abs_threshold_last": 0.003, "mean_abs_share": 1.0}
+    assert claims.judge_clipping(f(1.0, 1.05, 0.99))[0] == HOLDS
+    assert claims.judge_clipping(f(1.0, 1.05, 1.0))[0] == PARTLY   # 1.0 < 1.05 * 0.95 is False
+    assert claims.judge_clipping(f(1.0, 1.06, 2.0))[0] == FAILS
+    assert claims.judge_clipping(f(1.0, 1.2, 0.5))[0] == PARTLY
+
+
+def test_amp_ratio_rule():
+    f = {"knobs": {"torch.autocast": ["device_type", "dtype", "enabled", "cache_enabled"]},
+         "ratio_knobs": [], "autocast_dtype": "torch.float16",
+         "layer_dtypes": {"Linear": "torch.float16", "LayerNorm": "torch.float32"},
+         "saved_bytes_autocast": 8 << 20, "saved_bytes_ffn_fp32": 10 << 20,
+         "saved_bytes_fp32": 12 << 20}
+    v, why = claims.judge_amp_ratio(f)
+    assert v == NONEXISTENT and "uses more activation memory" in why
+    with_knob = {**f, "ratio_knobs": ["torch.autocast(amp_ratio)"]}
+    assert claims.judge_amp_ratio(with_knob)[0] == FAILS
+    assert claims.judge_amp_ratio({**with_knob, "saved_bytes_ffn_fp32": 6 << 20})[0] == HOLDS
+
+
+def test_fp16_vs_fp32_rule():
+    def f(r):
+        return {"n": 8192, "fp16_tflops": 50.0 * r, "fp32_tflops": 50.0, "tf32_tflops": 380.0,
+                "ratio_fp16_fp32": r, "ratio_fp16_tf32": 50.0 * r / 380.0}
+    assert claims.judge_fp16_vs_fp32(f(7.96))[0] == HOLDS   # V100: 125 / 15.7
+    assert claims.judge_fp16_vs_fp32(f(6.0))[0] == HOLDS
+    assert claims.judge_fp16_vs_fp32(f(10.0))[0] == HOLDS
+    assert claims.judge_fp16_vs_fp32(f(10.1))[0] == FAILS
+    assert claims.judge_fp16_vs_fp32(f(14.3))[0] == FAILS
+
+
+def test_profiling_executor_rule():
+    def f(s, e):
+        return {"available": True, "model": "mlp", "speedup_script": s, "speedup_eager": e,
+                "torchscript_deprecation": ""}
+    assert claims.judge_profiling_executor(f(1.2, 1.2))[0] == HOLDS
+    assert claims.judge_profiling_executor(f(1.1, 1.0))[0] == PARTLY
+    assert claims.judge_profiling_executor(f(1.09, 1.3))[0] == FAILS
+    assert claims.judge_profiling_executor({"available": False})[0] == NONEXISTENT
+
+
+# ------------------------------------------------------------------ experiments on the CPU
+
+def test_gradscaler_experiment_follows_torchs_documented_rule():
+    f = claims.experiment_gradscaler()
+    scale, clean = f["init_scale"], 0
+    for row in f["trace"]:   # oracle: torch.amp.GradScaler's documented algorithm, by hand
+        assert row["scale_before"] == scale
+        bad = row["step"] in f["planted_steps"]
+        assert row["skipped"] == bad and row["found_inf"] == bad
+        if bad:
+            scale, clean = scale * 0.5, 0
+        else:
+            clean += 1
+            if clean == f["growth_interval"]:
+                scale, clean = scale * 2.0, 0
+        assert row["scale_after"] == scale
+    assert f["nonfinite_detected_at"] == f["planted_steps"]
+    assert f["nonfinite_before_first_backoff"] == 1
+    assert f["clean_steps_before_growth"] == f["growth_interval"]
+    assert claims.judge_gradscaler(f)[0] == FAILS
+
+
+def test_autocast_disable_experiment_matches_torch():
+    f = claims.experiment_autocast_disable()
+    low = getattr(torch, f["autocast_dtype"].split(".")[1])
+    # oracle: the same ops outside any autocast region, on a tensor of autocast's dtype
+    lin = torch.nn.Linear(16, 16)
+    h = torch.randn(4, 16).to(low)
+    with pytest.raises(RuntimeError):
+        lin(h)
+    assert f["outer_linear"] == str(low)
+    assert f["linear_uncast"].startswith("error: RuntimeError")
+    assert f["softmax_uncast"] == str(torch.softmax(h, -1).dtype) == str(low)
+    assert f["linear_cast"] == str(lin(h.float()).dtype) == "torch.float32"
+    assert f["softmax_cast"] == "torch.float32"
+    assert claims.judge_autocast_disable(f)[0] == PARTLY
+
+
+def test_allow_tf32_experiment_and_flags_restored():
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    f = claims.experiment_allow_tf32()
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        on = torch.get_float32_matmul_precision()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before[0]
+    assert f["precision_flag_on"] == on == "high"
+    assert f["grad_dtype_flag_on"] == f["grad_dtype_flag_off"] == "torch.float32"
+    assert "allow_tf32" in f["settings_present"]
+    assert claims.judge_allow_tf32(f)[0] == NONEXISTENT
+
+
+def test_bf16_memory_experiment_element_sizes():
+    import ml_dtypes
+    f = claims.experiment_bf16_memory(quick=True)
+    assert f["fp16_element_bytes"] == np.dtype(np.float16).itemsize == 2
+    assert f["bf16_element_bytes"] == np.dtype(ml_dtypes.bfloat16).itemsize == 2
+    assert f["fp16_param_bytes"] == f["bf16_param_bytes"]
+
+
+def test_saved_activation_bytes_of_a_linear():
+    lin = torch.nn.Linear(32, 16)
+    x = torch.randn(8, 32, requires_grad=True)
+    # autograd keeps the input (for the weight gradient) and the weight (for the input
+    # gradient); the weight is a parameter, left out: 8*32 fp32 values
+    assert claims.saved_activation_bytes(lin, x) == 8 * 32 * 4
+    dtype = claims._autocast_dtype("cpu")
+    # under autocast: the low-precision input and the low-precision copy of the weight
+    assert claims.saved_activation_bytes(lin, x, autocast_dtype=dtype) == (8 * 32 + 16 * 32) * 2
+
+
+def test_round_to_tf32_matches_numpy():
+    x = torch.randn(10_000) * 1e3
+    m, e = np.frexp(x.numpy().astype(np.float64))
+    want = np.ldexp(np.round(m * 2**11) / 2**11, e)   # 11 significant bits, half to even
+    got = claims._round_to_tf32(x).numpy()
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+
+
+def test_amp_ratio_experiment_has_no_ratio_knob():
+    import inspect
+    f = claims.experiment_amp_ratio(quick=True)
+    names = list(inspect.signature(torch.autocast).parameters)
+    assert f["knobs"]["torch.autocast"] == names and not any("ratio" in n for n in names)
+    assert f["layer_dtypes"]["LayerNorm"] == "torch.float32"   # autocast's fp32 list
+    assert f["layer_dtypes"]["Linear"] == f["autocast_dtype"]
+    assert claims.judge_amp_ratio(f)[0] == NONEXISTENT
+
+
+# ------------------------------------------------------------------ checking, tables, command
+
+def test_get_claim_and_slug():
+    assert [c.id for c in claims.CLAIMS] == list(range(1, 13))
+    with pytest.raises(ValueError, match="claims are numbered 1-12"):
+        claims.get_claim(13)
+    assert claims.device_slug("NVIDIA H200") == "h200"
+    assert claims.device_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+    assert claims.device_slug(None) == "cpu"
+
+
+@NO_GPU
+def test_gpu_claim_without_gpu_or_record_cannot_be_tested(tmp_path):
+    c = claims.check(11, data_dir=tmp_path)
+    assert c.verdict == UNTESTABLE and "no recorded GPU result" in c.reason
+
+
+@NO_GPU
+def test_gpu_claim_judged_from_recorded_figures(tmp_path):
+    figures = {"n": 8192, "fp16_tflops": 720.0, "fp32_tflops": 50.0, "tf32_tflops": 380.0,
+               "ratio_fp16_fp32": 14.4, "ratio_fp16_tf32": 1.9}
+    bench.write_result("claims_h200", [{"id": 11, "figures": figures, "verdict": "stale"}],
+                       meta={"gpu_name": "NVIDIA H200", "driver_version": "580"},
+                       data_dir=tmp_path)
+    c = claims.check(11, data_dir=tmp_path)
+    assert c.verdict == FAILS            # recomputed by the rule, not copied from the file
+    assert "14.4x" in c.reason and "NVIDIA H200" in c.source and "recorded" in c.source
+    table = claims.recorded_table(tmp_path)
+    assert table.loc[11, "verdict"] == FAILS
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    from fp16lab.cli import main
+    out = tmp_path_factory.mktemp("claims")
+    rc = main(["claims", "--quick", "--out", str(out), "--data", str(out)])
+    return rc, out
+
+
+def test_cli_writes_table_and_result_with_provenance(cli_run):
+    rc, out = cli_run
+    assert rc == 0
+    slug = claims.device_slug(torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    payload = json.loads((out / f"claims_{slug}.json").read_text())
+    meta, rows = payload["meta"], payload["rows"]
+    assert meta["torch"] == torch.__version__ and "measured_at" in meta and meta["quick"]
+    assert [r["id"] for r in rows] == list(range(1, 13))
+    assert all(r["verdict"] in VERDICTS for r in rows)
+    assert all("error" not in r["figures"] for r in rows)
+    md = (out / f"claims_{slug}.md").read_text()
+    table_rows = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(table_rows) == 13    # header + 12 claims
+    assert torch.__version__ in md
+    for r in rows:
+        assert f"**{r['verdict']}**" in md
+
+
+def test_cli_rejects_bad_claim_numbers(tmp_path, capsys):
+    from fp16lab.cli import main
+    assert main(["claims", "--only", "6,x", "--out", str(tmp_path)]) == 2
+    assert "--only takes claim numbers" in capsys.readouterr().err
+    assert main(["claims", "--only", "14", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.slow
+def test_gpu_code_paths_run_at_tiny_sizes_on_cpu(monkeypatch):
+    """The GPU experiments' Python runs here at toy sizes (figures meaningless, code exercised)."""
+    monkeypatch.setattr(claims, "EXERCISE_ON_CPU", True)
+    for c in claims.CLAIMS:
+        if c.needs_gpu or c.id == 7:
+            f = c.experiment(True)
+            verdict, reason = c.judge(f)
+            assert verdict in VERDICTS and reason
+
+
+def test_check_turns_a_failing_experiment_into_a_reason():
+    from dataclasses import replace
+
+    def boom(quick):
+        raise RuntimeError("no such tool")
+    c = claims.check(replace(claims.get_claim(8), experiment=boom))
+    assert c.verdict == UNTESTABLE and "no such tool" in c.reason and "error" in c.figures
+
+
+@pytest.mark.gpu
+def test_full_quick_run_on_the_gpu():
+    checked = claims.check_all(quick=True)
+    assert [c.id for c in checked] == list(range(1, 13))
+    failed = {c.id: c.figures["error"] for c in checked if "error" in c.figures}
+    assert not failed, failed
+    assert all(c.verdict in VERDICTS and c.verdict != UNTESTABLE for c in checked), \
+        [(c.id, c.verdict, c.reason) for c in checked]
+    assert all(math.isfinite(c.figures["elapsed_s"]) for c in checked)
