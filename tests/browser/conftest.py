@@ -24,7 +24,8 @@ import pytest
 from fp16lab.testing import LabServer, jupyter_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-NOTEBOOK_DIR = ROOT / "notebooks"
+# FP16LAB_NOTEBOOKS serves another folder of notebooks (a work-in-progress copy, say).
+NOTEBOOK_DIR = pathlib.Path(os.environ.get("FP16LAB_NOTEBOOKS", ROOT / "notebooks"))
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser")
 CHROMIUM_ARGS = [
@@ -40,7 +41,8 @@ LAB_SETTINGS = {
                                                     "checkForUpdates": False},
 }
 RUN_ALL_TIMEOUT_S = 600.0
-TIMINGS: dict[str, float] = {}
+TIMINGS: dict[str, float] = {}  # what -> seconds, printed at the end of the run
+TIMINGS_BY_TEST: dict[str, float] = {}  # test id -> set-up + call + tear-down seconds
 
 
 def find_chromium() -> str | None:
@@ -180,6 +182,8 @@ class Notebook:
         self.page, self.server, self.name = page, server, name
         self.stem = pathlib.Path(name).stem
         self.shots_dir = shots_dir
+        self.label = f"{shots_dir.name}: {self.stem}" if self.stem not in shots_dir.name \
+            else shots_dir.name
         self.shots: list[pathlib.Path] = []
         self.console: list[str] = []
         page.on("pageerror", lambda exc: self.console.append(f"pageerror: {exc}"))
@@ -217,7 +221,7 @@ class Notebook:
         self.wait_kernel_idle()
         # The file browser takes a fifth of the width and shows nothing a test looks at.
         self.page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-        TIMINGS[f"{self.stem}: open"] = time.perf_counter() - t0
+        TIMINGS[f"{self.label}: open"] = time.perf_counter() - t0
         return self
 
     def run_all(self, timeout: float = RUN_ALL_TIMEOUT_S) -> dict:
@@ -229,7 +233,7 @@ class Notebook:
             lambda s: (s["connection"] == "connected" and s["kernel"] == "idle"
                        and s["running"] == 0 and (s["pending"] == 0 or s["errors"])),
             "finished Run All", timeout)
-        TIMINGS[f"{self.stem}: Run All"] = time.perf_counter() - t0
+        TIMINGS[f"{self.label}: Run All"] = time.perf_counter() - t0
         return state
 
     def assert_no_errors(self, state: dict | None = None) -> None:
@@ -256,6 +260,28 @@ class Notebook:
         self.shots.append(path)
         return path
 
+    def shot_whole_notebook(self, step: str, max_height: int = 16_000) -> pathlib.Path:
+        """Returns the path of a screenshot of the whole notebook, top to bottom.
+
+        JupyterLab scrolls the notebook inside the page, so the page is made as tall as the
+        notebook (up to max_height pixels) for the shot and then put back.
+        """
+        size = self.page.viewport_size
+        height = self.page.evaluate(
+            "() => { const s = document.querySelector("
+            "'.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer');"
+            " return s ? s.scrollHeight : 0; }")
+        tall = min(max(size["height"], height + 200), max_height)
+        self.page.set_viewport_size({"width": size["width"], "height": tall})
+        try:
+            self.page.evaluate(
+                "() => document.querySelector("
+                "'.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer').scrollTo(0, 0)")
+            self.page.wait_for_timeout(300)  # let the layout settle at the new size
+            return self.shot(step)
+        finally:
+            self.page.set_viewport_size(size)
+
     def close(self) -> None:
         """Closes the tab, shuts the notebook's kernel down and writes the console log."""
         try:
@@ -274,6 +300,7 @@ class Notebook:
 def pytest_runtest_makereport(item, call):
     report = yield
     setattr(item, f"_report_{report.when}", report)
+    TIMINGS_BY_TEST[item.nodeid] = TIMINGS_BY_TEST.get(item.nodeid, 0.0) + report.duration
     return report
 
 
@@ -283,10 +310,17 @@ def open_notebook(request, lab, browser_context) -> Iterator[Callable[[str], Not
     opened: list[Notebook] = []
 
     def _open(name: str) -> Notebook:
+        """Opens notebook ``name``, or the one notebook whose name starts with it ("01_")."""
+        if not name.endswith(".ipynb"):
+            found = sorted(p.name for p in lab.root_dir.glob(f"{name}*.ipynb"))
+            if len(found) != 1:
+                raise FileNotFoundError(f"expected one notebook {name}*.ipynb in {NOTEBOOK_DIR}, "
+                                        f"found {found}")
+            name = found[0]
         if not (lab.root_dir / name).is_file():
             known = sorted(p.name for p in lab.root_dir.glob("*.ipynb"))
-            raise FileNotFoundError(f"no notebook {name!r} in notebooks/; there are {known}")
-        shots = ARTIFACTS / re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)
+            raise FileNotFoundError(f"no notebook {name!r} in {NOTEBOOK_DIR}; there are {known}")
+        shots = ARTIFACTS / re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name).strip("-")
         nb = Notebook(browser_context.new_page(), lab, name, shots)
         opened.append(nb)
         return nb.open()
@@ -300,8 +334,12 @@ def open_notebook(request, lab, browser_context) -> Iterator[Callable[[str], Not
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not TIMINGS:
+    if not TIMINGS_BY_TEST:
         return
     terminalreporter.section("browser test timings")
     for what, seconds in TIMINGS.items():
-        terminalreporter.write_line(f"{what:<45} {seconds:7.1f} s")
+        terminalreporter.write_line(f"{what:<70} {seconds:7.1f} s")
+    for test, seconds in TIMINGS_BY_TEST.items():
+        terminalreporter.write_line(f"{test.split('::')[-1]:<70} {seconds:7.1f} s")
+    terminalreporter.write_line(f"{'all browser tests (set-up, calls, tear-down)':<70} "
+                                f"{sum(TIMINGS_BY_TEST.values()):7.1f} s")
