@@ -1,0 +1,199 @@
+"""Side-by-side training runs in five precisions, for notebook 02's underflow story.
+
+The model is :func:`deep_tanh_mlp`: 28 tanh layers of width 32 with PyTorch's default ``Linear``
+initialisation and no normalisation, trained with Adam (lr 1e-3) on cross-entropy averaged over
+a batch of 256 (:func:`make_task`: labels from a fixed random "teacher" network). Nothing is
+rigged: the default init multiplies a gradient by about ``1/sqrt(3)`` per layer on its way back
+(weights ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, tanh' <= 1), so after a few dozen layers the
+first layers' gradients fall below FP16's ``2**-24``. FP32 and BF16 hold them (and Adam rescales
+them into full-size updates); FP16 without a loss scale flushes them to zero, and those layers
+stop learning. This is the textbook deep-and-unnormalised setting where loss scaling matters.
+
+Precisions, as a :class:`RunConfig` each (:data:`DEFAULT_RUNS`):
+
+* ``fp32``: no autocast;
+* ``fp16``: ``torch.autocast(device, torch.float16)`` (FP32 weights, FP16 matmuls, FP16
+  activation gradients), with no scaler, a static scale (:class:`~fp16lab.scaling.StaticLossScaler`)
+  or a real ``torch.amp.GradScaler`` (wrapped in :class:`~fp16lab.scaling.GradScalerRecorder`);
+* ``bf16``: ``torch.autocast(device, torch.bfloat16)`` with no scaler.
+
+The same autocast code runs on CPU (torch >= 2.4 autocasts to FP16 on CPU) and on CUDA.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .diagnostics import GradientMonitor
+from .scaling import GradScalerRecorder, ScaleCollapseWarning, StaticLossScaler
+
+
+def deep_tanh_mlp(depth: int = 28, width: int = 32, in_features: int = 32,
+                  num_classes: int = 10) -> nn.Sequential:
+    """Returns a plain deep MLP (Linear-Tanh x depth, then Linear) with PyTorch's default init."""
+    if depth < 1 or width < 1:
+        raise ValueError(f"depth and width must be >= 1, got depth={depth}, width={width}")
+    layers: list[nn.Module] = []
+    d = in_features
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.Tanh()]
+        d = width
+    layers.append(nn.Linear(d, num_classes))
+    return nn.Sequential(*layers)
+
+
+def make_task(n: int = 8192, in_features: int = 32, num_classes: int = 10, seed: int = 0
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (inputs, labels): Gaussian inputs labelled by a fixed random teacher network."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, in_features, generator=g)
+    w1 = torch.randn(in_features, 64, generator=g) / in_features**0.5
+    w2 = torch.randn(64, num_classes, generator=g) / 8.0
+    y = (torch.tanh(x @ w1) @ w2).argmax(dim=1)
+    return x, y
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: precision and loss scaling."""
+
+    name: str
+    precision: str = "fp32"          # "fp32", "fp16" or "bf16"
+    scaling: str = "none"            # "none", "static" or "dynamic"
+    static_scale: float = 2.0**12
+    init_scale: float = 2.0**16
+    growth_interval: int = 50        # short, so a short run shows growth (torch's default: 2000)
+
+    def __post_init__(self):
+        if self.precision not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {self.precision!r}")
+        if self.scaling not in ("none", "static", "dynamic"):
+            raise ValueError(f"scaling must be 'none', 'static' or 'dynamic', got {self.scaling!r}")
+        if self.scaling != "none" and self.precision != "fp16":
+            raise ValueError(f"loss scaling is for fp16 runs; {self.name!r} is {self.precision}")
+
+
+DEFAULT_RUNS = (
+    RunConfig("fp32"),
+    RunConfig("fp16, no scaling", "fp16"),
+    RunConfig("fp16, static 2^12", "fp16", "static"),
+    RunConfig("fp16, dynamic (GradScaler)", "fp16", "dynamic"),
+    RunConfig("bf16 autocast, no scaler", "bf16"),
+)
+
+
+@dataclass
+class RunResult:
+    """What one run measured: per-step losses, scales and per-parameter gradient statistics."""
+
+    config: RunConfig
+    device: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    grad_stats: Any = None            # GradientMonitor.frame() for this run
+    seconds: float = 0.0
+
+
+def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: int = 0,
+              device: str = "cpu", lr: float = 1e-3, depth: int = 28, width: int = 32
+              ) -> RunResult:
+    """Returns the measurements of one training run of :func:`deep_tanh_mlp` on :func:`make_task`.
+
+    Every run with the same ``seed`` starts from the same weights and sees the same batches.
+    Gradient statistics come from a :class:`~fp16lab.diagnostics.GradientMonitor` (the gradients
+    as they are after backward: scaled where a scaler is used, exact zeros where FP16 flushed).
+    """
+    if steps < 1 or batch < 1:
+        raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
+    torch.manual_seed(seed)
+    model = deep_tanh_mlp(depth, width).to(device)
+    x_all, y_all = make_task(seed=seed)
+    x_all, y_all = x_all.to(device), y_all.to(device)
+    order = torch.Generator().manual_seed(seed + 1)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    if config.scaling == "static":
+        scaler = StaticLossScaler(config.static_scale)
+    elif config.scaling == "dynamic":
+        scaler = GradScalerRecorder(torch.amp.GradScaler(
+            device, init_scale=config.init_scale, growth_interval=config.growth_interval))
+    else:
+        scaler = None
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
+    result = RunResult(config, device)
+    monitor = GradientMonitor(model)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScaleCollapseWarning)
+        for step in range(steps):
+            idx = torch.randint(0, x_all.shape[0], (batch,), generator=order).to(device)
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=dtype or torch.float16, enabled=dtype is not None):
+                logits = model(x_all[idx])
+            loss = F.cross_entropy(logits.float(), y_all[idx])
+            row = {"run": config.name, "step": step, "loss": float(loss.detach())}
+            if scaler is None:
+                loss.backward()
+                opt.step()
+                row.update(scale=1.0, skipped=False)
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                ev = scaler.update()
+                row.update(scale=ev.scale, skipped=ev.skipped)
+            result.steps.append(row)
+    result.seconds = time.perf_counter() - t0
+    monitor.remove()
+    stats = monitor.frame()
+    stats.insert(0, "run", config.name)
+    result.grad_stats = stats
+    return result
+
+
+def run_side_by_side(configs=DEFAULT_RUNS, *, steps: int = 150, batch: int = 256, seed: int = 0,
+                     device: str | None = None, **kwargs: Any):
+    """Returns (steps DataFrame, gradient-statistics DataFrame, seconds per run) for the runs.
+
+    ``device`` defaults to CUDA when available. The steps frame has run, step, loss, scale,
+    skipped and ``zero_frac`` (fraction of all weight-gradient elements that are exactly zero).
+    """
+    import pandas as pd
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    step_frames, stat_frames, seconds = [], [], {}
+    for cfg in configs:
+        r = train_run(cfg, steps=steps, batch=batch, seed=seed, device=device, **kwargs)
+        st = pd.DataFrame(r.steps)
+        g = r.grad_stats
+        w = g[g.param.str.endswith("weight")]
+        zeros = (w.zero_frac * w.numel).groupby(w.step).sum() / w.numel.groupby(w.step).sum()
+        st["zero_frac"] = st.step.map(zeros)
+        step_frames.append(st)
+        stat_frames.append(g)
+        seconds[cfg.name] = r.seconds
+    return pd.concat(step_frames, ignore_index=True), pd.concat(stat_frames, ignore_index=True), \
+        seconds
+
+
+def lost_gradient_by_layer(grad_stats, run: str, last: int = 20):
+    """Returns, per weight, the mean fraction of gradient elements that were exactly zero over
+    the run's last ``last`` steps (a Series indexed by parameter name, in model order)."""
+    g = grad_stats[(grad_stats.run == run) & grad_stats.param.str.endswith("weight")]
+    if g.empty:
+        raise ValueError(f"no gradient statistics for run {run!r}; runs: "
+                         f"{sorted(grad_stats.run.unique())}")
+    g = g[g.step >= g.step.max() - last + 1]
+    order = list(dict.fromkeys(g.param))
+    return g.groupby("param", sort=False).zero_frac.mean().reindex(order)
+
+
+def config_table(configs=DEFAULT_RUNS):
+    """Returns the run configurations as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame([asdict(c) for c in configs])

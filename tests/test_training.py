@@ -1,0 +1,91 @@
+"""Side-by-side training helper: same start for every run, and FP16 without scaling loses
+gradients that FP32 keeps (checked against torch's own gradients)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fp16lab import training as T
+from fp16lab.scaling import simulate_dynamic
+
+
+def test_task_is_deterministic_and_balanced_enough():
+    x1, y1 = T.make_task(512, seed=3)
+    x2, y2 = T.make_task(512, seed=3)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert x1.shape == (512, 32) and y1.min() >= 0 and y1.max() < 10
+    assert len(torch.unique(y1)) >= 5
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(precision="fp8"), "precision must be"),
+    (dict(scaling="sometimes"), "scaling must be"),
+    (dict(precision="bf16", scaling="static"), "loss scaling is for fp16"),
+])
+def test_run_config_rejects_bad_input(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        T.RunConfig("x", **kwargs)
+
+
+def _first_step_grads(autocast_dtype, scale=1.0):
+    """Oracle: one hand-written step with plain torch; returns the weight gradients."""
+    torch.manual_seed(0)
+    model = T.deep_tanh_mlp()
+    x, y = T.make_task(seed=0)
+    order = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, x.shape[0], (256,), generator=order)
+    with torch.autocast("cpu", dtype=autocast_dtype or torch.float16,
+                        enabled=autocast_dtype is not None):
+        logits = model(x[idx])
+    (F.cross_entropy(logits.float(), y[idx]) * scale).backward()
+    return [p.grad for n, p in model.named_parameters() if n.endswith("weight")]
+
+
+def test_first_step_zero_fraction_matches_plain_torch():
+    runs = [T.RunConfig("fp32"), T.RunConfig("fp16", "fp16"),
+            T.RunConfig("static", "fp16", "static", static_scale=2.0**12)]
+    steps, stats, _ = T.run_side_by_side(runs, steps=2, device="cpu")
+    for cfg, dtype, scale in [(runs[0], None, 1.0), (runs[1], torch.float16, 1.0),
+                              (runs[2], torch.float16, 2.0**12)]:
+        grads = _first_step_grads(dtype, scale)
+        want = sum(int((g == 0).sum()) for g in grads) / sum(g.numel() for g in grads)
+        got = steps[(steps.run == cfg.name) & (steps.step == 0)].zero_frac.item()
+        assert got == pytest.approx(want, abs=1e-12), cfg.name
+    z = steps[steps.step == 0].set_index("run").zero_frac
+    assert z["fp32"] == 0.0
+    assert z["fp16"] > 0.2          # a large share of the gradient is lost at scale 1 ...
+    assert z["static"] < 0.01       # ... and kept at scale 2**12
+    # same seed, same data: every run starts from the same loss
+    losses = steps[steps.step == 0].loss.to_numpy()
+    assert np.ptp(losses) < 1e-4
+
+
+def test_no_scaling_run_freezes_the_first_layers():
+    steps, stats, _ = T.run_side_by_side([T.RunConfig("fp16", "fp16"), T.RunConfig("fp32")],
+                                         steps=6, device="cpu")
+    lost = T.lost_gradient_by_layer(stats, "fp16", last=5)
+    assert lost.iloc[0] > 0.9 and lost.index[0] == "0.weight"
+    assert (T.lost_gradient_by_layer(stats, "fp32", last=5) == 0).all()
+    with pytest.raises(ValueError, match="no gradient statistics for run"):
+        T.lost_gradient_by_layer(stats, "fp64")
+
+
+def test_dynamic_run_follows_torch_rule():
+    cfg = T.RunConfig("dyn", "fp16", "dynamic", init_scale=2.0**30, growth_interval=3)
+    r = T.train_run(cfg, steps=12, device="cpu")
+    skipped = [row["skipped"] for row in r.steps]
+    scales = [row["scale"] for row in r.steps]
+    assert skipped[0]  # 2**30 overflows at first
+    ours = simulate_dynamic(skipped, init_scale=2.0**30, growth_interval=3)
+    assert scales == [e.scale for e in ours]
+
+
+@pytest.mark.gpu
+def test_side_by_side_on_cuda():
+    steps, stats, _ = T.run_side_by_side(steps=20, device="cuda")
+    z = steps[steps.step == 0].set_index("run").zero_frac
+    assert z["fp32"] == 0.0 and z["fp16, no scaling"] > 0.2
+    assert z["fp16, dynamic (GradScaler)"] < 0.01
