@@ -73,6 +73,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """Asks Linux to send SIGTERM to the server if the process that started it dies first.
+
+    Runs in the child between fork and exec; a pytest killed with SIGKILL (a CI time-out)
+    then still takes the server, and through the server's shutdown its kernels, with it.
+    """
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _jupyter_command() -> list[str]:
     exe = pathlib.Path(sys.executable).with_name("jupyter")
     return [str(exe), "lab"] if exe.exists() else [sys.executable, "-m", "jupyterlab"]
@@ -136,8 +149,10 @@ def jupyter_server(root_dir: str | os.PathLike, *, startup_timeout: float = 120.
            "JUPYTER_RUNTIME_DIR": str(state / "runtime"), **(env or {})}
     try:
         with open(log, "wb") as log_file:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                    cwd=root, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=root,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
         raise
