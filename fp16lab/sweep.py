@@ -775,6 +775,87 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
                          aggfunc="median")
 
 
+def ratio_table(rows: pd.DataFrame, *, model: str | None = None, by: str = "precision",
+                baseline: str = "fp32") -> pd.DataFrame:
+    """Returns samples/s of every value of ``by`` divided by the ``baseline``'s, per batch size.
+
+    ``by`` is 'precision' (columns: layout, precision) or 'layout' (columns: precision,
+    layout); a value above 1 is a speed-up over the baseline measured at the same batch size and
+    other setting.
+    """
+    if by not in ("precision", "layout"):
+        raise ValueError(f"by must be 'precision' or 'layout', got {by!r}")
+    other = "layout" if by == "precision" else "precision"
+    t = throughput_table(rows, model=model, columns=(other, by))
+    ratios = {}
+    for o in t.columns.get_level_values(0).unique():
+        sub = t[o]
+        if baseline not in sub.columns:
+            continue
+        for v in sub.columns:
+            if v != baseline:
+                ratios[(o, f"{v} / {baseline}")] = sub[v] / sub[baseline]
+    if not ratios:
+        raise ValueError(f"no {by} {baseline!r} points to compare with")
+    out = pd.DataFrame(ratios)
+    out.columns = pd.MultiIndex.from_tuples(out.columns, names=[other, by])
+    return out
+
+
+def scaler_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Returns the points that differ only in loss-scaler settings, side by side.
+
+    Shows what the settings change (skipped steps, the final scale) next to what they do not
+    (samples/s), for every model, batch, layout and precision measured with several settings.
+    """
+    s = summarize_results(rows)
+    s = s[s["precision"].isin(SCALED_PRECISIONS) & (s["status"] == "ok")]
+    group = ["model", "batch", "layout", "precision"]
+    scaler_cols = ["init_scale", "growth_factor", "backoff_factor", "growth_interval"]
+    n = s.groupby(group)[scaler_cols].transform(lambda c: c.nunique()).max(axis=1) if len(s) else []
+    s = s[pd.Series(n, index=s.index) > 1] if len(s) else s
+    steps = rows.groupby("key")[["warmup", "steps"]].first().sum(axis=1).rename("steps_per_repeat")
+    s = s.join(steps, on="key")
+    return s[[*group, *scaler_cols, "steps_per_repeat", "skipped_steps", "final_scale",
+              "samples_per_s", "repeat_spread"]].reset_index(drop=True)
+
+
+def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
+    """Returns the rows of a reference sweep in data/, or None (saying so) when it is absent."""
+    from .bench import DATA_DIR
+
+    path = Path(DATA_DIR) / f"{name}.parquet"
+    if not path.exists():
+        print(f"{path.name} is not in data/ yet: run benchmarks/sweep_reference.py on a GPU to "
+              f"make it. The cells that use it print nothing.")
+        return None
+    rows = read_results(path)
+    print(f"{path.name}: {len(rows)} rows, {describe_rows(rows)}")
+    return rows
+
+
+def engine_check(name: str = "sweep_engine_vs_loop") -> str:
+    """Returns the engine-versus-bare-loop benchmark's findings as a few lines of text."""
+    from .bench import describe_source, read_result
+
+    try:
+        r = read_result(name)
+    except FileNotFoundError:
+        return (f"{name}.json is not in data/ yet: run benchmarks/sweep_engine_vs_loop.py on a "
+                f"GPU to make it")
+    m = r["meta"]
+    s = m["summary"]
+    spread = max(s["repeat_spread"].values())
+    return "\n".join([
+        f"{s['model']} b{s['batch']} {s['layout']} {s['precision']}, {s['repeats']} interleaved "
+        f"repeats of {s['steps']} steps; {describe_source(m)}",
+        f"bare loop {s['bare_ms']:.2f} ms/step, engine {s['engine_ms']:.2f} ms/step: "
+        f"ratio {s['engine_vs_bare']:.3f} (goal: within 5%)",
+        f"worst repeat spread {100 * spread:.2f}% (goal: at most 3%)",
+        f"telemetry overhead {100 * s['telemetry_overhead']:+.2f}% (goal: under 1%)",
+    ])
+
+
 def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = None) -> Any:
     """Returns a matplotlib Figure: samples/s, peak memory and GPU busy % against batch size.
 

@@ -364,3 +364,64 @@ def test_gpu_point_has_telemetry_and_events_timing():
     assert row["telemetry_samples"] > 0, row["telemetry_note"]
     assert 0 <= row["gpu_busy_mean"] <= 100 and row["power_w_mean"] > 0
     assert row["sm_clock_mhz_mean"] > 100
+
+
+def _prow(key, batch, layout, precision, ms, init_scale=None, growth_interval=None, skipped=None,
+          final=None):
+    r = _row(key, 0, ms, batch=batch)
+    r.update(layout=layout, precision=precision, init_scale=init_scale,
+             growth_interval=growth_interval, skipped_steps=skipped, final_scale=final,
+             warmup=2, steps=5)
+    return r
+
+
+def test_ratio_table_divides_by_the_baseline():
+    rows = pd.DataFrame([
+        _prow("a", 64, "nchw", "fp32", 20.0), _prow("b", 64, "nchw", "amp-fp16", 5.0, 65536.0, 2000),
+        _prow("c", 64, "channels_last", "fp32", 16.0),
+        _prow("d", 64, "channels_last", "amp-fp16", 4.0, 65536.0, 2000),
+    ])
+    t = sweep.ratio_table(rows)
+    assert t.loc[64, ("nchw", "amp-fp16 / fp32")] == pytest.approx(20.0 / 5.0)
+    assert t.loc[64, ("channels_last", "amp-fp16 / fp32")] == pytest.approx(16.0 / 4.0)
+    lay = sweep.ratio_table(rows, by="layout", baseline="nchw")
+    assert lay.loc[64, ("fp32", "channels_last / nchw")] == pytest.approx(20.0 / 16.0)
+    with pytest.raises(ValueError, match="by must be"):
+        sweep.ratio_table(rows, by="batch")
+
+
+def test_scaler_table_lists_points_that_differ_only_in_scaler_settings():
+    rows = pd.DataFrame([
+        _prow("a", 64, "nchw", "amp-fp16", 5.0, 65536.0, 2000, 0, 65536.0),
+        _prow("b", 64, "nchw", "amp-fp16", 5.1, 2.0**40, 2000, 7, 2.0**33),
+        _prow("c", 128, "nchw", "amp-fp16", 9.0, 65536.0, 2000, 0, 65536.0),  # alone: left out
+        _prow("d", 64, "nchw", "fp32", 20.0),
+    ])
+    t = sweep.scaler_table(rows)
+    assert sorted(t["init_scale"]) == [65536.0, 2.0**40]
+    assert list(t["steps_per_repeat"]) == [7, 7]
+    assert t.set_index("init_scale").loc[2.0**40, "skipped_steps"] == 7
+
+
+def test_load_reference_says_when_the_file_is_absent(tmp_path, monkeypatch, capsys):
+    import fp16lab.bench
+
+    monkeypatch.setattr(fp16lab.bench, "DATA_DIR", tmp_path)
+    assert sweep.load_reference("nope") is None
+    assert "not in data/ yet" in capsys.readouterr().out
+    sweep.append_rows(tmp_path / "ref.parquet", [_row("a", 0, 10.0)])
+    assert len(sweep.load_reference("ref")) == 1
+    assert "not in data/ yet" in sweep.engine_check("nope")
+
+
+def test_engine_check_reads_the_benchmark_summary(tmp_path, monkeypatch):
+    import fp16lab.bench
+
+    monkeypatch.setattr(fp16lab.bench, "DATA_DIR", tmp_path)
+    summary = {"model": "resnet50", "batch": 256, "layout": "channels_last",
+               "precision": "amp-fp16", "repeats": 5, "steps": 30, "bare_ms": 80.0,
+               "engine_ms": 81.0, "engine_vs_bare": 81.0 / 80.0, "telemetry_overhead": 0.002,
+               "repeat_spread": {"bare": 0.01, "engine": 0.025}}
+    fp16lab.bench.write_result("vs", [], meta={"summary": summary})
+    text = sweep.engine_check("vs")
+    assert "ratio 1.012" in text and "2.50%" in text and "+0.20%" in text
