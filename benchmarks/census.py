@@ -52,7 +52,8 @@ def row(device, backend, what, dtype, n, itemsize, t, copy_gbs, fmt) -> dict:
     gbs = n * itemsize / (t.median_ms * 1e-3) / 1e9
     return {"device": device, "backend": backend, "what": what, "dtype": dtype, "format": fmt,
             "n": n, "bytes": n * itemsize, "gbs": gbs, "copy_gbs": copy_gbs,
-            "ratio_to_copy": gbs / copy_gbs, **t.as_dict()}
+            "ratio_to_copy": gbs / copy_gbs, "median_ms": t.median_ms, "p10_ms": t.p10_ms,
+            "p90_ms": t.p90_ms, "spread": t.spread, "repeats": t.n}
 
 
 def run_cpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:

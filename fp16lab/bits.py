@@ -542,7 +542,7 @@ def explain(x: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "nearest"
 
 def explain_table(values: Any, fmt: str | FormatInfo = "fp16", **kwargs):
     """Returns a pandas DataFrame with one :func:`explain` per value (numbers, hex or bits),
-    columns: given, hex, bits, class, value, next down, next up, ULP, error."""
+    columns: given, hex, bits, class, value, next down, next up, ULP, error, relative error."""
     import pandas as pd
 
     rows = []
@@ -551,7 +551,7 @@ def explain_table(values: Any, fmt: str | FormatInfo = "fp16", **kwargs):
         given = x if isinstance(x, str) else repr(float(x))
         rows.append({"given": given, "hex": e.hex, "bits": e.bits, "class": e.kind,
                      "value": e.value, "next down": e.next_down, "next up": e.next_up,
-                     "ULP": e.ulp, "error": e.error})
+                     "ULP": e.ulp, "error": e.error, "relative error": e.relative_error})
     return pd.DataFrame(rows).set_index("given")
 
 

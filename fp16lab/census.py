@@ -22,6 +22,8 @@ counted with torch on their own device; a CUDA tensor never leaves the GPU.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -134,29 +136,76 @@ def _as_numpy_float(x: Any) -> np.ndarray:
     return arr.reshape(-1)
 
 
+def _bit_layout(dtype) -> tuple[Any, int, int] | None:
+    """Returns (unsigned view dtype, mantissa bits, exponent bits) of an IEEE-style float dtype."""
+    name = np.dtype(dtype).name
+    return {"float16": (np.uint16, 10, 5), "bfloat16": (np.uint16, 7, 8),
+            "float32": (np.uint32, 23, 8), "float64": (np.uint64, 52, 11)}.get(name)
+
+
+def _pattern_below(t: float, dtype, udtype, strict: bool) -> int:
+    """Returns the bit pattern of the largest ``dtype`` value <= t (< t when strict), t > 0.
+
+    Positive floats are ordered like their bit patterns, so ``|x| <= t`` is ``bits <= pattern``.
+    """
+    with np.errstate(over="ignore"):
+        v = np.array([t], dtype=np.float64).astype(dtype)
+    p = int(v.view(udtype)[0])
+    if float(v[0]) > t or (strict and float(v[0]) == t):
+        p -= 1  # the next value down (from +inf: the largest finite)
+    return p
+
+
 def _census_numpy(arr: np.ndarray, f: FormatInfo) -> tuple[np.ndarray, np.ndarray]:
-    wide = np.float64 if arr.dtype == np.float64 or arr.dtype.kind in "iu" else np.float32
-    t1, t2, t3 = _compare_limits(f, wide)
-    ibits, shift, fmask, bias, sub_exp = ((np.int32, 23, 0xFF, 127, -149) if wide == np.float32
-                                          else (np.int64, 52, 0x7FF, 1023, -1074))
-    counts = np.zeros(6, dtype=np.int64)  # zero, <=T1, <=T2, <=T3, total, nan
-    hist = np.zeros(HIST_MAX - HIST_MIN + 1, dtype=np.int64)
-    fields = np.zeros(fmask + 1, dtype=np.int64)
-    for start in range(0, arr.size, _CHUNK):
-        a = np.abs(arr[start:start + _CHUNK].astype(wide, copy=False))
-        counts[0] += np.count_nonzero(a == 0)
-        counts[1] += np.count_nonzero(a <= t1)
-        counts[2] += np.count_nonzero(a <= t2)
-        counts[3] += np.count_nonzero(a <= t3)
-        counts[5] += np.count_nonzero(np.isnan(a))
-        b = a.view(ibits)
-        efield = b >> shift  # |x| has a zero sign bit, so this is the exponent field
-        by_field = np.bincount(efield, minlength=fmask + 1)
-        fields += by_field
-        if by_field[0] > np.count_nonzero(b == 0):  # the data's own subnormals: count exactly
-            sub = b[(efield == 0) & (b != 0)]
-            e_sub = np.floor(np.log2(sub.astype(np.float64))).astype(np.int64) + sub_exp
-            np.add.at(hist, _hist_index(e_sub), 1)
+    """Returns (counts, hist) by integer comparisons on the data's own bit patterns."""
+    layout = _bit_layout(arr.dtype)
+    if layout is None:  # ints and fp8: widen (exactly) to a float type with a known layout
+        arr = arr.astype(np.float64 if arr.dtype.kind in "iub" else np.float32)
+        layout = _bit_layout(arr.dtype)
+    udt, mbits, ebits = layout
+    th = thresholds(f)
+    p1 = _pattern_below(th["under"], arr.dtype, udt, strict=False)
+    p2 = _pattern_below(th["normal"], arr.dtype, udt, strict=True)
+    p3 = _pattern_below(th["over"], arr.dtype, udt, strict=th["over_inclusive"])
+    fmask = (1 << ebits) - 1
+    inf_pattern = fmask << mbits
+    bias = (1 << (ebits - 1)) - 1
+    sub_exp = 1 - bias - mbits  # a subnormal pattern p is p * 2^sub_exp
+    magnitude = udt((1 << (8 * np.dtype(udt).itemsize - 1)) - 1)
+    bits = arr.view(udt)
+    # exponent of each subnormal pattern 1 .. 2^m - 1: floor(log2(p)) + (emin - m)
+    sub_lut = (np.floor(np.log2(np.arange(1, 1 << mbits))).astype(np.int64) + sub_exp
+               if mbits <= 12 else None)
+
+    def count_chunk(start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a = bits[start:start + _CHUNK] & magnitude
+        zeros = np.count_nonzero(a == 0)
+        c = np.array([zeros, np.count_nonzero(a <= p1), np.count_nonzero(a <= p2),
+                      np.count_nonzero(a <= p3), 0, np.count_nonzero(a > inf_pattern)])
+        by_field = np.bincount(a >> mbits, minlength=fmask + 1)
+        sub_hist = np.zeros(HIST_MAX - HIST_MIN + 1, dtype=np.int64)
+        if by_field[0] > zeros:  # the data's own subnormals: count them exactly
+            sub = a[a < (1 << mbits)]
+            if mbits <= 12:  # fp16 / bf16: count each subnormal pattern, then map to exponents
+                per_pattern = np.bincount(sub, minlength=1 << mbits)[1:]
+                np.add.at(sub_hist, _hist_index(sub_lut), per_pattern)
+            else:
+                sub = sub[sub != 0].astype(np.float64)
+                e_sub = np.floor(np.log2(sub)).astype(np.int64) + sub_exp
+                np.add.at(sub_hist, _hist_index(e_sub), 1)
+        return c, by_field, sub_hist
+
+    starts = range(0, arr.size, _CHUNK)
+    workers = min(len(starts), os.cpu_count() or 1, 16)
+    if workers > 1:  # numpy releases the GIL in these loops, so threads add up
+        with ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(count_chunk, starts))
+    else:
+        parts = [count_chunk(s) for s in starts]
+    counts = np.sum([p[0] for p in parts], axis=0, dtype=np.int64) if parts else np.zeros(6, np.int64)
+    fields = np.sum([p[1] for p in parts], axis=0) if parts else np.zeros(fmask + 1, np.int64)
+    hist = (np.sum([p[2] for p in parts], axis=0) if parts
+            else np.zeros(HIST_MAX - HIST_MIN + 1, dtype=np.int64))
     # exponent fields 1 .. max-1 are the normal binades; 0 is zero / subnormal, max is inf / nan
     np.add.at(hist, _hist_index(np.arange(1, fmask) - bias), fields[1:fmask])
     counts[4] = arr.size
@@ -237,9 +286,16 @@ def census(x: Any, fmt: str | FormatInfo = "fp16", *, backend: str = "auto") -> 
         t = x.detach()
         if t.dtype.is_complex or t.dtype == torch.bool:
             raise ValueError(f"census expects a real numeric tensor, got dtype {t.dtype}")
-        if t.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
-            t = t.float()
-        counts, hist = _census_numpy(t.reshape(-1).numpy(), f)
+        t = t.reshape(-1)
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16; ml_dtypes' has the same bits
+            import ml_dtypes
+
+            arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        elif t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            arr = t.float().numpy()
+        else:
+            arr = t.numpy()
+        counts, hist = _census_numpy(arr, f)
     elif _is_torch(x):
         counts, hist = _census_torch(x, f, backend)
         dtype = str(x.dtype).replace("torch.", "")
@@ -405,7 +461,10 @@ def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     per_thread = 4 if x.dtype == torch.float32 else 8
     blocks = int(max(1, min(sms * 8, -(-x.numel() // (256 * per_thread)))))
-    args = [np.uint64(x.data_ptr()), np.int64(x.numel()), *lim, np.uint64(out.data_ptr())]
+    # hand the buffers to CuPy through DLPack (no copy); 16-bit data as int16, which CuPy
+    # knows (it has no bfloat16), since the kernel reads raw bits anyway
+    raw = x if x.dtype == torch.float32 else x.view(torch.int16)
+    args = [cupy.from_dlpack(raw), np.int64(x.numel()), *lim, cupy.from_dlpack(out)]
     if x.dtype != torch.float32:
         args.append(np.int32(x.dtype == torch.bfloat16))
     args = tuple(args)
