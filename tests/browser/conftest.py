@@ -46,9 +46,13 @@ TIMINGS_BY_TEST: dict[str, float] = {}  # test id -> set-up + call + tear-down s
 
 
 def find_chromium() -> str | None:
-    """Returns the path of a Chromium binary (Debian's /usr/bin/chromium first), or None."""
-    for name in CHROMIUM_CANDIDATES:
-        path = name if os.path.isabs(name) else shutil.which(name)
+    """Returns the path of a Chromium binary (Debian's /usr/bin/chromium first), or None.
+
+    FP16LAB_CHROMIUM, when set, names the only binary to try.
+    """
+    override = os.environ.get("FP16LAB_CHROMIUM")
+    for name in (override,) if override is not None else CHROMIUM_CANDIDATES:
+        path = name if os.path.isabs(name) else shutil.which(name) if name else None
         if path and os.access(path, os.X_OK):
             return path
     return None
@@ -74,8 +78,8 @@ def chromium() -> str:
     """Returns Chromium's path; skips the browser tests, saying how to enable them, without one."""
     path = find_chromium()
     if path is None:
-        pytest.skip(f"no Chromium binary (looked for {', '.join(CHROMIUM_CANDIDATES)}): "
-                    f"{ENABLE_HINT}")
+        looked = os.environ.get("FP16LAB_CHROMIUM") or ", ".join(CHROMIUM_CANDIDATES)
+        pytest.skip(f"no Chromium binary (looked for {looked}): {ENABLE_HINT}")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -334,8 +338,8 @@ def open_notebook(request, lab, browser_context) -> Iterator[Callable[[str], Not
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not TIMINGS_BY_TEST:
-        return
+    if "JupyterLab server start" not in TIMINGS:
+        return  # skipped, or only the server tests ran
     terminalreporter.section("browser test timings")
     for what, seconds in TIMINGS.items():
         terminalreporter.write_line(f"{what:<70} {seconds:7.1f} s")

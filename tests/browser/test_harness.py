@@ -1,5 +1,7 @@
 """The browser harness itself: the server never outlives its block, and the checks can fail.
 
+The server tests need no browser and run everywhere; the two that drive Chromium skip without it.
+
 A throwaway notebook (written into the server's temporary folder, never into notebooks/) has
 a cell that writes to stderr, an IntSlider whose observer runs in the kernel, and a cell that
 raises. The error check must report exactly the raising cell, and a slider moved in the
@@ -9,8 +11,6 @@ browser must reach the kernel and come back.
 from __future__ import annotations
 
 import pytest
-
-pytestmark = pytest.mark.browser
 
 HARNESS_NOTEBOOK = "_harness_check.ipynb"
 
@@ -78,6 +78,7 @@ def test_bad_root_dir_is_refused(tmp_path):
             pass
 
 
+@pytest.mark.browser
 def test_error_check_reports_exactly_the_raising_cell(lab, open_notebook):
     nb = open_notebook(_write_harness_notebook(lab.root_dir))
     state = nb.run_all(timeout=120)
@@ -90,6 +91,7 @@ def test_error_check_reports_exactly_the_raising_cell(lab, open_notebook):
         nb.assert_no_errors(state)
 
 
+@pytest.mark.browser
 def test_slider_moved_in_browser_reaches_the_kernel(lab, open_notebook):
     from playwright.sync_api import expect
 
