@@ -1,0 +1,144 @@
+"""ScalerPlayground: move the dynamic loss scaler's knobs and watch the scale trajectory redraw.
+
+Sliders for ``init_scale`` (as log2), ``growth_factor``, ``backoff_factor``, ``growth_interval``
+and the rate of overflowing steps. Each redraw simulates :class:`~fp16lab.scaling.DynamicLossScaler`
+over ``steps`` steps of a synthetic gradient stream: the largest gradient of a step is
+``2**(grad_log2_max + noise)``; the step overflows when ``scale * max|g| >= 65520`` (FP16's
+overflow point) or, with probability ``overflow rate``, because of a random spike (a bad batch).
+The plot (a PNG in an ``ipywidgets.Image``, CSS class ``fp16lab-scaler-plot``) shows the scale
+used at each step, the skipped steps, and the scale FP16 could have afforded.
+
+Stable CSS classes for browser tests: ``fp16lab-slider-init-scale``,
+``fp16lab-slider-growth-factor``, ``fp16lab-slider-backoff-factor``,
+``fp16lab-slider-growth-interval``, ``fp16lab-slider-overflow-rate``, ``fp16lab-scaler-plot``,
+``fp16lab-scaler-summary`` and ``fp16lab-scaler-playground`` on the panel.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import ipywidgets as w
+import numpy as np
+
+from ..scaling import DynamicLossScaler, ScaleCollapseWarning
+
+FP16_OVERFLOW_AT = 65520.0
+
+
+class ScalerPlayground(w.VBox):
+    """An ipywidgets panel simulating a dynamic loss scaler under the sliders' settings.
+
+    Args:
+        steps: simulated steps per redraw.
+        grad_log2_max: log2 of the typical largest gradient magnitude of a step.
+        noise: standard deviation of that log2 from step to step.
+        seed: seed of the synthetic gradient stream (the same stream for every redraw).
+
+    Attributes:
+        trajectory: the scale used at each step of the last simulation (numpy float64 array).
+        found_inf: whether each step overflowed.
+        redraws: how many times the plot was drawn.
+        sliders: dict name -> slider widget.
+    """
+
+    def __init__(self, steps: int = 600, grad_log2_max: float = -4.0, noise: float = 0.5,
+                 seed: int = 0, **kwargs):
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        self.steps = steps
+        rng = np.random.default_rng(seed)
+        self._log2_gmax = grad_log2_max + noise * rng.standard_normal(steps)
+        self._uniform = rng.random(steps)
+        self.redraws = 0
+        style = {"description_width": "150px"}
+        lay = w.Layout(width="520px")
+        self.sliders = {
+            "init-scale": w.IntSlider(16, 0, 30, description="log2 init_scale", style=style,
+                                      layout=lay, continuous_update=False),
+            "growth-factor": w.FloatSlider(2.0, min=1.05, max=4.0, step=0.05,
+                                           description="growth_factor", style=style, layout=lay,
+                                           continuous_update=False),
+            "backoff-factor": w.FloatSlider(0.5, min=0.05, max=0.95, step=0.05,
+                                            description="backoff_factor", style=style,
+                                            layout=lay, continuous_update=False),
+            "growth-interval": w.IntSlider(50, 1, 1000, description="growth_interval",
+                                           style=style, layout=lay, continuous_update=False),
+            "overflow-rate": w.FloatSlider(0.002, min=0.0, max=0.3, step=0.005,
+                                           description="spike rate", style=style, layout=lay,
+                                           readout_format=".3f", continuous_update=False),
+        }
+        for name, s in self.sliders.items():
+            s.add_class(f"fp16lab-slider-{name}")
+            s.observe(self._on_change, names="value")
+        self.plot = w.Image(format="png", layout=w.Layout(width="720px"))
+        self.plot.add_class("fp16lab-scaler-plot")
+        self.summary = w.HTML()
+        self.summary.add_class("fp16lab-scaler-summary")
+        super().__init__([*self.sliders.values(), self.summary, self.plot], **kwargs)
+        self.add_class("fp16lab-scaler-playground")
+        self.trajectory = np.zeros(0)
+        self.found_inf = np.zeros(0, dtype=bool)
+        self._redraw()
+
+    # -- model ---------------------------------------------------------------------------------
+    def params(self) -> dict[str, float]:
+        """Returns the DynamicLossScaler arguments the sliders set now."""
+        s = self.sliders
+        return {"init_scale": 2.0 ** s["init-scale"].value,
+                "growth_factor": float(s["growth-factor"].value),
+                "backoff_factor": float(s["backoff-factor"].value),
+                "growth_interval": int(s["growth-interval"].value)}
+
+    def simulate(self) -> DynamicLossScaler:
+        """Returns a DynamicLossScaler run over the synthetic gradient stream."""
+        import warnings
+
+        scaler = DynamicLossScaler(**self.params())
+        rate = float(self.sliders["overflow-rate"].value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ScaleCollapseWarning)
+            for t in range(self.steps):
+                overflow = math.log2(scaler.scale_value) + self._log2_gmax[t] >= math.log2(
+                    FP16_OVERFLOW_AT)
+                spike = self._uniform[t] < rate
+                scaler.update(found_inf=bool(overflow or spike))
+        return scaler
+
+    # -- drawing -------------------------------------------------------------------------------
+    def _on_change(self, _change) -> None:
+        self._redraw()
+
+    def _redraw(self) -> None:
+        scaler = self.simulate()
+        hist = scaler.history
+        self.trajectory = np.array([e.scale for e in hist], dtype=np.float64)
+        self.found_inf = np.array([e.found_inf for e in hist], dtype=bool)
+        self.plot.value = self._render()
+        n_skip = int(self.found_inf.sum())
+        self.summary.value = (f"<b>{n_skip}</b> of {self.steps} steps skipped "
+                              f"({100 * n_skip / self.steps:.1f}%); final scale "
+                              f"2^{math.log2(max(scaler.scale_value, 1e-45)):.1f}")
+        self.redraws += 1
+
+    def _render(self) -> bytes:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(8, 3.2), dpi=90)
+        ax = fig.add_subplot()
+        steps = np.arange(self.steps)
+        ax.plot(steps, np.log2(np.maximum(self.trajectory, 1e-45)), lw=1.5,
+                label="log2 scale used")
+        ceiling = math.log2(FP16_OVERFLOW_AT) - self._log2_gmax
+        ax.plot(steps, ceiling, color="0.6", lw=0.8, label="largest scale without overflow")
+        skipped = steps[self.found_inf]
+        ax.scatter(skipped, np.log2(np.maximum(self.trajectory[self.found_inf], 1e-45)),
+                   color="C3", s=12, zorder=3, label="skipped step")
+        ax.set_xlabel("step")
+        ax.set_ylabel("log2 scale")
+        ax.legend(fontsize=8, loc="lower right", ncol=3)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
