@@ -98,11 +98,17 @@ class _TorchOps:
         return x.to(self.torch.float64)
 
     def exp2i(self, values, exps):
-        # powers of two up to 2^+-1100 are exact in float64; split to avoid overflow of 2^e
+        # values * 2^exps, exactly: build each power of two from its bit pattern (exp2 and pow
+        # on a GPU are not guaranteed exact), in two halves so |exps| up to 2044 stays normal
         t = self.torch
-        e = exps.to(t.float64)
-        half = t.floor(e / 2)
-        return values * t.exp2(half) * t.exp2(e - half)
+        e = exps.to(t.int64)
+        h1 = t.div(e, 2, rounding_mode="floor")
+        h2 = e - h1
+
+        def pow2(h):
+            return ((h + 1023) << 52).view(t.float64)
+
+        return values * pow2(h1) * pow2(h2)
 
     def full_like_int(self, x, v):
         return self.torch.full(x.shape, v, dtype=self.torch.int64, device=x.device)
