@@ -343,7 +343,8 @@ def judge_alignment(f: Figures) -> Judgement:
     gain = _ratio(aligned, odd)
     name = re.sub(r"^void |\(.*$", "", kernel[1])[:90]
     cores = ("no sign of tensor cores" if fallback else
-             "tensor-core kernel" if uses_tensor_cores(kernel[1]) else "above it: tensor cores")
+             "the kernel name says tensor cores" if uses_tensor_cores(kernel[1]) else
+             "faster than CUDA cores can go: tensor cores")
     facts = (f"fp16 GEMM N={f['n_base'] + 1}: {odd:.0f} TFLOP/s (CUDA-core fp16 ceiling "
              f"{ceiling:.0f}) in {name} ({cores}); "
              f"aligned/odd = {gain:.2f}x; multiple of 16 vs 8: {_ratio(t[16], t[8]):.2f}x; "
@@ -360,6 +361,42 @@ def judge_alignment(f: Figures) -> Judgement:
                         f"still run on tensor cores, multiples of 8 suffice, batch 256 is not "
                         f"special. {facts}")
     return PARTLY, f"only these parts: {', '.join(held)}. {facts}"
+
+
+def plot_alignment(claim: Claim, axes: Any = None) -> Any:
+    """Returns matplotlib axes with claim 1's figures: GEMM TFLOP/s against N, Linear against batch.
+
+    Bars are coloured by whether the profiled kernel's name marks a tensor-core kernel; the
+    dashed line is the CUDA-core fp16 ceiling (twice the fp32 GEMM with TF32 off). Returns None
+    (and says why) when the claim has no figures.
+    """
+    import matplotlib.pyplot as plt
+
+    from .kernels.report import uses_tensor_cores
+
+    f = claim.figures
+    if not f.get("gemm"):
+        print(f"claim {claim.id} has no figures to plot ({claim.verdict}: {claim.reason})")
+        return None
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    ax1, ax2 = axes
+    gemm = f["gemm"]
+    colours = ["tab:green" if uses_tensor_cores(r["kernel"]) else "tab:blue" for r in gemm]
+    ax1.bar([str(r["n"]) for r in gemm], [r["tflops"] for r in gemm], color=colours)
+    ax1.axhline(f["cuda_core_fp16_ceiling_tflops"], ls="--", color="grey",
+                label="CUDA-core fp16 ceiling (2x fp32 GEMM)")
+    ax1.set(xlabel="N (fp16 GEMM N x N x N)", ylabel="TFLOP/s",
+            title="green: kernel name says tensor cores")
+    ax1.legend(fontsize=8)
+    lin = f["linear"]
+    ax2.bar([str(r["batch"]) for r in lin], [r["tflops"] for r in lin],
+            color=["tab:orange" if r["batch"] % 256 == 0 else "tab:grey" for r in lin])
+    ax2.set(xlabel=f"batch (Linear {f['linear_features']} -> {f['linear_features']}, fp16)",
+            ylabel="TFLOP/s", title="orange: a multiple of 256")
+    ax1.figure.suptitle(claim.source, fontsize=8)
+    ax1.figure.tight_layout()
+    return axes
 
 
 # --------------------------------------------------------------------------------------------
@@ -812,7 +849,7 @@ def judge_clipping(f: Figures) -> Judgement:
     better = mean_abs < one * BETTER
     facts = (f"final loss: no clip {none:.3f}, clip 1.0 {one:.3f} (clipped "
              f"{100 * f['clip1_share']:.0f}% of steps; median unscaled norm "
-             f"{f['median_grad_norm']:.2f}), mean-|g| threshold {mean_abs:.3f} (last threshold "
+             f"{f['median_grad_norm']:.2f}), per-epoch mean-|g| rule {mean_abs:.3f} (last threshold "
              f"{f['mean_abs_threshold_last']:.2g}, clipped {100 * f['mean_abs_share']:.0f}%), "
              f"clip 1.0 before unscale_ {f['loss_clip1_before_unscale']:.3f} (threshold "
              f"effectively 1/scale); a heuristic: this model and data only")
@@ -1001,8 +1038,9 @@ def judge_profiling_executor(f: Figures) -> Judgement:
         return NONEXISTENT, "this torch has no torch._C._jit_set_profiling_executor (TorchScript is gone)"
     s, e = f["speedup_script"], f["speedup_eager"]
     dep = f" TorchScript says: {f['torchscript_deprecation']}" if f["torchscript_deprecation"] else ""
-    facts = (f"{f['model']} step, profiling executor off vs on: TorchScript {s:.2f}x faster, "
-             f"eager {e:.2f}x (the flag only configures TorchScript's graph executor).{dep}")
+    facts = (f"{f['model']} step time with the profiling executor on / off: TorchScript "
+             f"{s:.2f}x, eager {e:.2f}x (above 1: off is faster; the flag only configures "
+             f"TorchScript's graph executor).{dep}")
     if s >= MATERIAL_GAIN and e >= MATERIAL_GAIN:
         return HOLDS, facts
     if s >= MATERIAL_GAIN:
@@ -1188,29 +1226,46 @@ def verdict_table(claims: Iterable[Claim]):
                          for c in claims]).set_index("#")
 
 
-def recorded_table(data_dir: Path | None = None):
-    """Returns the verdict table of the recorded GPU run (verdicts recomputed by the rules),
-    or None when there is no recorded run."""
-    rec = recorded_gpu_result(data_dir)
-    if rec is None:
-        return None
+def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
+    """Returns the claims of the recorded GPU run, verdicts recomputed from its figures by the
+    rules (an empty list when there is no recorded run)."""
     from .bench import describe_source
 
-    checked = []
+    rec = recorded_gpu_result(data_dir)
+    if rec is None:
+        return []
+    source = "recorded elsewhere: " + describe_source(rec["meta"])
+    out = []
     for row in rec["rows"]:
         c = get_claim(row["id"])
         f = row.get("figures") or {}
-        if "error" in f or not f:
-            checked.append(replace(c, verdict=row.get("verdict"), reason=row.get("reason", "")))
-            continue
-        verdict, reason = c.judge(f)
-        checked.append(replace(c, figures=f, verdict=verdict, reason=reason,
-                               source=describe_source(rec["meta"])))
-    return verdict_table(checked)
+        if not f or "error" in f:
+            out.append(replace(c, figures=f, verdict=row.get("verdict"),
+                               reason=row.get("reason", ""), source=source))
+        else:
+            verdict, reason = c.judge(f)
+            out.append(replace(c, figures=f, verdict=verdict, reason=reason, source=source))
+    return out
+
+
+def recorded_table(data_dir: Path | None = None):
+    """Returns the verdict table of the recorded GPU run as a DataFrame, or None without one."""
+    checked = recorded_claims(data_dir)
+    return verdict_table(checked) if checked else None
 
 
 def _cell(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(claims: Iterable[Claim], *, rules: bool = True) -> str:
+    """Returns the verdict table in markdown: claim, verdict, measured figures, rule, source."""
+    head = ["#", "claim", "verdict", "measured"] + (["rule"] if rules else []) + ["source"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in claims:
+        cells = [c.id, c.text, f"**{c.verdict}**", c.reason] + ([c.rule] if rules else [])
+        lines.append("| " + " | ".join(_cell(v) for v in cells + [c.source]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
@@ -1218,17 +1273,12 @@ def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
     from .bench import describe_source
 
     claims = list(claims)
-    lines = [f"# fp16lab: mixed-precision claims checked", "",
-             f"Run {describe_source(meta)}"
-             + (" (quick sizes)" if meta.get("quick") else "") + ".", "",
-             "| # | claim | verdict | measured | rule | source |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for c in claims:
-        lines.append("| " + " | ".join(_cell(v) for v in (c.id, c.text, f"**{c.verdict}**",
-                                                             c.reason, c.rule, c.source)) + " |")
     counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
-    lines += ["", "Verdicts: " + ", ".join(f"{v}: {n}" for v, n in counts.items() if n) + "."]
-    return "\n".join(lines) + "\n"
+    return "\n".join([
+        "# fp16lab: mixed-precision claims checked", "",
+        f"Run {describe_source(meta)}" + (" (quick sizes)" if meta.get("quick") else "") + ".", "",
+        markdown_table(claims),
+        "Verdicts: " + ", ".join(f"{v}: {n}" for v, n in counts.items() if n) + ".", ""])
 
 
 def write_claims(claims: Iterable[Claim], out_dir: Path | None = None, *,
