@@ -84,8 +84,9 @@ def test_bad_input_shows_error_and_keeps_state(box, text, match):
 
 def test_colours_and_dom_classes():
     ex = BitExplorer("fp16")
-    assert ex.button(15).style.button_color != ex.button(14).style.button_color
-    assert ex.button(14).style.button_color != ex.button(0).style.button_color
+    # read the synced state, what the browser receives, not Python attributes
+    styles = {n: ex.button(n).get_state()["button_style"] for n in (15, 14, 10, 9, 0)}
+    assert styles == {15: "danger", 14: "success", 10: "success", 9: "info", 0: "info"}
     assert "fp16lab-bit-0" in ex.button(0)._dom_classes
     assert "fp16lab-exponent" in ex.button(10)._dom_classes
     assert "fp16lab-mantissa" in ex.button(9)._dom_classes

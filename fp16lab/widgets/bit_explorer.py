@@ -1,6 +1,6 @@
 """BitExplorer: flip the bits of a floating-point number and watch its value change.
 
-A format dropdown, one toggle per bit (sign red, exponent green, mantissa blue), a value box and
+A format dropdown, one toggle per bit (sign red, exponent green, mantissa blue, by button style), a value box and
 a hex box. Changing any of them updates the others and the explanation below (class, exact
 value, ULP, neighbours), all computed by :mod:`fp16lab.bits`. Works in JupyterLab 4 with
 ipywidgets 8. Widgets carry stable CSS classes (``fp16lab-bit-<n>`` with n counted from the
@@ -17,8 +17,9 @@ import ipywidgets as w
 from .. import bits
 from ..formats import FORMATS, FormatInfo, format_info
 
-#: Button colour per field.
-FIELD_COLOURS = {"sign": "#e57373", "exponent": "#81c784", "mantissa": "#64b5f6"}
+#: Button colour per field, as ipywidgets 8 button styles (a ToggleButton has no free colour):
+#: sign red, exponent green, mantissa blue.
+FIELD_STYLES = {"sign": "danger", "exponent": "success", "mantissa": "info"}
 
 
 def _field_of(bit: int, f: FormatInfo) -> str:
@@ -73,8 +74,8 @@ class BitExplorer(w.VBox):
         for bit in range(f.bits - 1, -1, -1):  # most significant first, as written
             field = _field_of(bit, f)
             b = w.ToggleButton(value=False, description="0", tooltip=f"bit {bit}: {field}",
+                               button_style=FIELD_STYLES[field],
                                layout=w.Layout(width="30px", padding="0px"))
-            b.style.button_color = FIELD_COLOURS[field]
             b.add_class(f"fp16lab-bit-{bit}")
             b.add_class(f"fp16lab-{field}")
             b.observe(self._on_bit, names="value")
