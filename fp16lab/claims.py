@@ -606,9 +606,9 @@ def experiment_gradscaler(quick: bool = True) -> Figures:
                       "scale_before": event.scale, "scale_after": event.next_scale,
                       "skipped": bool(torch.equal(p.detach(), w))})
     first = min(planted)
-    halved_after = next(k + 1 for k, s in enumerate(s for s in trace if s["step"] >= first
-                                                    and s["nonfinite"])
-                        if trace[s["step"]]["scale_after"] < trace[s["step"]]["scale_before"])
+    bad = [s for s in trace if s["nonfinite"]]
+    halved_after = next((k + 1 for k, s in enumerate(bad)
+                         if s["scale_after"] < s["scale_before"]), None)
     clean = 0
     grew_after = None
     for s in trace[first + 1:]:
@@ -633,11 +633,18 @@ def judge_gradscaler(f: Figures) -> Judgement:
     every_step = f["nonfinite_detected_at"] == f["planted_steps"]
     first = f["nonfinite_before_first_backoff"] == 1
     growth = f["clean_steps_before_growth"] == f["growth_interval"]
-    facts = (f"a single NaN at step {f['planted_steps'][0]} (growth_interval "
-             f"{f['growth_interval']}) halved the scale at once; non-finite steps "
-             f"{f['planted_steps']} were each caught and skipped at {f['nonfinite_detected_at']}; "
-             f"the scale grew after {f['clean_steps_before_growth']} clean steps; GradScaler's "
-             f"parameters are {', '.join(f['gradscaler_parameters'])} (no 'NaNs in a row' setting)")
+    n = f["nonfinite_before_first_backoff"]
+    params = f["gradscaler_parameters"]
+    patience = [p for p in params
+                if {"consecutive", "patience", "hysteresis", "row"} & set(p.split("_"))]
+    facts = (f"with growth_interval {f['growth_interval']}, the scale first fell after "
+             f"{n} non-finite step{'s' if n != 1 else ''} (a single NaN at step "
+             f"{f['planted_steps'][0]}); non-finite steps planted at {f['planted_steps']}, caught "
+             f"and skipped at {f['nonfinite_detected_at']}; the scale grew after "
+             f"{f['clean_steps_before_growth']} clean steps; GradScaler's parameters are "
+             f"{', '.join(params)} ("
+             + (f"{', '.join(patience)} may set a patience" if patience
+                else "none sets a number of NaNs in a row") + ")")
     if every_step and first and growth:
         return FAILS, ("growth_interval counts clean steps before the scale grows; every step is "
                        "checked. " + facts)
@@ -716,7 +723,8 @@ def judge_allow_tf32(f: Figures) -> Judgement:
                f"'{f['precision_flag_on']}' (TF32); gradients stay {f['grad_dtype_flag_on']} "
                f"with it on")
     if "fp32_matmul_err_flag_on" in f:
-        e, t, b = f["fp32_matmul_err_flag_on"], f["tf32_emulated_err"], f["bf16_emulated_err"]
+        e, t, b = (max(f[k], 1e-300) for k in ("fp32_matmul_err_flag_on", "tf32_emulated_err",
+                                                "bf16_emulated_err"))
         like = "TF32" if abs(math.log(e / t)) < abs(math.log(e / b)) else "bf16"
         governs += (f"; fp32 matmul error with it on {e:.1e} matches {like} rounding (TF32 "
                     f"{t:.1e}, bf16 {b:.1e}; off {f['fp32_matmul_err_flag_off']:.1e}); bf16 "
