@@ -96,6 +96,26 @@ def gradient_fate_table(named_grads: Iterable[tuple[str, torch.Tensor]],
     return pd.DataFrame(rows)
 
 
+def census_lost_kept(named_grads: Iterable[tuple[str, torch.Tensor]], scale: float = 2.0**16):
+    """Returns a DataFrame from :func:`fp16lab.census.census`: per parameter, the fraction of its
+    gradient lost to FP16 underflow at scale 1 and the fraction kept (finite, non-zero) at
+    ``scale``, with the overflow fraction at ``scale``. Feed it FP32 gradients."""
+    import pandas as pd
+
+    from .census import census
+
+    rows = []
+    for name, g in named_grads:
+        one = census(g.detach(), "fp16").fractions
+        big = census(g.detach().double() * float(scale), "fp16").fractions
+        rows.append({"param": name, "numel": g.numel(), "zero": one["zero"],
+                     "lost_at_1": one["underflow"],
+                     "kept_at_1": one["subnormal"] + one["normal"],
+                     "lost_at_S": big["underflow"], "kept_at_S": big["subnormal"] + big["normal"],
+                     "overflow_at_S": big["overflow"], "S": float(scale)})
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------------------------
 # Cheap per-layer statistics with hooks
 # --------------------------------------------------------------------------------------------
@@ -119,7 +139,8 @@ class GradientMonitor:
     queues a callback for the end of that pass, which computes for all gradients at once:
 
     * an exponent histogram of ``|g|`` per parameter (``floor(log2|g|)`` from ``torch.frexp``,
-      exact, plus zero/inf/NaN bins) - one ``torch.histc`` over all gradients concatenated;
+      exact, plus zero/inf/NaN bins) - one ``torch.histc`` (``bincount`` on the CPU) over all
+      gradients concatenated;
     * ``max|g|`` per parameter - one fused ``torch._foreach_norm(ord=inf)``.
 
     That is about a dozen kernel launches per step whatever the number of layers, no host sync;
@@ -190,7 +211,12 @@ class GradientMonitor:
         b = torch.where(torch.isinf(a), _INF_BIN, b)
         b = torch.where(torch.isnan(a), _NAN_BIN, b)
         total = len(grads) * N_BINS
-        hist = torch.histc(b.add_(base), bins=total, min=0, max=total).view(len(grads), N_BINS)
+        keys = b.add_(base)
+        if device.type == "cpu":  # bincount is faster on the CPU; on CUDA it syncs, histc doesn't
+            hist = torch.bincount(keys.long(), minlength=total).float()
+        else:
+            hist = torch.histc(keys, bins=total, min=0, max=total)
+        hist = hist.view(len(grads), N_BINS)
         maxabs = torch.stack([m.float() for m in
                               torch._foreach_norm(grads, ord=math.inf)])
         return hist, maxabs
@@ -420,6 +446,22 @@ class Gram(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ x.transpose(-1, -2)
+
+
+def overflow_demo_model(device: str = "cpu", width: int = 64, level: float = 20.0
+                        ) -> tuple[nn.Module, torch.Tensor]:
+    """Returns (model, inputs) whose ``scores`` layer (a :class:`Gram`) overflows FP16 under
+    autocast: a stand-in for an unnormalised attention or a sum of squares."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("embed", nn.Linear(width, width))
+    model.add_module("act", nn.Tanh())
+    model.add_module("proj", nn.Linear(width, width))
+    model.add_module("scores", Gram())
+    model.add_module("head", nn.Flatten())
+    with torch.no_grad():
+        model.proj.weight.mul_(level * width**0.5)  # large activations, as after a bad init
+    return model.to(device), torch.randn(8, width, device=device)
 
 
 def fp32_island_demo(device: str = "cpu", width: int = 256, level: float = 20.0

@@ -155,6 +155,19 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     return result
 
 
+def reference_gradients(*, batch: int = 256, seed: int = 0, device: str = "cpu",
+                        depth: int = 28, width: int = 32) -> list[tuple[str, torch.Tensor]]:
+    """Returns [(name, FP32 gradient)] of every weight at the first step of :func:`train_run`
+    (same initial weights and first batch), computed in FP32 without autocast."""
+    torch.manual_seed(seed)
+    model = deep_tanh_mlp(depth, width).to(device)
+    x_all, y_all = make_task(seed=seed)
+    order = torch.Generator().manual_seed(seed + 1)
+    idx = torch.randint(0, x_all.shape[0], (batch,), generator=order)
+    F.cross_entropy(model(x_all[idx].to(device)), y_all[idx].to(device)).backward()
+    return [(n, p.grad.detach()) for n, p in model.named_parameters() if n.endswith("weight")]
+
+
 def run_side_by_side(configs=DEFAULT_RUNS, *, steps: int = 150, batch: int = 256, seed: int = 0,
                      device: str | None = None, **kwargs: Any):
     """Returns (steps DataFrame, gradient-statistics DataFrame, seconds per run) for the runs.
@@ -197,3 +210,56 @@ def config_table(configs=DEFAULT_RUNS):
     import pandas as pd
 
     return pd.DataFrame([asdict(c) for c in configs])
+
+
+def plot_runs(steps, window: int = 10):
+    """Returns a matplotlib Figure: loss (rolling mean over ``window`` steps) and the fraction of
+    weight-gradient elements that are exactly zero, per run, over the steps."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    for i, (run, d) in enumerate(steps.groupby("run", sort=False)):
+        style = dict(color=f"C{i}", lw=1.6, ls="--" if run.startswith("bf16") else "-")
+        a.plot(d.step, d.loss.rolling(window, min_periods=1).mean(), label=run, **style)
+        b.plot(d.step, 100 * d.zero_frac, label=run, **style)
+    a.set(xlabel="step", ylabel=f"training loss ({window}-step mean)", title="loss")
+    b.set(xlabel="step", ylabel="% of weight-gradient elements exactly zero",
+          title="gradient lost to zeros")
+    a.legend(fontsize=8)
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lost_by_layer(grad_stats, runs, last: int = 20):
+    """Returns a matplotlib Figure: per weight (input side first), the % of gradient elements that
+    were exactly zero over the last ``last`` steps, one bar group per run."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    table = pd.DataFrame({r: 100 * lost_gradient_by_layer(grad_stats, r, last) for r in runs})
+    fig, ax = plt.subplots(figsize=(12, 3.5))
+    table.index = [n.rsplit(".", 1)[0] for n in table.index]
+    table.plot.bar(ax=ax, width=0.8)
+    ax.set(xlabel="layer (Sequential index of the Linear)", ylabel="% of gradient zero",
+           title=f"lost gradient per layer, last {last} steps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scale_history(history, ax=None, title: str = "dynamic loss scale"):
+    """Returns Axes with log2(scale) over steps and the skipped steps marked (a scaler's
+    ``history_frame()`` or any frame with step, scale and skipped columns)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3))
+    ax.step(history.step, np.log2(history.scale), where="post", label="log2 scale used")
+    sk = history[history.skipped.astype(bool)]
+    ax.scatter(sk.step, np.log2(sk.scale), color="C3", s=14, zorder=3,
+               label=f"skipped step ({len(sk)})")
+    ax.set(xlabel="step", ylabel="log2 scale", title=title)
+    ax.legend(fontsize=8)
+    return ax

@@ -279,3 +279,28 @@ def test_demos_on_cuda():
     t = d.clipping_demo("cuda").set_index("recipe")
     assert t.loc["unscale_ then clip", "applied_grad_norm"] == pytest.approx(1.0, rel=1e-4)
     assert d.scheduler_warning_demo("cuda")["warm-up"]["verdict"] == "warm-up only"
+
+
+def test_census_lost_kept_agrees_with_independent_fp16_fate():
+    rng = np.random.default_rng(2)
+    g = torch.from_numpy((rng.standard_normal(5000) * 2.0 ** rng.uniform(-40, 0, 5000))
+                         .astype(np.float32))
+    t = d.census_lost_kept([("w", g)], scale=2.0**12).iloc[0]
+    one, big = d.fp16_fate(g, 1.0), d.fp16_fate(g, 2.0**12)
+    assert t.lost_at_1 == pytest.approx(one["underflow"])
+    assert t.kept_at_S == pytest.approx(big["subnormal"] + big["normal"])
+    assert t.lost_at_S == pytest.approx(big["underflow"]) and t.lost_at_S < t.lost_at_1
+
+
+def test_locator_finds_the_overflowing_layer_of_the_demo_model():
+    model, x = d.overflow_demo_model()
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x)
+        return out.float().mean()
+
+    rep = d.locate_first_nonfinite(model, step)
+    assert rep.module == "scores" and rep.phase == "forward" and rep.n_inf > 0
+    model.scores = d.FP32Island(model.scores)
+    assert d.locate_first_nonfinite(model, step) is None

@@ -89,3 +89,24 @@ def test_side_by_side_on_cuda():
     z = steps[steps.step == 0].set_index("run").zero_frac
     assert z["fp32"] == 0.0 and z["fp16, no scaling"] > 0.2
     assert z["fp16, dynamic (GradScaler)"] < 0.01
+
+
+def test_reference_gradients_are_the_first_step_fp32_gradients():
+    ref = dict(T.reference_gradients())
+    grads = _first_step_grads(None)
+    assert list(ref) == [f"{2 * i}.weight" for i in range(len(grads))]
+    for g, (name, r) in zip(grads, ref.items()):
+        assert torch.equal(g, r), name
+
+
+def test_plots_draw_the_measured_data():
+    import matplotlib
+    matplotlib.use("Agg")
+    steps, stats, _ = T.run_side_by_side(T.DEFAULT_RUNS[:2], steps=3, device="cpu")
+    fig = T.plot_runs(steps)
+    line = fig.axes[1].lines[1]
+    np.testing.assert_allclose(line.get_ydata(), 100 * steps[steps.run == T.DEFAULT_RUNS[1].name]
+                               .zero_frac.to_numpy())
+    fig2 = T.plot_lost_by_layer(stats, [r.name for r in T.DEFAULT_RUNS[:2]], last=3)
+    heights = [p.get_height() for p in fig2.axes[0].patches]
+    assert max(heights) > 90 and len(heights) == 2 * 29
