@@ -807,6 +807,7 @@ def scaler_table(rows: pd.DataFrame) -> pd.DataFrame:
 
     Shows what the settings change (skipped steps, the final scale) next to what they do not
     (samples/s), for every model, batch, layout and precision measured with several settings.
+    Scales are given as log2 (16 for 65536).
     """
     s = summarize_results(rows)
     s = s[s["precision"].isin(SCALED_PRECISIONS) & (s["status"] == "ok")]
@@ -816,8 +817,16 @@ def scaler_table(rows: pd.DataFrame) -> pd.DataFrame:
     s = s[pd.Series(n, index=s.index) > 1] if len(s) else s
     steps = rows.groupby("key")[["warmup", "steps"]].first().sum(axis=1).rename("steps_per_repeat")
     s = s.join(steps, on="key")
-    return s[[*group, *scaler_cols, "steps_per_repeat", "skipped_steps", "final_scale",
-              "samples_per_s", "repeat_spread"]].reset_index(drop=True)
+    s = s.assign(log2_init_scale=_log2(s["init_scale"]), log2_final_scale=_log2(s["final_scale"]))
+    return s[[*group, "log2_init_scale", "growth_factor", "backoff_factor", "growth_interval",
+              "steps_per_repeat", "skipped_steps", "log2_final_scale", "samples_per_s",
+              "repeat_spread"]].reset_index(drop=True)
+
+
+def _log2(x: pd.Series) -> pd.Series:
+    import numpy as np
+
+    return np.log2(pd.to_numeric(x, errors="coerce").astype(float))
 
 
 def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
@@ -859,13 +868,15 @@ def engine_check(name: str = "sweep_engine_vs_loop") -> str:
 def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = None) -> Any:
     """Returns a matplotlib Figure: samples/s, peak memory and GPU busy % against batch size.
 
-    One line per layout and precision (and model, when there are several). Works without
-    pyplot, so a background thread may call it.
+    One line per layout and precision (and model, when there are several). Pass a
+    ``matplotlib.figure.Figure`` as ``fig`` to draw without pyplot (from a background thread);
+    without one, a pyplot figure is made and closed, so a notebook shows it once, as the value.
     """
-    from matplotlib.figure import Figure
-
     if fig is None:
-        fig = Figure(figsize=(13, 3.8), layout="constrained")
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(13, 3.8), layout="constrained")
+        plt.close(fig)
     axes = fig.subplots(1, 3)
     s = summarize_results(rows) if len(rows) else pd.DataFrame()
     if len(s):
@@ -888,10 +899,14 @@ def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = Non
             ax.set_xticks([])
             ax.set_yticks([])
             continue
+        models = list(dict.fromkeys(s["model"]))
         for (m, lay, prec), g in s.groupby(["model", "layout", "precision"], sort=False):
             g = g.groupby("batch")[col].median().sort_index()
             label = f"{m} {lay} {prec}" if many_models else f"{lay} {prec}"
-            ax.plot(g.index, g.values, marker="o", ls="-" if lay == "nchw" else "--", label=label)
+            # colour = precision, line style = layout, marker = model
+            ax.plot(g.index, g.values, color=f"C{list(PRECISIONS).index(prec)}",
+                    ls="-" if lay == "nchw" else "--", marker="osD^v"[models.index(m) % 5],
+                    label=label)
         ax.set_xscale("log", base=2)
         batches = sorted(s["batch"].unique())
         ax.set_xticks(batches, [str(b) for b in batches])

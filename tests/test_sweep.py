@@ -398,9 +398,10 @@ def test_scaler_table_lists_points_that_differ_only_in_scaler_settings():
         _prow("d", 64, "nchw", "fp32", 20.0),
     ])
     t = sweep.scaler_table(rows)
-    assert sorted(t["init_scale"]) == [65536.0, 2.0**40]
+    assert sorted(t["log2_init_scale"]) == [16.0, 40.0]
     assert list(t["steps_per_repeat"]) == [7, 7]
-    assert t.set_index("init_scale").loc[2.0**40, "skipped_steps"] == 7
+    assert t.set_index("log2_init_scale").loc[40.0, "skipped_steps"] == 7
+    assert t.set_index("log2_init_scale").loc[40.0, "log2_final_scale"] == 33.0
 
 
 def test_load_reference_says_when_the_file_is_absent(tmp_path, monkeypatch, capsys):
