@@ -319,11 +319,10 @@ def census(x: Any, fmt: str | FormatInfo = "fp16", *, backend: str = "auto") -> 
 _KERNEL_SRC = r"""
 #define HIST_MIN (%(hist_min)d)
 #define NBINS (%(nbins)d)
-#define WARPS 8
+#define DUMP NBINS          /* zeros, infs and NaNs go to this extra, unread bin */
+#define WARPS 8             /* 256 threads per block */
 
-__device__ __forceinline__ float load_f(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float load_f(const unsigned short* p, long long i, int is_bf16) {
-    unsigned short h = p[i];
+__device__ __forceinline__ float half_bits_to_float(unsigned short h, int is_bf16) {
     if (is_bf16) return __uint_as_float(((unsigned int)h) << 16);
     float f;
     asm("cvt.f32.f16 %%0, %%1;" : "=f"(f) : "h"(h));
@@ -333,21 +332,27 @@ __device__ __forceinline__ float load_f(const unsigned short* p, long long i, in
 struct Counts { unsigned int zero, le1, le2, le3, nan; };
 
 __device__ __forceinline__ void tally(float v, unsigned int t1, unsigned int t2, unsigned int t3,
-                                      Counts& c, unsigned int* warp_hist) {
+                                      Counts& c, unsigned int* warp_hist, int aggregate) {
     unsigned int u = __float_as_uint(v) & 0x7fffffffu;
     c.zero += (u == 0u);
     c.le1 += (u <= t1);
     c.le2 += (u <= t2);
     c.le3 += (u <= t3);
     c.nan += (u > 0x7f800000u);
-    if (u != 0u && u < 0x7f800000u) {
-        unsigned int field = u >> 23;
-        int e = field ? (int)field - 127 : (31 - __clz(u)) - 149;
-        atomicAdd(&warp_hist[e - HIST_MIN], 1u);
+    unsigned int field = u >> 23;
+    int e = field ? (int)field - 127 : (31 - __clz(u)) - 149;
+    int bin = (u != 0u && u < 0x7f800000u) ? e - HIST_MIN : DUMP;
+    if (aggregate) {
+        // lanes with the same bin add once, by their lowest lane: fewer same-address atomics
+        unsigned int peers = __match_any_sync(__activemask(), bin);
+        if (bin != DUMP && (int)(threadIdx.x & 31) == __ffs(peers) - 1)
+            atomicAdd(&warp_hist[bin], __popc(peers));
+    } else if (bin != DUMP) {
+        atomicAdd(&warp_hist[bin], 1u);
     }
 }
 
-__device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBINS],
+__device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBINS + 1],
                                       unsigned long long* out) {
     __shared__ unsigned int cls[5];
     if (threadIdx.x < 5) cls[threadIdx.x] = 0u;
@@ -369,8 +374,8 @@ __device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBIN
 }
 
 #define CENSUS_PROLOGUE                                                        \
-    __shared__ unsigned int hist[WARPS][NBINS];                                \
-    for (int b = threadIdx.x; b < WARPS * NBINS; b += blockDim.x)              \
+    __shared__ unsigned int hist[WARPS][NBINS + 1];                            \
+    for (int b = threadIdx.x; b < WARPS * (NBINS + 1); b += blockDim.x)        \
         (&hist[0][0])[b] = 0u;                                                 \
     __syncthreads();                                                           \
     unsigned int* warp_hist = hist[threadIdx.x >> 5];                          \
@@ -381,16 +386,19 @@ __device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBIN
 // fp32: 16-byte loads of 4 values, then a scalar tail
 extern "C" __global__ void __launch_bounds__(256)
 census_f32(const float* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
-           unsigned int t3, unsigned long long* __restrict__ out) {
+           unsigned int t3, unsigned long long* __restrict__ out, int aggregate) {
     CENSUS_PROLOGUE
     long long nvec = n / 4;
     const float4* xv = reinterpret_cast<const float4*>(x);
     for (long long i = tid; i < nvec; i += stride) {
         float4 q = __ldg(&xv[i]);
-        tally(q.x, t1, t2, t3, c, warp_hist); tally(q.y, t1, t2, t3, c, warp_hist);
-        tally(q.z, t1, t2, t3, c, warp_hist); tally(q.w, t1, t2, t3, c, warp_hist);
+        tally(q.x, t1, t2, t3, c, warp_hist, aggregate);
+        tally(q.y, t1, t2, t3, c, warp_hist, aggregate);
+        tally(q.z, t1, t2, t3, c, warp_hist, aggregate);
+        tally(q.w, t1, t2, t3, c, warp_hist, aggregate);
     }
-    for (long long i = nvec * 4 + tid; i < n; i += stride) tally(x[i], t1, t2, t3, c, warp_hist);
+    for (long long i = nvec * 4 + tid; i < n; i += stride)
+        tally(x[i], t1, t2, t3, c, warp_hist, aggregate);
     __syncthreads();
     flush(c, hist, out);
 }
@@ -398,7 +406,7 @@ census_f32(const float* __restrict__ x, long long n, unsigned int t1, unsigned i
 // fp16 / bf16: 16-byte loads of 8 values, then a scalar tail
 extern "C" __global__ void __launch_bounds__(256)
 census_f16(const unsigned short* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
-           unsigned int t3, unsigned long long* __restrict__ out, int is_bf16) {
+           unsigned int t3, unsigned long long* __restrict__ out, int aggregate, int is_bf16) {
     CENSUS_PROLOGUE
     long long nvec = n / 8;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
@@ -407,17 +415,22 @@ census_f16(const unsigned short* __restrict__ x, long long n, unsigned int t1, u
         unsigned int w[4] = {q.x, q.y, q.z, q.w};
         #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            unsigned short lo = (unsigned short)(w[k] & 0xffffu), hi = (unsigned short)(w[k] >> 16);
-            tally(load_f(&lo, 0, is_bf16), t1, t2, t3, c, warp_hist);
-            tally(load_f(&hi, 0, is_bf16), t1, t2, t3, c, warp_hist);
+            tally(half_bits_to_float((unsigned short)(w[k] & 0xffffu), is_bf16), t1, t2, t3, c,
+                  warp_hist, aggregate);
+            tally(half_bits_to_float((unsigned short)(w[k] >> 16), is_bf16), t1, t2, t3, c,
+                  warp_hist, aggregate);
         }
     }
     for (long long i = nvec * 8 + tid; i < n; i += stride)
-        tally(load_f(x, i, is_bf16), t1, t2, t3, c, warp_hist);
+        tally(half_bits_to_float(x[i], is_bf16), t1, t2, t3, c, warp_hist, aggregate);
     __syncthreads();
     flush(c, hist, out);
 }
 """
+
+#: Whether census() uses the warp-aggregated atomics variant of the kernel (both are exact;
+#: which is faster depends on how concentrated the data's exponents are: see the benchmark).
+KERNEL_AGGREGATE = False
 
 
 def kernel_source() -> str:
@@ -428,13 +441,14 @@ def kernel_source() -> str:
 _MODULE = None
 
 
-def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
+def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16", *, aggregate: bool | None = None):
     """Returns ``(launch, out)``: a function that enqueues the one-pass census kernel on torch's
     current stream, and the int64 CUDA tensor it accumulates into (5 class counts, then the
     histogram); or None where the kernel cannot run (no CuPy, another dtype, misaligned data).
 
     ``launch()`` zeroes ``out`` and counts ``x`` into it without synchronising; benchmarks time it
-    alone, :func:`census` calls it once and copies ``out`` to the host.
+    alone, :func:`census` calls it once and copies ``out`` to the host. ``aggregate`` picks the
+    warp-aggregated variant (default :data:`KERNEL_AGGREGATE`).
     """
     import torch
 
@@ -464,7 +478,9 @@ def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
     # hand the buffers to CuPy through DLPack (no copy); 16-bit data as int16, which CuPy
     # knows (it has no bfloat16), since the kernel reads raw bits anyway
     raw = x if x.dtype == torch.float32 else x.view(torch.int16)
-    args = [cupy.from_dlpack(raw), np.int64(x.numel()), *lim, cupy.from_dlpack(out)]
+    agg = KERNEL_AGGREGATE if aggregate is None else aggregate
+    args = [cupy.from_dlpack(raw), np.int64(x.numel()), *lim, cupy.from_dlpack(out),
+            np.int32(bool(agg))]
     if x.dtype != torch.float32:
         args.append(np.int32(x.dtype == torch.bfloat16))
     args = tuple(args)

@@ -202,3 +202,23 @@ def test_cuda_matches_cpu(dtype, backend):
     # a misaligned view falls back to torch and still agrees
     xs = x.cuda()[1:]
     assert census(xs, "fp16").counts == census(x[1:], "fp16").counts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("aggregate", [False, True])
+def test_cuda_kernel_variants_raw_output(dtype, aggregate):
+    """Both kernel variants, read raw: cumulative class counts, NaNs, then the histogram."""
+    pytest.importorskip("cupy")
+    from fp16lab.census import cupy_kernel_launcher
+
+    x = torch.from_numpy(wide_sample(1_000_003, 7, -30, 30)).to(dtype)
+    x[100:5000] = 0  # a run of zeros: the bin every lane skips
+    ref = census(x, "fp16")
+    k = ref.counts
+    want = np.concatenate([np.cumsum([k["zero"], k["underflow"], k["subnormal"], k["normal"]]),
+                           [k["nan"]], ref.hist])
+    launch, out = cupy_kernel_launcher(x.cuda(), "fp16", aggregate=aggregate)
+    for _ in range(2):  # launch() starts from zero every time
+        launch()
+        assert np.array_equal(out.cpu().numpy(), want)
