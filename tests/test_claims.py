@@ -365,3 +365,14 @@ def test_full_quick_run_on_the_gpu():
     assert all(c.verdict in VERDICTS and c.verdict != UNTESTABLE for c in checked), \
         [(c.id, c.verdict, c.reason) for c in checked]
     assert all(math.isfinite(c.figures["elapsed_s"]) for c in checked)
+
+
+def test_tensor_core_kernel_names():
+    # names recorded by torch.profiler on the H200 (data/alignment.json) and cuBLAS SIMT names
+    assert claims.tensor_core_kernel(
+        "void cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm_f16_256x128_nn_align1>(...)")
+    assert claims.tensor_core_kernel("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64")
+    assert not claims.tensor_core_kernel(
+        "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x2x1_ffma")
+    assert not claims.tensor_core_kernel("ampere_sgemm_128x64_nn")
+    assert not claims.tensor_core_kernel("cutlass_80_simt_sgemm_128x128_8x5_nn_align1")
