@@ -527,6 +527,8 @@ def judge_amp_vs_fp32(f: Figures) -> Judgement:
     facts = (f"{f['model']}: AMP fp16 is {s:.2f}x fp32 (TF32 off), {f['speedup_vs_tf32']:.2f}x "
              f"TF32; peak memory {100 * m:.0f}% lower")
     fast, lean = s >= AMP_SPEEDUP, m >= AMP_SAVING
+    if s >= 2 * 1.6:
+        facts += " (over twice the claimed 1.6x: fp32 with TF32 off runs on CUDA cores)"
     if fast and lean:
         return HOLDS, facts
     if fast or lean:
@@ -1176,6 +1178,15 @@ def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
     return None
 
 
+def _judge_recorded(c: Claim, figures: Figures) -> Judgement:
+    """Returns the rule's verdict on recorded figures, or says they do not fit the rule."""
+    try:
+        return c.judge(figures)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        return UNTESTABLE, (f"the recorded figures do not fit this rule ({type(e).__name__}: {e}); "
+                            f"re-run `python3 -m fp16lab.cli claims` on the GPU")
+
+
 def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | None = None,
           recorded: dict[str, Any] | None = None) -> Claim:
     """Returns the claim checked: its figures, verdict, reason and source filled in.
@@ -1203,7 +1214,7 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
             return replace(c, verdict=UNTESTABLE, source="not measured",
                            reason="no GPU here and no recorded GPU result for it in data/ "
                                   "(run `python3 -m fp16lab.cli claims --out data/` on a GPU)")
-        verdict, reason = c.judge(row["figures"])
+        verdict, reason = _judge_recorded(c, row["figures"])
         return replace(c, figures=row["figures"], verdict=verdict, reason=reason,
                        source="recorded elsewhere: " + describe_source(rec["meta"]))
     t0 = time.perf_counter()
@@ -1259,7 +1270,7 @@ def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
             out.append(replace(c, figures=f, verdict=row.get("verdict"),
                                reason=row.get("reason", ""), source=source))
         else:
-            verdict, reason = c.judge(f)
+            verdict, reason = _judge_recorded(c, f)
             out.append(replace(c, figures=f, verdict=verdict, reason=reason, source=source))
     return out
 

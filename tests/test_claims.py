@@ -376,3 +376,11 @@ def test_tensor_core_kernel_names():
         "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x2x1_ffma")
     assert not claims.tensor_core_kernel("ampere_sgemm_128x64_nn")
     assert not claims.tensor_core_kernel("cutlass_80_simt_sgemm_128x128_8x5_nn_align1")
+
+
+@NO_GPU
+def test_recorded_figures_that_do_not_fit_the_rule_are_reported(tmp_path):
+    bench.write_result("claims_h200", [{"id": 11, "figures": {"n": 8192}}],
+                       meta={"gpu_name": "NVIDIA H200"}, data_dir=tmp_path)
+    c = claims.check(11, data_dir=tmp_path)
+    assert c.verdict == UNTESTABLE and "do not fit this rule" in c.reason
