@@ -84,25 +84,25 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
     model, step = make_step(model_name, device, batch, amp)
     for _ in range(warmup):
         step()
-    # warm the monitor's one-time set-up (segment index) outside the timed blocks
-    with GradientMonitor(model):
-        step()
+    # the monitor's one-time set-up (its segment index) happens here, outside the timed blocks
+    mon = GradientMonitor(model)
+    step()
+    mon.remove()
     if device == "cuda":
         torch.cuda.synchronize()
     samples = {"hooks off": [], "hooks on": []}
     for _ in range(rounds):
         samples["hooks off"] += time_steps(step, device, steps_per_block)
-        mon = GradientMonitor(model)
+        mon.reset()
+        mon.attach()
         samples["hooks on"] += time_steps(step, device, steps_per_block)
-        n_recorded = mon.steps
         mon.remove()
-        assert n_recorded == steps_per_block, "monitor missed steps"
-    # the statistics are right: one more step, read back, compared with plain torch
-    mon = GradientMonitor(model)
-    step()
+        assert mon.steps == steps_per_block, "monitor missed steps"
+    # read the last step's statistics back once (what a user would do now and then)
     frame = mon.frame()
-    mon.remove()
-    assert len(frame) == sum(1 for p in model.parameters() if p.requires_grad)
+    assert len(frame) == steps_per_block * sum(1 for p in model.parameters() if p.requires_grad)
+    assert (frame.numel > 0).all()
+    n_params = sum(1 for p in model.parameters() if p.requires_grad)
     if device == "cuda":
         dev_name = torch.cuda.get_device_name()
     else:
@@ -113,7 +113,7 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
         t = bench.summarize(xs)
         rows.append({"device": device, "device_name": dev_name, "torch": torch.__version__,
                      "model": model_name, "batch": batch, "amp": amp, "variant": variant,
-                     "n_params": len(frame), **t.as_dict(),
+                     "n_params": n_params, **t.as_dict(),
                      "overhead_pct": 100 * (t.median_ms / off.median_ms - 1)})
     return rows
 

@@ -169,8 +169,13 @@ class GradientMonitor:
         self._cache: dict[Any, tuple[torch.Tensor, list[int]]] = {}
         self._steps: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
         self.enabled = True
-        for p in self.params:
-            self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        self.attach()
+
+    def attach(self) -> None:
+        """Registers the hooks (done by the constructor; again after :meth:`remove`)."""
+        if not self._handles:
+            self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                             for p in self.params]
 
     # -- hooks ---------------------------------------------------------------------------------
     def _on_grad(self, _param: torch.Tensor) -> None:
@@ -212,6 +217,8 @@ class GradientMonitor:
         b = torch.where(torch.isnan(a), _NAN_BIN, b)
         total = len(grads) * N_BINS
         keys = b.add_(base)
+        if max(sizes) > 2**24:  # histc counts in the keys' dtype: float32 is exact to 2**24
+            keys = keys.double()
         if device.type == "cpu":  # bincount is faster on the CPU; on CUDA it syncs, histc doesn't
             hist = torch.bincount(keys.long(), minlength=total).float()
         else:
@@ -232,7 +239,7 @@ class GradientMonitor:
         self._steps.clear()
 
     def remove(self) -> None:
-        """Removes the hooks."""
+        """Removes the hooks (the recorded statistics stay; :meth:`attach` re-registers)."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -462,6 +469,37 @@ def overflow_demo_model(device: str = "cpu", width: int = 64, level: float = 20.
     with torch.no_grad():
         model.proj.weight.mul_(level * width**0.5)  # large activations, as after a bad init
     return model.to(device), torch.randn(8, width, device=device)
+
+
+def overflow_demo(device: str = "cpu") -> tuple[nn.Module, Callable[[], torch.Tensor]]:
+    """Returns (model, step): :func:`overflow_demo_model` and a function running its forward
+    pass under FP16 autocast and returning a loss, ready for :func:`locate_first_nonfinite`."""
+    model, x = overflow_demo_model(device)
+
+    def step() -> torch.Tensor:
+        with torch.autocast(device, dtype=torch.float16):
+            out = model(x)
+        return out.float().mean()
+
+    return model, step
+
+
+def overhead_summary(result: dict[str, Any]):
+    """Returns a DataFrame per device and model from a ``diagnostics_overhead`` result: median
+    step time without and with the hooks, the overhead in %, and where it was measured."""
+    import pandas as pd
+
+    rows = pd.DataFrame(result["rows"])
+    out = []
+    for (device, model), g in rows.groupby(["device", "model"], sort=False):
+        v = g.set_index("variant")
+        out.append({"device": device, "device_name": v.device_name.iloc[0], "model": model,
+                    "batch": int(v.batch.iloc[0]), "amp": bool(v.amp.iloc[0]),
+                    "off_ms": v.loc["hooks off", "median_ms"],
+                    "on_ms": v.loc["hooks on", "median_ms"],
+                    "overhead_pct": v.loc["hooks on", "overhead_pct"],
+                    "torch": v.torch.iloc[0]})
+    return pd.DataFrame(out)
 
 
 def fp32_island_demo(device: str = "cpu", width: int = 256, level: float = 20.0

@@ -201,10 +201,7 @@ class _LossScalerBase:
 
     def history_frame(self):
         """Returns the history as a pandas DataFrame, one row per step."""
-        import pandas as pd
-
-        cols = ["step", "scale", "found_inf", "skipped", "next_scale"]
-        return pd.DataFrame([e.as_dict() for e in self.history], columns=cols)
+        return events_frame(self.history)
 
 
 class StaticLossScaler(_LossScalerBase):
@@ -316,6 +313,33 @@ def simulate_dynamic(found_inf: Iterable[bool], **scaler_kwargs: Any) -> list[Sc
     return scaler.history
 
 
+def events_frame(events: Iterable[ScaleEvent]):
+    """Returns a list of ScaleEvents as a pandas DataFrame, one row per step."""
+    import pandas as pd
+
+    cols = ["step", "scale", "found_inf", "skipped", "next_scale"]
+    return pd.DataFrame([e.as_dict() for e in events], columns=cols)
+
+
+def replay_with_gradscaler(found_inf: Iterable[bool], device: str = "cpu",
+                           **gradscaler_kwargs: Any) -> list[ScaleEvent]:
+    """Returns the history of a real ``torch.amp.GradScaler`` fed gradients that are inf where
+    ``found_inf`` is True and finite elsewhere (to compare with :func:`simulate_dynamic`)."""
+    import torch
+
+    p = torch.nn.Parameter(torch.zeros(1, device=device))
+    opt = torch.optim.SGD([p], lr=0.0)
+    rec = GradScalerRecorder(torch.amp.GradScaler(device, **gradscaler_kwargs))
+    rec.scale(torch.ones((), device=device))  # creates the scale tensor
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScaleCollapseWarning)
+        for bad in found_inf:
+            p.grad = torch.full((1,), math.inf if bad else 1.0, device=device)
+            rec.step(opt)
+            rec.update()
+    return rec.history
+
+
 class ScaleCollapseMonitor:
     """Watches scale events and warns (:class:`ScaleCollapseWarning`) when the scale collapses.
 
@@ -406,7 +430,7 @@ class GradScalerRecorder:
 
     def history_frame(self):
         """Returns the history as a pandas DataFrame, one row per step."""
-        return _LossScalerBase.history_frame(self)  # same columns
+        return events_frame(self.history)
 
 
 def classify_skips(history: list[ScaleEvent], warmup_steps: int | None = None) -> dict[str, Any]:

@@ -304,3 +304,26 @@ def test_locator_finds_the_overflowing_layer_of_the_demo_model():
     assert rep.module == "scores" and rep.phase == "forward" and rep.n_inf > 0
     model.scores = d.FP32Island(model.scores)
     assert d.locate_first_nonfinite(model, step) is None
+
+
+def test_overhead_summary_reads_rows():
+    rows = [{"device": "cpu", "device_name": "x86", "model": "m", "batch": 2, "amp": False,
+             "variant": v, "median_ms": ms, "overhead_pct": pct, "torch": "2"}
+            for v, ms, pct in (("hooks off", 10.0, 0.0), ("hooks on", 10.5, 5.0))]
+    t = d.overhead_summary({"meta": {}, "rows": rows}).iloc[0]
+    assert (t.off_ms, t.on_ms, t.overhead_pct) == (10.0, 10.5, 5.0)
+
+
+def test_monitor_detach_and_reattach():
+    model = nn.Linear(3, 2)
+    mon = d.GradientMonitor(model)
+    model(torch.randn(2, 3)).sum().backward()
+    mon.remove()
+    model(torch.randn(2, 3)).sum().backward()
+    assert mon.steps == 1
+    mon.attach()
+    mon.attach()  # idempotent: one set of hooks
+    model(torch.randn(2, 3)).sum().backward()
+    assert mon.steps == 2 and len(mon._handles) == 2
+    with pytest.raises(ValueError, match="no parameters that require grad"):
+        d.GradientMonitor(nn.ReLU())

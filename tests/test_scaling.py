@@ -250,3 +250,12 @@ def test_classify_skips():
     bad = simulate_dynamic([True] * 3 + [False, True] * 50)
     assert classify_skips(bad)["verdict"] == "problem"
     assert classify_skips(simulate_dynamic([False] * 5))["verdict"] == "no skips"
+
+
+def test_replay_with_gradscaler_matches_simulation():
+    flags = [True, False, False, True, False, False, False, False]
+    ours = simulate_dynamic(flags, init_scale=8.0, growth_interval=2)
+    from fp16lab.scaling import events_frame, replay_with_gradscaler
+    theirs = replay_with_gradscaler(flags, init_scale=8.0, growth_interval=2)
+    assert [e.scale for e in theirs] == [e.scale for e in ours] == [8, 4, 4, 8, 4, 4, 8, 8]
+    assert list(events_frame(theirs).skipped) == flags
