@@ -10,13 +10,17 @@ spacing at ``M``):
 * overflow: ``|x| >= M + u/2`` where the largest code is odd (inf, all IEEE-style formats), or
   ``|x| > M + u/2`` for e4m3fn, whose largest code (448, mantissa 110) is even; plus +-inf.
 
-The comparisons are made in the data's own precision (fp16 / bf16 / fp8 data are widened to
-float32, which is exact), with each threshold replaced by the nearest representable number on
-the correct side, so the classes are exact for every input.
+Each threshold is replaced by the nearest number of the data's own type on the correct side,
+so the classes are exact for every input. Since positive floats are ordered like their bit
+patterns, the comparisons are integer comparisons on the bits: numpy works on the data's own
+16/32/64-bit patterns (threaded over chunks); the CUDA kernel widens fp16 / bf16 to float32
+(exact) and compares float32 patterns.
 
 The histogram bins are the binary exponents ``e = floor(log2|x|)`` (bin ``e`` holds
-``2^e <= |x| < 2^(e+1)``), read from the exponent field of the bit pattern. Torch tensors are
-counted with torch on their own device; a CUDA tensor never leaves the GPU.
+``2^e <= |x| < 2^(e+1)``), read from the exponent field of the bit pattern (subnormals of the
+data's own type from their leading one). CPU tensors are counted through numpy (a view, no
+copy); CUDA tensors on the GPU by a one-pass CuPy kernel, or by torch where CuPy is missing,
+so a CUDA tensor never leaves the GPU.
 """
 
 from __future__ import annotations
@@ -131,7 +135,8 @@ _NARROW_NUMPY = {"float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_
 
 def _as_numpy_float(x: Any) -> np.ndarray:
     arr = np.asarray(x)
-    if arr.dtype.kind == "c" or arr.dtype.kind not in "biuf" and arr.dtype.name not in _NARROW_NUMPY:
+    numeric = arr.dtype.kind in "biuf" or arr.dtype.name in _NARROW_NUMPY
+    if arr.dtype.kind == "c" or not numeric:
         raise ValueError(f"census expects a real numeric array or tensor, got dtype {arr.dtype}")
     return arr.reshape(-1)
 
@@ -202,7 +207,8 @@ def _census_numpy(arr: np.ndarray, f: FormatInfo) -> tuple[np.ndarray, np.ndarra
             parts = list(pool.map(count_chunk, starts))
     else:
         parts = [count_chunk(s) for s in starts]
-    counts = np.sum([p[0] for p in parts], axis=0, dtype=np.int64) if parts else np.zeros(6, np.int64)
+    counts = (np.sum([p[0] for p in parts], axis=0, dtype=np.int64) if parts
+              else np.zeros(6, np.int64))
     fields = np.sum([p[1] for p in parts], axis=0) if parts else np.zeros(fmask + 1, np.int64)
     hist = (np.sum([p[2] for p in parts], axis=0) if parts
             else np.zeros(HIST_MAX - HIST_MIN + 1, dtype=np.int64))

@@ -54,7 +54,8 @@ class FormatInfo:
         if self.specials not in ("ieee", "fn"):
             raise ValueError(f"specials must be 'ieee' or 'fn', got {self.specials!r}")
         if self.exponent_bits < 2 or self.mantissa_bits < 1 or self.bits > 32:
-            raise ValueError(f"unsupported field widths e={self.exponent_bits}, m={self.mantissa_bits}")
+            raise ValueError(f"unsupported field widths e={self.exponent_bits}, "
+                             f"m={self.mantissa_bits}")
 
     # -- field layout -------------------------------------------------------------------------
     @property

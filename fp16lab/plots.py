@@ -80,7 +80,8 @@ def plot_census(data: Any, formats: Iterable[str] = ("fp16",), ax=None, *,
         ax.bar(item.exponents[keep], frac[keep], width=1.0, align="edge", alpha=0.55,
                color=f"C{i + 4}" if name else "0.25", label=name or "values", edgecolor="none")
         if item.counts.get("zero"):
-            zero_notes.append(f"{name + ': ' if name else ''}{100 * item.fractions['zero']:.1f}% zeros")
+            who = f"{name}: " if name else ""
+            zero_notes.append(f"{who}{100 * item.fractions['zero']:.1f}% zeros")
     if logy:
         ax.set_yscale("log")
     if xlim is None and spans:

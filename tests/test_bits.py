@@ -230,7 +230,8 @@ def test_encode_fp32_matches_numpy():
 
 def test_tf32_is_fp32_with_low_13_bits_rounded_off():
     rng = np.random.default_rng(4)
-    x = (rng.standard_normal(200_000) * np.exp2(rng.integers(-130, 120, 200_000))).astype(np.float32)
+    x = rng.standard_normal(200_000) * np.exp2(rng.integers(-130, 120, 200_000))
+    x = x.astype(np.float32)
     b = x.view(np.uint32).astype(np.int64)
     b[:3] = [0x3F801000, 0x3F803000, 0x3F801001]  # ties (to even, both ways) and just above
     x = b.astype(np.uint32).view(np.float32)
@@ -289,7 +290,7 @@ def test_encode_bad_values(bad, match):
 
 
 def test_encode_bad_rounding():
-    with pytest.raises(ValueError, match=r"unknown rounding 'up'.*nearest, toward_zero, stochastic"):
+    with pytest.raises(ValueError, match=r"unknown rounding 'up'.*nearest, toward_zero"):
         bits.encode(1.0, "fp16", rounding="up")
 
 
@@ -371,7 +372,7 @@ def test_cuda_matches_numpy(name):
     assert gpu.is_cuda and torch.equal(torch.isnan(gpu.cpu()), torch.isnan(cpu))
     ok = ~torch.isnan(cpu)
     assert torch.equal(gpu.cpu()[ok], cpu[ok])
-    x = torch.randn(300_000, dtype=torch.float32) * torch.exp2(torch.randint(-40, 40, (300_000,)).float())
+    x = torch.randn(300_000) * torch.exp2(torch.randint(-40, 40, (300_000,)).float())
     enc = bits.encode(x.cuda(), name)
     assert enc.is_cuda and torch.equal(enc.cpu(), torch.from_numpy(bits.encode(x.numpy(), name)))
     sr = bits.encode(x.cuda(), name, rounding="stochastic")

@@ -1,6 +1,6 @@
 """BitExplorer: flip the bits of a floating-point number and watch its value change.
 
-A format dropdown, one toggle per bit (sign red, exponent green, mantissa blue, by button style), a value box and
+A format dropdown, one toggle per bit (sign red, exponent green, mantissa blue), a value box and
 a hex box. Changing any of them updates the others and the explanation below (class, exact
 value, ULP, neighbours), all computed by :mod:`fp16lab.bits`. Works in JupyterLab 4 with
 ipywidgets 8. Widgets carry stable CSS classes (``fp16lab-bit-<n>`` with n counted from the
