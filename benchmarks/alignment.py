@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fp16lab import bench  # noqa: E402
-from fp16lab.kernels.report import uses_tensor_cores  # noqa: E402
+from fp16lab.kernels.report import gemm_kernel_names, uses_tensor_cores  # noqa: E402
 
 
 def kernel_names(fn) -> list[str]:
@@ -49,12 +49,14 @@ def measure(base: int, ds: list[int], modes: list[str], warmup: int, repeat: int
             b = torch.randn(k, n, device="cuda", dtype=torch.float16)
             fn = lambda: torch.matmul(a, b)  # noqa: E731
             t = bench.time_cuda(fn, warmup=warmup, repeat=repeat)
-            names = kernel_names(fn)
+            names = gemm_kernel_names(kernel_names(fn))
             tc = [uses_tensor_cores(x) for x in names]
-            rows.append({"mode": mode, "d": d, "m": m, "n": n, "k": k,
+            timing = t.as_dict()
+            timing["repeats"] = timing.pop("n")  # not to be confused with the matrix size n
+            rows.append({**timing, "mode": mode, "d": d, "m": m, "n": n, "k": k,
                          "tflops": 2 * m * n * k / (t.median_ms * 1e-3) / 1e12,
                          "kernels": names, "tensor_core_by_name": any(tc),
-                         "mult8": n % 8 == 0, "mult16": n % 16 == 0, **t.as_dict()})
+                         "mult8": n % 8 == 0, "mult16": n % 16 == 0})
             r = rows[-1]
             print(f"{mode:7s} d={d:2d} {m}x{n}x{k} {r['tflops']:6.1f} TFLOP/s "
                   f"tc={r['tensor_core_by_name']!s:5s} {'; '.join(names)[:150]}", flush=True)

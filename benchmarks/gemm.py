@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fp16lab import bench  # noqa: E402
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm, gemm_flops  # noqa: E402
 from fp16lab.kernels.compiler import require_cupy  # noqa: E402
+from fp16lab.kernels.peak import mma_sync_peak  # noqa: E402
 
 SIZES = (1024, 2048, 4096, 8192)
 ODD_SHAPES = ((1000, 1001, 1003), (4097, 4097, 4097), (8191, 8191, 8191))
@@ -58,10 +59,11 @@ def bench_shape(m: int, n: int, k: int, kernels: list[str], *, warmup: int, repe
         cupy.cuda.runtime.deviceSynchronize()
         err = _rel_err(cupy, cupy.asarray(out), ref)
         t = bench.time_cuda(call, warmup=warmup, repeat=repeat, backend=backend)
-        rows.append({"shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "impl": impl, "kind": kind,
-                     "step": step, "out_dtype": out_dtype, "rel_err": err,
-                     "tflops": flops / (t.median_ms * 1e-3) / 1e12, "n_input_sets": n_sets,
-                     **t.as_dict()})
+        timing = t.as_dict()
+        timing["repeats"] = timing.pop("n")  # not to be confused with the matrix size n
+        rows.append({**timing, "shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "impl": impl,
+                     "kind": kind, "step": step, "out_dtype": out_dtype, "rel_err": err,
+                     "tflops": flops / (t.median_ms * 1e-3) / 1e12, "n_input_sets": n_sets})
         print(f"  {impl:20s} {rows[-1]['tflops']:7.1f} TFLOP/s  {t.median_ms:8.3f} ms  "
               f"spread {t.spread:.2f}  rel_err {err:.1e}", flush=True)
 
@@ -127,15 +129,21 @@ def main(argv: list[str] | None = None) -> int:
         shapes, args.repeat = [(1024, 1024, 1024), (1000, 1001, 1003)], 5
     copy_gbs = bench.copy_bandwidth_gbs() if with_torch else None
     print(f"device-to-device copy: {copy_gbs and round(copy_gbs)} GB/s", flush=True)
+    peak = mma_sync_peak(repeat=5 if args.quick else 10)
+    for p_ in peak:
+        print(f"mma.sync peak, {p_['warps_per_sm']:2d} warps/SM: {p_['tflops']:.0f} TFLOP/s", flush=True)
     rows = []
     for m, n, k in shapes:
         print(f"{m}x{n}x{k}:", flush=True)
         rows += bench_shape(m, n, k, args.kernels, warmup=args.warmup, repeat=args.repeat,
                             out_dtype=args.out_dtype, with_torch=with_torch)
-    meta = {"benchmark": "benchmarks/gemm.py", "copy_gbs": copy_gbs, "repeat": args.repeat,
+    meta = {"benchmark": "benchmarks/gemm.py", "copy_gbs": copy_gbs, "mma_sync_peak": peak,
+            "repeat": args.repeat,
             "warmup": args.warmup, "out_dtype": args.out_dtype, **versions(cupy)}
     path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir)
     print(f"\nwrote {path}\n")
+    print("mma.sync peak: " + ", ".join(f"{p_['tflops']:.0f} TFLOP/s at {p_['warps_per_sm']} warps/SM"
+                                        for p_ in peak))
     print(f"{'shape':>16s} {'implementation':20s} {'TFLOP/s':>8s} {'% cuBLAS':>9s} {'rel err':>8s}")
     for r in rows:
         print(f"{r['shape']:>16s} {r['impl']:20s} {r['tflops']:8.1f} {r['pct_cublas']:8.1f}% "

@@ -178,3 +178,13 @@ def test_device_printf_prints_the_fp16_bits():
     text = print_fp16_bits(cupy.asarray(vals))
     expected = [f"fp16[{i}] = 0x{int(c):04x}" for i, c in enumerate(vals.view(np.uint16))]
     assert text.splitlines() == expected
+
+
+@pytest.mark.gpu
+def test_mma_sync_peak_is_measured():
+    pytest.importorskip("cupy")
+    from fp16lab.kernels.peak import mma_sync_peak
+    rows = mma_sync_peak(warps_per_sm=(8,), iters=2000, repeat=3)
+    assert rows[0]["finite"]
+    # between a tenth of and twice the datasheet's dense fp16 tensor rate (989 TFLOP/s)
+    assert 100 < rows[0]["tflops"] < 2000

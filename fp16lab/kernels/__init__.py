@@ -62,6 +62,18 @@ def _ring(stages: int, bm: int, bn: int, bk: int = 32, pad: int = 0) -> int:
     return stages * (bm * (bk + pad) + bk * (bn + pad)) * 2
 
 
+def _wmma(name: str, bm: int, bn: int, bk: int, threads: int, stages: int, note: str) -> KernelSpec:
+    return KernelSpec(name, 4, f"cp.async pipeline, {bm}x{bn}x{bk} blocks, {stages} stages{note}",
+                      "wmma_pipeline.cu", name, bm, bn, threads, _ring(stages, bm, bn, bk, pad=8),
+                      "linear", True)
+
+
+def _mma(name: str, bm: int, bn: int, bk: int, threads: int, stages: int, note: str = "") -> KernelSpec:
+    return KernelSpec(name, 5, f"PTX mma.sync + ldmatrix, swizzled smem, {bm}x{bn}x{bk} blocks, "
+                      f"{threads // 32} warps, {stages} stages{note}", "mma_sync.cu", name, bm, bn,
+                      threads, _ring(stages, bm, bn, bk), "linear", True)
+
+
 #: The ladder, in order. Shared-memory sizes must match the .cu files' template arguments.
 KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("wmma_naive", 1, "naive WMMA: one warp per 16x16 tile, operands from global memory",
@@ -70,16 +82,23 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
                "wmma_smem.cu", "wmma_smem", 128, 128, 256, 0, "grid2d", False),
     KernelSpec("wmma_padded", 3, "padded shared memory against bank conflicts, 16-byte loads",
                "wmma_padded.cu", "wmma_padded", 128, 128, 256, 0, "grid2d", True),
-    KernelSpec("wmma_pipeline", 4, "3-stage cp.async pipeline, 128x128 blocks, L2-grouped order",
-               "wmma_pipeline.cu", "wmma_pipeline", 128, 128, 256, _ring(3, 128, 128, pad=8),
-               "linear", True),
-    KernelSpec("wmma_pipeline_256", 4, "3-stage cp.async pipeline, 128x256 blocks, warps of 64x64",
-               "wmma_pipeline.cu", "wmma_pipeline_256", 128, 256, 256, _ring(3, 128, 256, pad=8),
-               "linear", True),
-    KernelSpec("mma_sync", 5, "PTX mma.sync + ldmatrix, swizzled smem, 128x256 blocks, 4 stages",
-               "mma_sync.cu", "mma_sync", 128, 256, 256, _ring(4, 128, 256), "linear", True),
-    KernelSpec("mma_sync_128", 5, "PTX mma.sync + ldmatrix, swizzled smem, 128x128 blocks, 4 warps",
-               "mma_sync.cu", "mma_sync_128", 128, 128, 128, _ring(4, 128, 128), "linear", True),
+    _wmma("wmma_pipeline", 128, 128, 32, 256, 3, ""),
+    _wmma("wmma_pipeline_k64", 128, 128, 64, 256, 3, ""),
+    _wmma("wmma_pipeline_256", 128, 256, 32, 256, 3, ", warps of 64x64"),
+    _wmma("wmma_pipeline_256_k64", 128, 256, 64, 256, 3, ", warps of 64x64, A fragments prefetched"),
+    _wmma("wmma_pipeline_256_k64s4", 128, 256, 64, 256, 4, ", warps of 64x64, A fragments prefetched"),
+    _wmma("wmma_pipeline_256x128", 256, 128, 64, 256, 3, ", warps of 64x64, A fragments prefetched"),
+    _wmma("wmma_pipeline_128w", 128, 128, 32, 128, 4, ", 4 warps of 64x64, A fragments prefetched"),
+    _wmma("wmma_pipeline_256_lb", 128, 256, 64, 256, 4, ", warps of 64x64, late barrier"),
+    _wmma("wmma_pipeline_256x128_lb", 256, 128, 64, 256, 4, ", warps of 64x64, late barrier"),
+    _wmma("wmma_pipeline_128w_lb", 128, 128, 32, 128, 4, ", 4 warps of 64x64, late barrier"),
+    _mma("mma_sync", 128, 256, 32, 256, 4),
+    _mma("mma_sync_k64", 128, 256, 64, 256, 3),
+    _mma("mma_sync_k64s4", 128, 256, 64, 256, 4),
+    _mma("mma_sync_k64_g16", 128, 256, 64, 256, 3, ", 16 block-rows per L2 group"),
+    _mma("mma_sync_k64_pf", 128, 256, 64, 256, 3, ", L2::256B prefetch hint"),
+    _mma("mma_sync_256x128", 256, 128, 64, 256, 3),
+    _mma("mma_sync_128", 128, 128, 32, 128, 4),
 )}
 
 _OUT_DTYPES = ("float32", "float16")

@@ -11,38 +11,42 @@
 //   global memory (no staging through shared memory) and the padding is replaced by an
 //   XOR swizzle of the 16-byte chunks inside each row: no wasted shared memory, and the
 //   8 row addresses of every ldmatrix phase still land in 8 different bank groups;
-// - each warp owns a 64 x 64 tile (4 x 8 mma tiles = 128 fp32 accumulators per thread),
-//   and the ring is 4 stages deep.
+// - each warp owns a 64 x 64 tile (4 x 8 mma tiles = 128 fp32 accumulators per thread);
+// - the fragments for the next k16 step are loaded while the current one is multiplied
+//   (two register buffers), so ldmatrix latency hides behind mma work;
+// - the K slice (BK) is a template parameter too: 64 halves the barriers per FLOP.
 //
 // Any shape: as in step 4 (zero-filling cp.async, bounds-checked stores; K and N
 // multiples of 8, padded by the launcher otherwise).
 #include <cuda_fp16.h>
-
-#define BK 32        // the A swizzle below assumes 64-byte rows
-#define GROUP_M 8    // block-rows per L2 group
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
 // 16-byte asynchronous copy global -> shared; copies 0 bytes (zero-fills) when !pred.
+// PF adds a hint to fetch the surrounding 256 bytes into L2 (the rest of the tile row).
+template <bool PF = false>
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool pred) {
     const int bytes = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+    if (PF)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* p) {
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
 // d += a (16x16, row) * b (16x8, col), fp16 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const unsigned* b) {
@@ -53,16 +57,22 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Swizzled offsets (in halfs) of 16-byte chunk c of row r. A rows are 64 bytes (4 chunks):
-// rows r and r+2 share banks, so the chunk index is XORed with (r/2) mod 4. B rows are
-// BN*2 bytes (a multiple of 128): every row shares banks, so the low 3 bits of the chunk
-// index are XORed with r mod 8.
-__device__ __forceinline__ int a_swz(int r, int c) { return r * BK + ((c ^ ((r >> 1) & 3)) << 3); }
-template <int BN>
-__device__ __forceinline__ int b_swz(int r, int c) { return r * BN + ((c ^ (r & 7)) << 3); }
+// Offset (in halfs) of 16-byte chunk c of row r in a swizzled tile whose rows are COLS halfs.
+// The 8 rows that one ldmatrix phase reads sit at the same logical chunk; unswizzled they
+// would share banks (rows 128 bytes or more apart map to the same banks, 64-byte rows pair
+// up). XOR-ing the chunk index with a function of the row spreads them over 8 bank groups:
+// with r mod 8 for rows of 128 bytes or more, with (r/2) mod 4 for 64-byte rows.
+template <int COLS>
+__device__ __forceinline__ int swz_key(int r) {
+    static_assert(COLS == 32 || COLS % 64 == 0, "rows must be 64 bytes or a multiple of 128");
+    return COLS == 32 ? (r >> 1) & 3 : r & 7;
+}
+template <int COLS>
+__device__ __forceinline__ int swz(int r, int c) { return r * COLS + ((c ^ swz_key<COLS>(r)) << 3); }
 
 // Maps the linear block index to a (block-row, block-column) so that GROUP_M block-rows
 // are swept together: the blocks resident at one time reuse each other's tiles from L2.
+template <int GROUP_M>
 __device__ __forceinline__ void block_tile(int M, int N, int BMv, int BNv, int& bm, int& bn) {
     const int grid_m = (M + BMv - 1) / BMv, grid_n = (N + BNv - 1) / BNv;
     const int pid = blockIdx.x, width = GROUP_M * grid_n;
@@ -75,14 +85,15 @@ __device__ __forceinline__ void block_tile(int M, int N, int BMv, int BNv, int& 
 __device__ __forceinline__ void store2(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
 __device__ __forceinline__ void store2(__half* p, float x, float y) { *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y); }
 
-template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, typename OutT>
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int GROUP_M, bool PF, typename OutT>
 __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __half* __restrict__ B,
                                          OutT* __restrict__ C, int M, int N, int K) {
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MT = WM / 16, NT = WN / 8;  // m16n8 tiles per warp
+    constexpr int KK = BK / 16;               // k16 steps per slice
     constexpr int A_STAGE = BM * BK, B_STAGE = BK * BN;  // halfs per stage
-    static_assert(NT % 2 == 0, "B fragments are loaded two n8 tiles at a time");
+    static_assert(NT % 2 == 0 && KK >= 2, "B fragments come two n8 tiles at a time; BK >= 32");
 
     extern __shared__ __align__(128) unsigned char smem[];
     __half* As = reinterpret_cast<__half*>(smem);
@@ -91,7 +102,7 @@ __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __h
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int wm = warp / WARPS_N, wn = warp % WARPS_N;
     int bm, bn;
-    block_tile(M, N, BM, BN, bm, bn);
+    block_tile<GROUP_M>(M, N, BM, BN, bm, bn);
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -101,53 +112,92 @@ __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __h
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
+    // Global -> shared copies. Thread tid copies chunk tid % (BK/8) of rows tid / (BK/8) +
+    // multiples of A_ROWS (likewise for B), so each thread needs one source pointer, one
+    // destination offset and its row predicates; all rows it copies share one swizzle key.
+    constexpr int A_CPR = BK / 8, B_CPR = BN / 8;              // 16-byte chunks per row
+    constexpr int A_ROWS = THREADS / A_CPR, B_ROWS = THREADS / B_CPR;  // rows per pass
+    static_assert(THREADS % A_CPR == 0 && THREADS % B_CPR == 0 && A_ROWS % 8 == 0 && B_ROWS % 8 == 0,
+                  "every pass must cover whole rows, 8 at a time");
+    static_assert(BM % A_ROWS == 0 && BK % B_ROWS == 0, "whole passes only");
+    const int ar = tid / A_CPR, ac = tid % A_CPR, br = tid / B_CPR, bc = tid % B_CPR;
+    const __half* a_src = A + (size_t)(bm + ar) * K + ac * 8;
+    const __half* b_src = B + (size_t)br * N + bn + bc * 8;
+    const unsigned a_dst = swz<BK>(ar, ac) * 2, b_dst = swz<BN>(br, bc) * 2;
+    const bool b_col_ok = bn + bc * 8 < N;
     const int KT = (K + BK - 1) / BK;
     auto load_slice = [&](int stage, int kt) {
         const int k0 = kt * BK;
-        __half* as = As + stage * A_STAGE;
-        __half* bs = Bs + stage * B_STAGE;
+        unsigned char* as = reinterpret_cast<unsigned char*>(As + stage * A_STAGE) + a_dst;
+        unsigned char* bs = reinterpret_cast<unsigned char*>(Bs + stage * B_STAGE) + b_dst;
+        const bool a_k_ok = k0 + ac * 8 < K;
 #pragma unroll
-        for (int i = tid; i < BM * BK / 8; i += THREADS) {
-            const int r = i / (BK / 8), c = i % (BK / 8);
-            const bool p = bm + r < M && k0 + c * 8 < K;
-            cp_async_16(as + a_swz(r, c), p ? A + (size_t)(bm + r) * K + k0 + c * 8 : A, p);
-        }
+        for (int i = 0; i < BM / A_ROWS; ++i)  // src-size 0 reads nothing and zero-fills
+            cp_async_16<PF>(as + i * A_ROWS * BK * 2, a_src + (size_t)i * A_ROWS * K + k0,
+                        a_k_ok && bm + ar + i * A_ROWS < M);
 #pragma unroll
-        for (int i = tid; i < BK * BN / 8; i += THREADS) {
-            const int r = i / (BN / 8), c = i % (BN / 8);
-            const bool p = k0 + r < K && bn + c * 8 < N;
-            cp_async_16(bs + b_swz<BN>(r, c), p ? B + (size_t)(k0 + r) * N + bn + c * 8 : B, p);
-        }
+        for (int i = 0; i < BK / B_ROWS; ++i)
+            cp_async_16<PF>(bs + i * B_ROWS * BN * 2, b_src + (size_t)(k0 + i * B_ROWS) * N,
+                        b_col_ok && k0 + br + i * B_ROWS < K);
+    };
+    // Fragments of k16 step kk of a slice. ldmatrix: lane l gives the address of row l % 16
+    // of a 16x16 fragment and of its 8-column half l / 16. Every row a lane addresses has
+    // the same swizzle key (rows differ by multiples of 8 or 16), so the swizzled byte offsets
+    // are a few per-thread numbers plus compile-time constants: few registers, no spills.
+    const int h = lane / 16, xa = swz_key<BK>(lane % 16), xb = swz_key<BN>(lane % 16);
+    unsigned a_off[KK], b_off[NT / 2];
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk)
+        a_off[kk] = ((wm * WM + lane % 16) * BK + (((2 * kk + h) ^ xa) << 3)) * 2;
+#pragma unroll
+    for (int j = 0; j < NT; j += 2)
+        b_off[j / 2] = ((lane % 16) * BN + ((wn * WN / 8 + ((j + h) ^ xb)) << 3)) * 2;
+    const unsigned a_smem = smem_addr(As), b_smem = smem_addr(Bs);
+    unsigned af[2][MT][4], bf[2][NT][2];
+    auto load_frags = [&](int buf, int stage, int kk) {
+        const unsigned as = a_smem + stage * (A_STAGE * 2), bs = b_smem + stage * (B_STAGE * 2);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) ldmatrix_x4(af[buf][i], as + a_off[kk] + i * 16 * BK * 2);
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) ldmatrix_x4_trans(&bf[buf][j][0], bs + b_off[j / 2] + kk * 16 * BN * 2);
     };
 
+    // Prologue: STAGES-1 slices in flight, one commit group each (empty ones included, so
+    // that "at most STAGES-2 groups pending" always means "the next slice has landed").
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KT) load_slice(s, s);
         cp_async_commit();
     }
-    for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        const int next = kt + STAGES - 1;
-        if (next < KT) load_slice(next % STAGES, next);
-        cp_async_commit();
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int read_stage = 0, write_stage = STAGES - 1;
+    load_frags(0, 0, 0);
 
-        const __half* as = As + (kt % STAGES) * A_STAGE;
-        const __half* bs = Bs + (kt % STAGES) * B_STAGE;
+    // Main loop. The fragments of step kk+1 are loaded while the tensor cores work on step kk
+    // (two register buffers); at the last step of a slice the next slice's first fragments
+    // are loaded, after waiting for its copies and a barrier.
+    for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            unsigned af[MT][4], bf[NT][2];
-            // ldmatrix: lane l gives the address of row (l % 16) of the fragment, chunk l / 16.
+        for (int kk = 0; kk < KK; ++kk) {
+            if (kk == KK - 1) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();  // slice kt+1 visible; every warp is past its reads of slice kt-1
+                read_stage = (read_stage + 1) % STAGES;
+            }
+            load_frags((kk + 1) % 2, read_stage, (kk + 1) % KK);
+            if (kk == 0) {  // refill the buffer that slice kt-1 used
+                if (kt + STAGES - 1 < KT) load_slice(write_stage, kt + STAGES - 1);
+                cp_async_commit();
+                write_stage = (write_stage + 1) % STAGES;
+            }
 #pragma unroll
             for (int i = 0; i < MT; ++i)
-                ldmatrix_x4(af[i], as + a_swz(wm * WM + i * 16 + (lane % 16), kk * 2 + lane / 16));
 #pragma unroll
-            for (int j = 0; j < NT; j += 2)
-                ldmatrix_x4_trans(&bf[j][0], bs + b_swz<BN>(kk * 16 + (lane % 16), (wn * WN + j * 8) / 8 + lane / 16));
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) mma_16816(acc[i][j], af[i], bf[j]);
+                for (int jj = 0; jj < NT; ++jj) {
+                    const int j = (i % 2) ? NT - 1 - jj : jj;  // serpentine: reuse the last B fragment
+                    mma_16816(acc[i][j], af[kk % 2][i], bf[kk % 2][j]);
+                }
         }
     }
     cp_async_wait<0>();
@@ -167,16 +217,21 @@ __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __h
     }
 }
 
-#define INSTANTIATE(NAME, BM, BN, WARPS_M, WARPS_N, STAGES)                                           \
+#define INSTANTIATE(NAME, BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF)                          \
     extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
     NAME##_f32(const __half* A, const __half* B, float* C, int M, int N, int K) {                     \
-        gemm_mma<BM, BN, WARPS_M, WARPS_N, STAGES, float>(A, B, C, M, N, K);                          \
+        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, float>(A, B, C, M, N, K);         \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
     NAME##_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {                    \
-        gemm_mma<BM, BN, WARPS_M, WARPS_N, STAGES, __half>(A, B, C, M, N, K);                         \
+        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, __half>(A, B, C, M, N, K);        \
     }
 
-// name                   BM   BN  warps  stages   dynamic shared memory
-INSTANTIATE(mma_sync,     128, 256, 2, 4, 4)   // 4 x (128x32 + 32x256) x 2 B = 96 KB
-INSTANTIATE(mma_sync_128, 128, 128, 2, 2, 4)   // 4 x (128x32 + 32x128) x 2 B = 64 KB, 4 warps of 64x64
+// name                        BM   BN   BK  warps stages group L2 hint   dynamic shared memory
+INSTANTIATE(mma_sync,          128, 256, 32, 2, 4, 4,  8, false)   // 4 x (128x32 + 32x256) x 2 B =  96 KB
+INSTANTIATE(mma_sync_k64,      128, 256, 64, 2, 4, 3,  8, false)   // 3 x (128x64 + 64x256) x 2 B = 144 KB
+INSTANTIATE(mma_sync_k64s4,    128, 256, 64, 2, 4, 4,  8, false)   // 4 x (128x64 + 64x256) x 2 B = 192 KB
+INSTANTIATE(mma_sync_k64_g16,  128, 256, 64, 2, 4, 3, 16, false)   // as mma_sync_k64, 16 block-rows per L2 group
+INSTANTIATE(mma_sync_k64_pf,   128, 256, 64, 2, 4, 3,  8, true)    // as mma_sync_k64, with the L2::256B hint
+INSTANTIATE(mma_sync_256x128,  256, 128, 64, 4, 2, 3,  8, false)   // 3 x (256x64 + 64x128) x 2 B = 144 KB
+INSTANTIATE(mma_sync_128,      128, 128, 32, 2, 2, 4,  8, false)   // 4 x (128x32 + 32x128) x 2 B =  64 KB, 4 warps

@@ -15,7 +15,14 @@ from .compiler import source_path
 # Substrings of cuBLAS/CUTLASS kernel names that mean a Tensor Core path: Hopper's warpgroup
 # MMA (gmma), the older warp MMA (hmma, xmma, tensorop) and the instruction shapes in names
 # such as s16816gemm or h1688gemm. A plain "sgemm"/"gemv" without these is a CUDA-core kernel.
-_TC_PATTERNS = re.compile(r"gmma|hmma|xmma|tensorop|16816|1688|884|wgmma|_mma|cutlass.*f16", re.I)
+# cuBLAS 13's own Hopper kernels are named nvjet_sm90_* (built on wgmma).
+_TC_PATTERNS = re.compile(r"nvjet|gmma|hmma|xmma|tensorop|16816|1688|884|_mma|cutlass.*f16", re.I)
+_NOT_KERNELS = re.compile(r"^(Memset|Memcpy)", re.I)
+
+
+def gemm_kernel_names(names: list[str]) -> list[str]:
+    """Returns the names that are GPU kernels, dropping the profiler's Memset/Memcpy entries."""
+    return [n for n in names if not _NOT_KERNELS.match(n)]
 
 
 def uses_tensor_cores(kernel_name: str) -> bool:
@@ -125,7 +132,9 @@ def alignment_table(payload: dict[str, Any], mode: str = "square"):
     import pandas as pd
 
     df = pd.DataFrame([r for r in payload["rows"] if r["mode"] == mode])
-    df["kernel"] = df["kernels"].map(lambda ks: ks[0] if ks else "")
+    df["kernel"] = df["kernels"].map(lambda ks: (gemm_kernel_names(ks) or [""])[0])
+    # classify again from the recorded names, so older files get today's rule
+    df["tensor_core_by_name"] = df["kernel"].map(uses_tensor_cores)
     base = float(df.loc[df.d == 0, "tflops"].iloc[0])
     df["vs_d0"] = df["tflops"] / base
     return df[["d", "n", "mult8", "mult16", "tflops", "vs_d0", "tensor_core_by_name", "kernel"]]

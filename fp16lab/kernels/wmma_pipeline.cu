@@ -9,8 +9,11 @@
 //   on their way, so the wait for global memory overlaps the tensor-core work;
 // - the buffers no longer fit in the 48 KB of static shared memory: they are dynamic
 //   shared memory, whose limit the launcher raises (cudaFuncSetAttribute);
-// - tile shape, warp layout and stage count are template parameters, instantiated below
-//   for a 128 x 128 block (8 warps of 64 x 32) and a 128 x 256 block (8 warps of 64 x 64);
+// - tile shape, K slice, warp layout and stage count are template parameters, instantiated
+//   below for 128 x 128 blocks (8 warps of 64 x 32) and 128 x 256 blocks (8 warps of 64 x 64);
+//   with PIPE >= 1 the A fragments of the next k16 step are loaded while the current one
+//   multiplies; with PIPE == 2 the barrier moves from the top of a slice to its last k16
+//   step, so the first fragments of the next slice load while the last multiplies run;
 // - blocks are numbered in groups of GROUP_M block-rows, so blocks that run at the same
 //   time share A and B tiles in the L2 cache.
 //
@@ -22,7 +25,6 @@
 
 using namespace nvcuda;
 
-#define BK 32
 #define PAD 8        // halfs of padding per shared-memory row (16 bytes)
 #define GROUP_M 8    // block-rows per L2 group
 
@@ -69,12 +71,12 @@ __device__ __forceinline__ void store_tile(float* stage,
     __syncwarp();
 }
 
-template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, typename OutT>
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int PIPE, typename OutT>
 __device__ __forceinline__ void gemm_pipeline(const __half* __restrict__ A, const __half* __restrict__ B,
                                               OutT* __restrict__ C, int M, int N, int K) {
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
-    constexpr int FM = WM / 16, FN = WN / 16;
+    constexpr int FM = WM / 16, FN = WN / 16, KK = BK / 16;
     constexpr int LDA_S = BK + PAD, LDB_S = BN + PAD;
     constexpr int A_STAGE = BM * LDA_S, B_STAGE = BK * LDB_S;  // halfs per stage
 
@@ -88,7 +90,8 @@ __device__ __forceinline__ void gemm_pipeline(const __half* __restrict__ A, cons
     int bm, bn;
     block_tile(M, N, BM, BN, bm, bn);
 
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[FM];
+    constexpr bool DB = PIPE >= 1;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[DB ? 2 : 1][FM];
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
 #pragma unroll
@@ -96,51 +99,102 @@ __device__ __forceinline__ void gemm_pipeline(const __half* __restrict__ A, cons
 #pragma unroll
         for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
+    // Global -> shared copies: thread tid copies chunk tid % (BK/8) of rows tid / (BK/8) +
+    // multiples of A_ROWS (likewise for B): one source pointer and one destination per thread.
+    constexpr int A_CPR = BK / 8, B_CPR = BN / 8;
+    constexpr int A_ROWS = THREADS / A_CPR, B_ROWS = THREADS / B_CPR;
+    static_assert(THREADS % A_CPR == 0 && THREADS % B_CPR == 0 && BM % A_ROWS == 0 && BK % B_ROWS == 0,
+                  "every pass must cover whole rows");
+    const int ar = tid / A_CPR, ac = tid % A_CPR, br = tid / B_CPR, bc = tid % B_CPR;
+    const __half* a_src = A + (size_t)(bm + ar) * K + ac * 8;
+    const __half* b_src = B + (size_t)br * N + bn + bc * 8;
+    const bool b_col_ok = bn + bc * 8 < N;
     const int KT = (K + BK - 1) / BK;
     auto load_slice = [&](int stage, int kt) {
         const int k0 = kt * BK;
-        __half* as = As + stage * A_STAGE;
-        __half* bs = Bs + stage * B_STAGE;
+        __half* as = As + stage * A_STAGE + ar * LDA_S + ac * 8;
+        __half* bs = Bs + stage * B_STAGE + br * LDB_S + bc * 8;
+        const bool a_k_ok = k0 + ac * 8 < K;
 #pragma unroll
-        for (int i = tid; i < BM * BK / 8; i += THREADS) {
-            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
-            const bool p = bm + r < M && k0 + c < K;
-            cp_async_16(as + r * LDA_S + c, p ? A + (size_t)(bm + r) * K + k0 + c : A, p);
-        }
+        for (int i = 0; i < BM / A_ROWS; ++i)  // src-size 0 reads nothing and zero-fills
+            cp_async_16(as + i * A_ROWS * LDA_S, a_src + (size_t)i * A_ROWS * K + k0,
+                        a_k_ok && bm + ar + i * A_ROWS < M);
 #pragma unroll
-        for (int i = tid; i < BK * BN / 8; i += THREADS) {
-            const int r = i / (BN / 8), c = (i % (BN / 8)) * 8;
-            const bool p = k0 + r < K && bn + c < N;
-            cp_async_16(bs + r * LDB_S + c, p ? B + (size_t)(k0 + r) * N + bn + c : B, p);
-        }
+        for (int i = 0; i < BK / B_ROWS; ++i)
+            cp_async_16(bs + i * B_ROWS * LDB_S, b_src + (size_t)(k0 + i * B_ROWS) * N,
+                        b_col_ok && k0 + br + i * B_ROWS < K);
+    };
+    auto load_a = [&](int buf, const __half* as, int kk) {
+#pragma unroll
+        for (int i = 0; i < FM; ++i)
+            wmma::load_matrix_sync(a[buf][i], as + (wm * WM + i * 16) * LDA_S + kk * 16, LDA_S);
     };
 
     // Prologue: STAGES-1 slices in flight. One commit group per slice, empty ones included,
-    // so that "wait until at most STAGES-2 groups are pending" always means "slice kt landed".
+    // so that counting pending groups always tells which slices have landed.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KT) load_slice(s, s);
         cp_async_commit();
     }
-    for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();  // slice kt visible to all warps; slice kt-1's buffer free to refill
-        const int next = kt + STAGES - 1;
-        if (next < KT) load_slice(next % STAGES, next);
-        cp_async_commit();
+    if (PIPE < 2) {
+        for (int kt = 0; kt < KT; ++kt) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();  // slice kt visible to all warps; slice kt-1's buffer free to refill
+            const int next = kt + STAGES - 1;
+            if (next < KT) load_slice(next % STAGES, next);
+            cp_async_commit();
 
-        const __half* as = As + (kt % STAGES) * A_STAGE;
-        const __half* bs = Bs + (kt % STAGES) * B_STAGE;
+            const __half* as = As + (kt % STAGES) * A_STAGE;
+            const __half* bs = Bs + (kt % STAGES) * B_STAGE;
+            if (DB) load_a(0, as, 0);
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
+            for (int kk = 0; kk < KK; ++kk) {
+                const int cur = DB ? kk % 2 : 0;
+                if (DB) {
+                    if (kk + 1 < KK) load_a((kk + 1) % 2, as, kk + 1);
+                } else {
+                    load_a(0, as, kk);
+                }
 #pragma unroll
-            for (int i = 0; i < FM; ++i)
-                wmma::load_matrix_sync(a[i], as + (wm * WM + i * 16) * LDA_S + kk, LDA_S);
+                for (int j = 0; j < FN; ++j) {
+                    wmma::load_matrix_sync(b, bs + kk * 16 * LDB_S + wn * WN + j * 16, LDB_S);
 #pragma unroll
-            for (int j = 0; j < FN; ++j) {
-                wmma::load_matrix_sync(b, bs + kk * LDB_S + wn * WN + j * 16, LDB_S);
+                    for (int i = 0; i < FM; ++i) wmma::mma_sync(acc[i][j], a[cur][i], b, acc[i][j]);
+                }
+            }
+        }
+    } else {
+        static_assert(PIPE < 2 || STAGES >= 3, "the late refill needs 3 or more stages");
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        load_a(0, As, 0);
+        for (int kt = 0; kt < KT; ++kt) {
+            const __half* as = As + (kt % STAGES) * A_STAGE;
+            const __half* bs = Bs + (kt % STAGES) * B_STAGE;
 #pragma unroll
-                for (int i = 0; i < FM; ++i) wmma::mma_sync(acc[i][j], a[i], b, acc[i][j]);
+            for (int kk = 0; kk < KK; ++kk) {
+                if (kk == KK - 1) {
+                    // Groups committed so far: STAGES-1+kt; slice kt+1 is in when at most
+                    // STAGES-3 are pending. After the barrier every warp is done with slice
+                    // kt-1, so its buffer is refilled here (not earlier: slower warps may still
+                    // be reading it), and the next slice's first A fragments are loaded while
+                    // this step's multiplies run.
+                    cp_async_wait<STAGES - 3>();
+                    __syncthreads();
+                    const int next = kt + STAGES - 1;
+                    if (next < KT) load_slice(next % STAGES, next);
+                    cp_async_commit();
+                    load_a((kk + 1) % 2, As + ((kt + 1) % STAGES) * A_STAGE, 0);
+                } else {
+                    load_a((kk + 1) % 2, as, kk + 1);
+                }
+#pragma unroll
+                for (int j = 0; j < FN; ++j) {
+                    wmma::load_matrix_sync(b, bs + kk * 16 * LDB_S + wn * WN + j * 16, LDB_S);
+#pragma unroll
+                    for (int i = 0; i < FM; ++i) wmma::mma_sync(acc[i][j], a[kk % 2][i], b, acc[i][j]);
+                }
             }
         }
     }
@@ -153,16 +207,24 @@ __device__ __forceinline__ void gemm_pipeline(const __half* __restrict__ A, cons
             store_tile<OutT>(Cs + warp * 256, acc[i][j], C, bm + wm * WM + i * 16, bn + wn * WN + j * 16, M, N, lane);
 }
 
-#define INSTANTIATE(NAME, BM, BN, WARPS_M, WARPS_N, STAGES)                                           \
+#define INSTANTIATE(NAME, BM, BN, BK, WARPS_M, WARPS_N, STAGES, PIPE)                                 \
     extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
     NAME##_f32(const __half* A, const __half* B, float* C, int M, int N, int K) {                     \
-        gemm_pipeline<BM, BN, WARPS_M, WARPS_N, STAGES, float>(A, B, C, M, N, K);                     \
+        gemm_pipeline<BM, BN, BK, WARPS_M, WARPS_N, STAGES, PIPE, float>(A, B, C, M, N, K);           \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
     NAME##_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {                    \
-        gemm_pipeline<BM, BN, WARPS_M, WARPS_N, STAGES, __half>(A, B, C, M, N, K);                    \
+        gemm_pipeline<BM, BN, BK, WARPS_M, WARPS_N, STAGES, PIPE, __half>(A, B, C, M, N, K);          \
     }
 
-// name                        BM   BN  warps  stages   dynamic shared memory
-INSTANTIATE(wmma_pipeline,     128, 128, 2, 4, 3)   // 3 x (128x40 + 32x136) x 2 B = 56.8 KB
-INSTANTIATE(wmma_pipeline_256, 128, 256, 2, 4, 3)   // 3 x (128x40 + 32x264) x 2 B = 81.4 KB
+// name                              BM   BN   BK warps stages PIPE  dynamic shared memory
+INSTANTIATE(wmma_pipeline,           128, 128, 32, 2, 4, 3, 0)  // 3 x (128x40 + 32x136) x 2 B =  55.5 KB
+INSTANTIATE(wmma_pipeline_k64,       128, 128, 64, 2, 4, 3, 0)  // 3 x (128x72 + 64x136) x 2 B = 105 KB
+INSTANTIATE(wmma_pipeline_256,       128, 256, 32, 2, 4, 3, 0)  // 3 x (128x40 + 32x264) x 2 B =  79.5 KB
+INSTANTIATE(wmma_pipeline_256_k64,   128, 256, 64, 2, 4, 3, 1)  // 3 x (128x72 + 64x264) x 2 B = 153 KB
+INSTANTIATE(wmma_pipeline_256_k64s4, 128, 256, 64, 2, 4, 4, 1)  // 4 x (128x72 + 64x264) x 2 B = 204 KB
+INSTANTIATE(wmma_pipeline_256x128,   256, 128, 64, 4, 2, 3, 1)  // 3 x (256x72 + 64x136) x 2 B = 159 KB
+INSTANTIATE(wmma_pipeline_128w,      128, 128, 32, 2, 2, 4, 1)  // 4 x (128x40 + 32x136) x 2 B =  74 KB, 4 warps of 64x64
+INSTANTIATE(wmma_pipeline_256_lb,    128, 256, 64, 2, 4, 4, 2)  // 4 x (128x72 + 64x264) x 2 B = 204 KB, late barrier
+INSTANTIATE(wmma_pipeline_256x128_lb,256, 128, 64, 4, 2, 4, 2)  // 4 x (256x72 + 64x136) x 2 B = 212 KB, late barrier
+INSTANTIATE(wmma_pipeline_128w_lb,   128, 128, 32, 2, 2, 4, 2)  // 4 x (128x40 + 32x136) x 2 B =  74 KB, late barrier

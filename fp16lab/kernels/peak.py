@@ -1,0 +1,40 @@
+"""The measured ceiling of the instruction the ladder's kernels run on: mma.sync's peak rate.
+
+A GEMM kernel built on ``mma.sync`` (or on the WMMA API, which compiles to the same HMMA
+instructions) cannot beat the rate at which the tensor cores execute that instruction with
+operands already in registers. :func:`mma_sync_peak` measures it with ``mma_peak.cu``: every
+warp issues independent ``mma.sync.m16n8k16`` into 16 accumulators, with no memory traffic.
+On Hopper, cuBLAS uses ``wgmma`` instead, so this number, not cuBLAS, is the roof for the ladder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .compiler import get_function, require_cupy
+
+_ACC = 16                 # accumulators per warp in mma_peak.cu
+_FLOP_PER_MMA = 2 * 16 * 8 * 16
+
+
+def mma_sync_peak(warps_per_sm: tuple[int, ...] = (4, 8, 16), iters: int = 20000,
+                  repeat: int = 10) -> list[dict[str, Any]]:
+    """Returns, per warps-per-SM setting, the median mma.sync rate in TFLOP/s over ``repeat`` runs."""
+    import numpy as np
+
+    from .. import bench
+
+    cupy = require_cupy()
+    fn = get_function("mma_peak.cu", "mma_sync_peak")
+    sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
+    rows = []
+    for warps in warps_per_sm:
+        threads = min(warps, 32) * 32
+        blocks = sms * max(1, warps // 32)
+        out = cupy.empty(blocks * threads, dtype=cupy.float32)
+        t = bench.time_cuda(lambda: fn((blocks,), (threads,), (out, np.int32(iters))),
+                            warmup=2, repeat=repeat, backend="cupy")
+        flops = blocks * (threads // 32) * iters * _ACC * _FLOP_PER_MMA
+        rows.append({"warps_per_sm": warps, "tflops": flops / (t.median_ms * 1e-3) / 1e12,
+                     "median_ms": t.median_ms, "finite": bool(cupy.isfinite(out).all())})
+    return rows
