@@ -1056,12 +1056,14 @@ def judge_profiling_executor(f: Figures) -> Judgement:
         return NONEXISTENT, "this torch has no torch._C._jit_set_profiling_executor (TorchScript is gone)"
     s, e = f["speedup_script"], f["speedup_eager"]
     dep = f" TorchScript says: {f['torchscript_deprecation']}" if f["torchscript_deprecation"] else ""
+    noise = abs(e - 1)  # the flag cannot touch eager code: what eager moves is noise
     facts = (f"{f['model']} step time with the profiling executor on / off: TorchScript "
              f"{s:.2f}x, eager {e:.2f}x (above 1: off is faster; the flag only configures "
-             f"TorchScript's graph executor).{dep}")
-    if s >= MATERIAL_GAIN and e >= MATERIAL_GAIN:
+             f"TorchScript's graph executor, so eager's {100 * noise:.0f}% is the noise).{dep}")
+    script_fast = s - 1 >= max(MATERIAL_GAIN - 1, 2 * noise)
+    if script_fast and e >= MATERIAL_GAIN:
         return HOLDS, facts
-    if s >= MATERIAL_GAIN:
+    if script_fast:
         return PARTLY, f"only for TorchScript models. {facts}"
     return FAILS, facts
 
@@ -1140,8 +1142,10 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(12, "no profiling executor = faster",
           "Disabling the TorchScript profiling executor "
           "(torch._C._jit_set_profiling_executor(False)) speeds up training.",
-          "Training-step time, executor on/off: >=1.10x faster with it off in both eager and "
-          "TorchScript: holds; TorchScript only: holds in part; otherwise does not hold.",
+          "Training-step time, executor on/off: TorchScript counts as faster with it off when "
+          ">=1.10x and by more than twice what eager moves (eager, which the flag cannot touch, "
+          "gauges the noise); eager >=1.10x too: holds; TorchScript only: holds in part; "
+          "otherwise does not hold.",
           experiment_profiling_executor, judge_profiling_executor),
 )
 

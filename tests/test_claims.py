@@ -176,9 +176,12 @@ def test_profiling_executor_rule():
     def f(s, e):
         return {"available": True, "model": "mlp", "speedup_script": s, "speedup_eager": e,
                 "torchscript_deprecation": ""}
-    assert claims.judge_profiling_executor(f(1.2, 1.2))[0] == HOLDS
+    assert claims.judge_profiling_executor(f(1.5, 1.2))[0] == HOLDS
     assert claims.judge_profiling_executor(f(1.1, 1.0))[0] == PARTLY
-    assert claims.judge_profiling_executor(f(1.09, 1.3))[0] == FAILS
+    assert claims.judge_profiling_executor(f(1.1, 1.04))[0] == PARTLY
+    assert claims.judge_profiling_executor(f(1.1, 1.06))[0] == FAILS    # within eager's noise
+    assert claims.judge_profiling_executor(f(1.29, 0.85))[0] == FAILS   # likewise
+    assert claims.judge_profiling_executor(f(1.09, 1.0))[0] == FAILS
     assert claims.judge_profiling_executor({"available": False})[0] == NONEXISTENT
 
 
