@@ -327,6 +327,8 @@ _KERNEL_SRC = r"""
 #define NBINS (%(nbins)d)
 #define DUMP NBINS          /* zeros, infs and NaNs go to this extra, unread bin */
 #define WARPS 8             /* 256 threads per block */
+#define COPIES 4            /* histogram copies per warp: lane %% 4 picks one, so at most 8 lanes
+                               of a warp contend for one counter (copies sit 4 banks apart) */
 
 __device__ __forceinline__ float half_bits_to_float(unsigned short h, int is_bf16) {
     if (is_bf16) return __uint_as_float(((unsigned int)h) << 16);
@@ -374,17 +376,17 @@ __device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBIN
         atomicAdd(&out[threadIdx.x], (unsigned long long)cls[threadIdx.x]);
     for (int b = threadIdx.x; b < NBINS; b += blockDim.x) {
         unsigned int s = 0u;
-        for (int w = 0; w < WARPS; ++w) s += hist[w][b];
+        for (int w = 0; w < WARPS * COPIES; ++w) s += hist[w][b];
         if (s) atomicAdd(&out[5 + b], (unsigned long long)s);
     }
 }
 
 #define CENSUS_PROLOGUE                                                        \
-    __shared__ unsigned int hist[WARPS][NBINS + 1];                            \
-    for (int b = threadIdx.x; b < WARPS * (NBINS + 1); b += blockDim.x)        \
+    __shared__ unsigned int hist[WARPS * COPIES][NBINS + 1];                   \
+    for (int b = threadIdx.x; b < WARPS * COPIES * (NBINS + 1); b += blockDim.x) \
         (&hist[0][0])[b] = 0u;                                                 \
     __syncthreads();                                                           \
-    unsigned int* warp_hist = hist[threadIdx.x >> 5];                          \
+    unsigned int* warp_hist = hist[(threadIdx.x >> 5) * COPIES + (threadIdx.x %% COPIES)];   \
     Counts c = {0u, 0u, 0u, 0u, 0u};                                           \
     long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;          \
     long long stride = (long long)gridDim.x * blockDim.x;
