@@ -126,6 +126,8 @@ _ZERO_BIN = 0
 _INF_BIN = EXP_MAX - EXP_MIN + 2
 _NAN_BIN = _INF_BIN + 1
 N_BINS = _NAN_BIN + 1
+#: torch.histc on CUDA counts in shared memory when bins * 4 bytes fit in 48 KiB.
+_HISTC_SHARED_BINS = 12000
 
 
 def _bin_of_exponent(e: int) -> int:
@@ -139,11 +141,12 @@ class GradientMonitor:
     queues a callback for the end of that pass, which computes for all gradients at once:
 
     * an exponent histogram of ``|g|`` per parameter (``floor(log2|g|)`` from ``torch.frexp``,
-      exact, plus zero/inf/NaN bins) - one ``torch.histc`` (``bincount`` on the CPU) over all
+      exact, plus zero/inf/NaN bins) - one ``bincount`` on the CPU, or on CUDA one
+      ``torch.histc`` per 42 parameters (so its counts stay in shared memory), over all
       gradients concatenated;
     * ``max|g|`` per parameter - one fused ``torch._foreach_norm(ord=inf)``.
 
-    That is about a dozen kernel launches per step whatever the number of layers, no host sync;
+    That is about a dozen kernel launches per step (plus one per 42 parameters), no host sync;
     the results stay on the device until :meth:`frame` reads them all at once.
 
     The gradients seen are the ones in ``.grad`` at the end of backward: *scaled* when a loss
@@ -197,17 +200,32 @@ class GradientMonitor:
             self._steps.clear()
         self._steps.append((hist, maxabs, idx))
 
-    def statistics(self, grads: list[torch.Tensor], key: Any = None):
-        """Returns (histogram [n_grads, N_BINS], max|g| [n_grads]) on the grads' device."""
+    def statistics(self, grads: list[torch.Tensor], key: Any = None, *,
+                   backend: str = "auto"):
+        """Returns (histogram [n_grads, N_BINS], max|g| [n_grads]) on the grads' device.
+
+        ``backend``: ``"bincount"`` (the CPU default), ``"histc"`` (the CUDA default: unlike
+        CUDA bincount it needs no host sync) or ``"auto"``.
+        """
         device = grads[0].device
         sizes = [g.numel() for g in grads]
         ck = (tuple(key) if key is not None else tuple(sizes), device)
         if ck not in self._cache:
+            # each element's key is (its parameter's index) * N_BINS + (its bin) + 0.5: the half
+            # keeps histc's float32 binning arithmetic away from the bin edges
             base = torch.repeat_interleave(
-                torch.arange(len(grads), device=device, dtype=torch.float32) * N_BINS,
+                torch.arange(len(grads), device=device, dtype=torch.float32) * N_BINS + 0.5,
                 torch.tensor(sizes, device=device))
-            self._cache[ck] = base
-        base = self._cache[ck]
+            # histc keeps its counts in shared memory (fast, block-private atomics) only while
+            # they fit in 48 KiB: group the parameters into chunks of that many bins
+            per_chunk = max(1, _HISTC_SHARED_BINS // N_BINS)
+            offsets = [0]
+            for n in sizes:
+                offsets.append(offsets[-1] + n)
+            chunks = [(i, min(i + per_chunk, len(sizes)))
+                      for i in range(0, len(sizes), per_chunk)]
+            self._cache[ck] = (base, [(lo, hi, offsets[lo], offsets[hi]) for lo, hi in chunks])
+        base, chunks = self._cache[ck]
         flat = torch.cat([g.reshape(-1) for g in grads])
         a = flat.abs().float()
         _, e = torch.frexp(a)  # a = m * 2**e with m in [0.5, 1): floor(log2 a) = e - 1
@@ -215,14 +233,19 @@ class GradientMonitor:
         b = torch.where(a == 0, _ZERO_BIN, b)
         b = torch.where(torch.isinf(a), _INF_BIN, b)
         b = torch.where(torch.isnan(a), _NAN_BIN, b)
-        total = len(grads) * N_BINS
         keys = b.add_(base)
-        if max(sizes) > 2**24:  # histc counts in the keys' dtype: float32 is exact to 2**24
-            keys = keys.double()
-        if device.type == "cpu":  # bincount is faster on the CPU; on CUDA it syncs, histc doesn't
-            hist = torch.bincount(keys.long(), minlength=total).float()
+        if backend == "auto":
+            backend = "bincount" if device.type == "cpu" else "histc"
+        if backend == "bincount":
+            hist = torch.bincount(keys.long(), minlength=len(grads) * N_BINS).float()
+        elif backend == "histc":
+            if max(sizes) > 2**24:  # histc counts in the keys' dtype: float32 is exact to 2**24
+                keys = keys.double()
+            hist = torch.cat([torch.histc(keys[e0:e1], bins=(hi - lo) * N_BINS,
+                                          min=lo * N_BINS, max=hi * N_BINS).float()
+                              for lo, hi, e0, e1 in chunks])
         else:
-            hist = torch.histc(keys, bins=total, min=0, max=total)
+            raise ValueError(f"backend must be 'auto', 'bincount' or 'histc', got {backend!r}")
         hist = hist.view(len(grads), N_BINS)
         maxabs = torch.stack([m.float() for m in
                               torch._foreach_norm(grads, ord=math.inf)])

@@ -264,6 +264,16 @@ def test_monitor_on_cuda_matches_cpu():
     hist_cpu, maxabs_cpu = cpu.statistics(grads)
     assert torch.equal(hist.cpu(), hist_cpu)
     assert torch.equal(maxabs.cpu(), maxabs_cpu)
+    # many parameters (several histc chunks), wide exponent range, specials: CUDA histc binning
+    # agrees with CPU bincount element for element
+    rng = np.random.default_rng(7)
+    many = [torch.from_numpy((rng.standard_normal(int(rng.integers(1, 5000)))
+                              * 2.0 ** rng.uniform(-140, 120)).astype(np.float32))
+            for _ in range(200)]
+    many[5][0], many[150][0] = math.inf, math.nan
+    h_gpu, _ = mon.statistics([g.cuda() for g in many])
+    h_cpu, _ = cpu.statistics(many)
+    assert torch.equal(h_gpu.cpu(), h_cpu)
     # and the hooks fire under CUDA autocast with a real GradScaler
     scaler = torch.amp.GradScaler("cuda")
     with torch.autocast("cuda", dtype=torch.float16):
@@ -327,3 +337,23 @@ def test_monitor_detach_and_reattach():
     assert mon.steps == 2 and len(mon._handles) == 2
     with pytest.raises(ValueError, match="no parameters that require grad"):
         d.GradientMonitor(nn.ReLU())
+
+
+def test_monitor_histc_and_bincount_backends_agree():
+    rng = np.random.default_rng(5)
+    # more parameters than one histc chunk holds, to exercise the chunking
+    grads = [torch.from_numpy((rng.standard_normal(int(rng.integers(1, 300)))
+                               * 2.0 ** rng.uniform(-60, 20)).astype(np.float32))
+             for _ in range(100)]
+    grads[3][0] = math.inf
+    grads[70][1] = math.nan
+    model = nn.Linear(1, 1)
+    mon = d.GradientMonitor(model)
+    h1, m1 = mon.statistics(grads, backend="bincount")
+    h2, m2 = mon.statistics(grads, backend="histc")
+    assert torch.equal(h1, h2)
+    np.testing.assert_array_equal(m1.numpy(), m2.numpy())  # NaN where a NaN is
+    assert h1.sum(dim=1).tolist() == [g.numel() for g in grads]
+    assert h1[3, -2] == 1 and h1[70, -1] == 1
+    with pytest.raises(ValueError, match="backend must be"):
+        mon.statistics(grads, backend="numpy")
