@@ -34,9 +34,10 @@ CHROMIUM_ARGS = [
 ]
 ENABLE_HINT = "install Debian's chromium: apt-get install chromium; `make test` then runs these"
 # windowingMode "none" keeps every cell in the DOM, so a cell below the fold can be read and
-# clicked; the notification settings keep news and update pop-ups out of the screenshots.
+# clicked; recordTiming stores each cell's run time, so the slowest cells can be named; the
+# notification settings keep news and update pop-ups out of the screenshots.
 LAB_SETTINGS = {
-    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none", "recordTiming": True},
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
                                                     "checkForUpdates": False},
 }
@@ -99,19 +100,17 @@ def lab(chromium, tmp_path_factory) -> Iterator[LabServer]:
         shutil.copytree(ROOT / "data", data)
     else:
         data.mkdir()
-    if ARTIFACTS.exists():
-        shutil.rmtree(ARTIFACTS)  # screenshots of an earlier run would mislead
-    ARTIFACTS.mkdir(parents=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     pids: list[int] = []
     with jupyter_server(root, user_settings=LAB_SETTINGS, expose_app=True,
-                        env={"FP16LAB_DATA": str(data)},
-                        log_path=ARTIFACTS / "jupyterlab.log") as server:
+                        env={"FP16LAB_DATA": str(data)}) as server:
         TIMINGS["JupyterLab server start"] = time.perf_counter() - t0
         try:
             yield server
         finally:
             pids = server.processes()
+    shutil.copyfile(server.log_path, ARTIFACTS / "jupyterlab.log")
     left = _alive(pids)
     assert not left, f"processes of the JupyterLab server outlived it: {left}"
 
@@ -157,9 +156,13 @@ NOTEBOOK_STATE_JS = """(path) => {
   const state = {kernel: kernel ? kernel.status : null,
                  connection: kernel ? kernel.connectionStatus : null,
                  running: 0, pending: 0, errors: [], codeCells: 0};
+  state.seconds = [];
   panel.content.widgets.forEach((cell, index) => {
     if (cell.model.type !== 'code') return;
     state.codeCells += 1;
+    const timing = cell.model.getMetadata('execution') || {};
+    const start = timing['iopub.execute_input'], end = timing['shell.execute_reply'];
+    if (start && end) state.seconds.push([index, (Date.parse(end) - Date.parse(start)) / 1000]);
     const prompt = cell.node.querySelector('.jp-InputArea-prompt');
     if (prompt && prompt.textContent.includes('[*]')) state.running += 1;
     if (cell.model.sharedModel.getSource().trim() && cell.model.executionCount == null)
@@ -238,6 +241,20 @@ class Notebook:
                        and s["running"] == 0 and (s["pending"] == 0 or s["errors"])),
             "finished Run All", timeout)
         TIMINGS[f"{self.label}: Run All"] = time.perf_counter() - t0
+        slowest = sorted(state.get("seconds") or [], key=lambda c: -c[1])[:3]
+        if slowest:
+            TIMINGS[f"{self.label}: slowest cells " + ", ".join(
+                f"[{i}] {sec:.0f} s" for i, sec in slowest)] = sum(sec for _, sec in slowest)
+        return state
+
+    def run_all_without_errors(self) -> dict:
+        """Returns the state after Run All, having checked that every code cell ran and none
+        shows an error; a screenshot of the whole notebook is saved first."""
+        state = self.run_all()
+        self.shot_whole_notebook("after-run-all")
+        self.assert_no_errors(state)
+        assert state["codeCells"] > 0, f"{self.name} has no code cells"
+        assert state["pending"] == 0, f"{self.name}: {state['pending']} code cells did not run"
         return state
 
     def assert_no_errors(self, state: dict | None = None) -> None:
@@ -325,6 +342,8 @@ def open_notebook(request, lab, browser_context) -> Iterator[Callable[[str], Not
             known = sorted(p.name for p in lab.root_dir.glob("*.ipynb"))
             raise FileNotFoundError(f"no notebook {name!r} in {NOTEBOOK_DIR}; there are {known}")
         shots = ARTIFACTS / re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name).strip("-")
+        if not opened:
+            shutil.rmtree(shots, ignore_errors=True)  # an earlier run's shots would mislead
         nb = Notebook(browser_context.new_page(), lab, name, shots)
         opened.append(nb)
         return nb.open()

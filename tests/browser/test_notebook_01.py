@@ -94,7 +94,7 @@ def test_bit_explorer_follows_clicks_and_typing(open_notebook):
     from playwright.sync_api import expect
 
     nb = open_notebook("01_")
-    nb.assert_no_errors(nb.run_all())
+    nb.run_all_without_errors()
     ex = Explorer(nb.page)
     expect(ex.root).to_be_visible()
     ex.root.scroll_into_view_if_needed()
@@ -104,6 +104,10 @@ def test_bit_explorer_follows_clicks_and_typing(open_notebook):
 
     ex.type_value("1.0")  # a known start, whatever the notebook shows first
     ex.expect_code(fp16_code(1.0))
+    # Sign, exponent and mantissa toggles are told apart by colour (all three are off here).
+    colours = {n: ex.bit(n).evaluate("b => getComputedStyle(b).backgroundColor")
+               for n in (15, 14, 0)}
+    assert len(set(colours.values())) == 3, f"fields share a colour: {colours}"
     nb.shot("typed-1.0", cell)
 
     # Flip the sign bit: -1.0, still normal.

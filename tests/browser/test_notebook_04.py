@@ -1,0 +1,101 @@
+"""Notebook 04 in the browser: a tiny CPU sweep run from the SweepPanel's Run button.
+
+The test picks the grid a user would pick for a quick look (one model, one batch size, two
+layouts, two precisions, one repeat of two timed steps), presses Run, and checks what the
+panel shows against that choice: the progress bar fills to exactly the number of
+measurements (advancing one measurement at a time), the table has one row per chosen point,
+and a plot image is drawn.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+BATCH = "2"
+LAYOUTS = ("nchw", "channels_last")
+PRECISIONS = ("fp32", "amp-bf16")
+SWEEP_TIMEOUT_MS = 240_000
+
+
+def _labelled(panel, kind: str, label: str):
+    """Returns the control of the ipywidget of CSS class ``kind`` whose description is label."""
+    page = panel.page
+    box = panel.locator(f".{kind}").filter(
+        has=page.locator("label.widget-label", has_text=re.compile(rf"^{re.escape(label)}$")))
+    return box.locator("select, input").first
+
+
+def test_sweep_panel_runs_a_tiny_cpu_sweep(open_notebook):
+    from playwright.sync_api import expect
+
+    nb = open_notebook("04_")
+    nb.run_all_without_errors()
+    page = nb.page
+    panel = page.locator(".fp16lab-sweep-panel").first
+    expect(panel).to_be_visible()
+    panel.scroll_into_view_if_needed()
+    cell = nb.cell_of(panel).locator(".jp-Cell-outputArea")
+
+    _labelled(panel, "widget-dropdown", "model").select_option(label="small_cnn")
+    _labelled(panel, "widget-select-multiple", "batch sizes").select_option(label=[BATCH])
+    _labelled(panel, "widget-select-multiple", "layouts").select_option(label=list(LAYOUTS))
+    _labelled(panel, "widget-select-multiple", "precisions").select_option(
+        label=list(PRECISIONS))
+    for label, value in (("warm-up steps", "1"), ("timed steps", "2"), ("repeats", "1")):
+        box = _labelled(panel, "widget-text", label)
+        box.fill(value)
+        box.press("Enter")
+        expect(box).to_have_value(value)
+    nb.shot("chosen-tiny-grid", cell)
+
+    expected = {(BATCH, lay, prec) for lay, prec in itertools.product(LAYOUTS, PRECISIONS)}
+    run = panel.locator(".fp16lab-sweep-run")
+    expect(run).to_be_enabled()
+    progress = panel.locator(".fp16lab-sweep-progress")
+    status = panel.locator(".fp16lab-sweep-status")
+    bar = progress.locator(".progress-bar")
+    # Record every width the bar is drawn at, to see it advance point by point.
+    bar.evaluate("""b => { window.fp16labBarWidths = [b.style.width];
+        new MutationObserver(() => window.fp16labBarWidths.push(b.style.width))
+          .observe(b, {attributes: true, attributeFilter: ['style']}); }""")
+    run.click()
+    # Run disables itself while the sweep runs on the kernel's background thread.
+    expect(run).to_be_disabled(timeout=30_000)
+    nb.shot("running", cell)
+
+    expect(run).to_be_enabled(timeout=SWEEP_TIMEOUT_MS)
+    expect(status).to_contain_text(re.compile(r"^done: \d+ rows"))
+    expect(bar).to_have_class(re.compile(r"(^|\s)progress-bar-success(\s|$)"))
+    # ipywidgets draws the bar's width as value / max in percent: complete means 100%.
+    width = bar.evaluate("b => b.style.width")
+    assert width == "100%", f"progress bar is at {width}, not complete"
+    widths = [float(x.rstrip("%")) for x in page.evaluate("window.fp16labBarWidths") if x]
+    assert widths == sorted(widths), f"the bar went backwards: {widths}"
+    n = len(expected)  # one repeat: one measurement per point
+    for k in range(1, n + 1):
+        assert any(abs(x - 100 * k / n) < 0.01 for x in widths), \
+            f"the bar never showed {k}/{n} measurements done: {widths}"
+    status_text = status.inner_text()
+    assert f"done: {len(expected)} rows" in status_text, status_text
+
+    table = panel.locator(".fp16lab-sweep-table table")
+    expect(table).to_be_visible()
+    header = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    rows = [dict(zip(header, (c.strip() for c in r.locator("td").all_inner_texts())))
+            for r in table.locator("tbody tr").all()]
+    assert {(r["batch"], r["layout"], r["precision"]) for r in rows} == expected
+    assert len(rows) == len(expected)
+    assert all(r["model"] == "small_cnn" for r in rows)
+    assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    assert all(float(r["samples_per_s"].replace(",", "")) > 0 for r in rows)
+
+    plot = panel.locator("img.fp16lab-sweep-plot")
+    expect(plot).to_be_visible()
+    size = plot.evaluate("img => [img.complete, img.naturalWidth, img.naturalHeight]")
+    assert size[0] and size[1] > 100 and size[2] > 100, f"plot image not drawn: {size}"
+    nb.shot("sweep-done", cell)
