@@ -391,19 +391,25 @@ __device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBIN
     long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;          \
     long long stride = (long long)gridDim.x * blockDim.x;
 
-// fp32: 16-byte loads of 4 values, then a scalar tail
+#define TALLY4(q)                                                              \
+    tally(q.x, t1, t2, t3, c, warp_hist, aggregate);                           \
+    tally(q.y, t1, t2, t3, c, warp_hist, aggregate);                           \
+    tally(q.z, t1, t2, t3, c, warp_hist, aggregate);                           \
+    tally(q.w, t1, t2, t3, c, warp_hist, aggregate);
+
+// fp32: two 16-byte loads of 4 values in flight per thread, then a scalar tail
 extern "C" __global__ void __launch_bounds__(256)
 census_f32(const float* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
            unsigned int t3, unsigned long long* __restrict__ out, int aggregate) {
     CENSUS_PROLOGUE
     long long nvec = n / 4;
     const float4* xv = reinterpret_cast<const float4*>(x);
-    for (long long i = tid; i < nvec; i += stride) {
-        float4 q = __ldg(&xv[i]);
-        tally(q.x, t1, t2, t3, c, warp_hist, aggregate);
-        tally(q.y, t1, t2, t3, c, warp_hist, aggregate);
-        tally(q.z, t1, t2, t3, c, warp_hist, aggregate);
-        tally(q.w, t1, t2, t3, c, warp_hist, aggregate);
+    for (long long i = tid; i < nvec; i += 2 * stride) {
+        float4 q0 = __ldg(&xv[i]);
+        bool two = i + stride < nvec;
+        float4 q1 = two ? __ldg(&xv[i + stride]) : make_float4(0.f, 0.f, 0.f, 0.f);
+        TALLY4(q0)
+        if (two) { TALLY4(q1) }
     }
     for (long long i = nvec * 4 + tid; i < n; i += stride)
         tally(x[i], t1, t2, t3, c, warp_hist, aggregate);
@@ -411,23 +417,32 @@ census_f32(const float* __restrict__ x, long long n, unsigned int t1, unsigned i
     flush(c, hist, out);
 }
 
-// fp16 / bf16: 16-byte loads of 8 values, then a scalar tail
+__device__ __forceinline__ void tally8(uint4 q, unsigned int t1, unsigned int t2,
+                                       unsigned int t3, Counts& c, unsigned int* warp_hist,
+                                       int aggregate, int is_bf16) {
+    unsigned int w[4] = {q.x, q.y, q.z, q.w};
+    #pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        tally(half_bits_to_float((unsigned short)(w[k] & 0xffffu), is_bf16), t1, t2, t3, c,
+              warp_hist, aggregate);
+        tally(half_bits_to_float((unsigned short)(w[k] >> 16), is_bf16), t1, t2, t3, c,
+              warp_hist, aggregate);
+    }
+}
+
+// fp16 / bf16: two 16-byte loads of 8 values in flight per thread, then a scalar tail
 extern "C" __global__ void __launch_bounds__(256)
 census_f16(const unsigned short* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
            unsigned int t3, unsigned long long* __restrict__ out, int aggregate, int is_bf16) {
     CENSUS_PROLOGUE
     long long nvec = n / 8;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (long long i = tid; i < nvec; i += stride) {
-        uint4 q = __ldg(&xv[i]);
-        unsigned int w[4] = {q.x, q.y, q.z, q.w};
-        #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            tally(half_bits_to_float((unsigned short)(w[k] & 0xffffu), is_bf16), t1, t2, t3, c,
-                  warp_hist, aggregate);
-            tally(half_bits_to_float((unsigned short)(w[k] >> 16), is_bf16), t1, t2, t3, c,
-                  warp_hist, aggregate);
-        }
+    for (long long i = tid; i < nvec; i += 2 * stride) {
+        uint4 q0 = __ldg(&xv[i]);
+        bool two = i + stride < nvec;
+        uint4 q1 = two ? __ldg(&xv[i + stride]) : make_uint4(0u, 0u, 0u, 0u);
+        tally8(q0, t1, t2, t3, c, warp_hist, aggregate, is_bf16);
+        if (two) tally8(q1, t1, t2, t3, c, warp_hist, aggregate, is_bf16);
     }
     for (long long i = nvec * 8 + tid; i < n; i += stride)
         tally(half_bits_to_float(x[i], is_bf16), t1, t2, t3, c, warp_hist, aggregate);
@@ -481,8 +496,12 @@ def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16", *, aggregate: bool |
     out = torch.zeros(5 + nbins, dtype=torch.int64, device=x.device)
     lim = [np.uint32(np.float32(t).view(np.uint32)) for t in (t1, t2, t3)]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    per_thread = 4 if x.dtype == torch.float32 else 8
-    blocks = int(max(1, min(sms * 8, -(-x.numel() // (256 * per_thread)))))
+    per_thread = 8 if x.dtype == torch.float32 else 16  # two vectors per loop trip
+    try:  # one full wave of resident blocks: a second, partial wave would idle most SMs
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, 256, 0)
+    except Exception:  # older CuPy: 4 blocks of 256 threads fit on every GPU since Volta
+        per_sm = 4
+    blocks = int(max(1, min(sms * max(per_sm, 1), -(-x.numel() // (256 * per_thread)))))
     # hand the buffers to CuPy through DLPack (no copy); 16-bit data as int16, which CuPy
     # knows (it has no bfloat16), since the kernel reads raw bits anyway
     raw = x if x.dtype == torch.float32 else x.view(torch.int16)
