@@ -466,12 +466,14 @@ def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interv
         torch.cuda.synchronize()
         events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         sampler.start()
-        events[0].record()
-        for i in range(steps):
-            loss = one(warmup + i)
-            events[i + 1].record()
-        torch.cuda.synchronize()
-        tele = sampler.stop()
+        try:
+            events[0].record()
+            for i in range(steps):
+                loss = one(warmup + i)
+                events[i + 1].record()
+            torch.cuda.synchronize()
+        finally:  # a failure mid-point must not leave the sampler thread running
+            tele = sampler.stop()
         times = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
         peak_alloc = torch.cuda.max_memory_allocated() / 2**20
         peak_res = torch.cuda.max_memory_reserved() / 2**20
@@ -479,11 +481,13 @@ def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interv
     else:
         sampler.start()
         times = []
-        for i in range(steps):
-            t0 = time.perf_counter()
-            loss = one(warmup + i)
-            times.append((time.perf_counter() - t0) * 1e3)
-        tele = sampler.stop()
+        try:
+            for i in range(steps):
+                t0 = time.perf_counter()
+                loss = one(warmup + i)
+                times.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            tele = sampler.stop()
         peak_alloc = peak_res = None
         mem_note = "CPU run: torch keeps no peak-memory counter for host allocations"
     timing = summarize(times)

@@ -18,6 +18,7 @@ the sampler is a no-op and says why.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import asdict, dataclass
@@ -86,11 +87,12 @@ class NvmlSource:
         }
 
 
+@functools.lru_cache(maxsize=None)
 def nvml_source(device_index: int = 0) -> tuple[NvmlSource | None, str]:
     """Returns (an NVML source for the torch CUDA device, "") or (None, why there is none).
 
     The NVML handle is looked up by PCI bus id, because NVML numbers GPUs differently from
-    CUDA when ``CUDA_VISIBLE_DEVICES`` is set.
+    CUDA when ``CUDA_VISIBLE_DEVICES`` is set. Cached: NVML is started once per process.
     """
     try:
         import pynvml

@@ -426,3 +426,17 @@ def test_engine_check_reads_the_benchmark_summary(tmp_path, monkeypatch):
     fp16lab.bench.write_result("vs", [], meta={"summary": summary})
     text = sweep.engine_check("vs")
     assert "ratio 1.012" in text and "2.50%" in text and "+0.20%" in text
+
+
+@pytest.mark.gpu
+def test_gpu_failure_mid_timing_stops_the_telemetry_thread():
+    import threading
+
+    def inject(point, repeat, step):
+        if step == 3:  # a timed step (warmup is 2)
+            raise ValueError("injected during the timed steps")
+
+    row = sweep.measure_point(Point("small_cnn", 64, device="cuda"), warmup=2, steps=5,
+                              telemetry=True, fault_injector=inject)
+    assert row["status"] == "error" and "injected" in row["error"]
+    assert not any(t.name == "fp16lab-telemetry" for t in threading.enumerate())
