@@ -520,7 +520,7 @@ def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16", *, aggregate: bool |
                 kernel((blocks,), (256,), args)
         return out
 
-    launch.keep_alive = x  # the kernel reads x through a raw pointer
+    launch.tensor = x  # the tensor counted (the CuPy views in args keep its memory alive)
     return launch, out
 
 
