@@ -116,22 +116,27 @@ def plot_ulp(formats: Iterable[str] = ("fp16", "bf16"), ax=None, *, points: int 
 
     ax = _axes(ax)
     formats = tuple(formats)
+    if xlim is None and formats:
+        f0 = format_info(formats[0])
+        xlim = (f0.smallest_subnormal / 4, f0.max_finite * 4)
+    shown: list[np.ndarray] = []
     for i, name in enumerate(formats):
         f = format_info(name)
         x = np.logspace(math.log10(f.smallest_subnormal), math.log10(f.max_finite), points)
         y = ulp(x, f)
         if relative:
             y = y / x
+        if xlim is not None:
+            shown.append(y[(x >= xlim[0]) & (x <= xlim[1])])
         ax.step(x, y, where="post", color=FORMAT_COLOURS.get(f.name, f"C{i}"), label=f.name)
         ax.axvline(f.smallest_normal, color=FORMAT_COLOURS.get(f.name, f"C{i}"), ls=":", lw=1)
-    formats = tuple(formats)
-    if xlim is None and formats:
-        f0 = format_info(formats[0])
-        xlim = (f0.smallest_subnormal / 4, f0.max_finite * 4)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     if xlim is not None:
         ax.set_xlim(*xlim)
+        ys = np.concatenate(shown) if shown else np.array([])
+        if ys.size:  # fit the y axis to what is inside the x range, not to every format's span
+            ax.set_ylim(ys.min() / 2, ys.max() * 2)
     ax.set_xlabel("|x|  (dotted: smallest normal)")
     ax.set_ylabel("ULP / |x|" if relative else "ULP (gap to the next number)")
     ax.legend()
