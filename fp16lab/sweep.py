@@ -303,20 +303,58 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-@contextlib.contextmanager
-def _math_flags(point: Point):
-    """Sets TF32 and cudnn.benchmark for a point, and restores them afterwards."""
+def _save_math_flags() -> dict[str, Any]:
+    """Returns the TF32 and cudnn.benchmark settings, read so that reading never fails.
+
+    torch >= 2.9 has a second, per-backend TF32 API (``fp32_precision``); once someone has used
+    it, reading the legacy ``allow_tf32`` flags raises, so those are read only where they can be.
+    """
     import torch
 
     b = torch.backends
-    old = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)
+    state: dict[str, Any] = {"benchmark": b.cudnn.benchmark}
+    for name, get in (("matmul", lambda: b.cuda.matmul.allow_tf32),
+                      ("cudnn", lambda: b.cudnn.allow_tf32)):
+        try:
+            state[name] = get()
+        except RuntimeError:  # "mix of the legacy and new APIs"
+            pass
+    if hasattr(b.cuda.matmul, "fp32_precision") and hasattr(b.cudnn, "conv"):
+        state["new"] = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
+                        b.cudnn.rnn.fp32_precision)
+    return state
+
+
+def _restore_math_flags(state: dict[str, Any]) -> None:
+    import torch
+
+    b = torch.backends
+    if "matmul" in state:
+        b.cuda.matmul.allow_tf32 = state["matmul"]
+    if "cudnn" in state:
+        b.cudnn.allow_tf32 = state["cudnn"]
+    if "new" in state:  # after the legacy flags: the per-backend values win where they are set
+        b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = \
+            state["new"]
+    b.cudnn.benchmark = state["benchmark"]
+
+
+@contextlib.contextmanager
+def _math_flags(point: Point):
+    """Sets TF32 (on only for 'tf32') and cudnn.benchmark for a point, then restores them."""
+    import torch
+
+    b = torch.backends
+    saved = _save_math_flags()
     tf32 = point.precision == "tf32"
-    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = tf32
+    # the legacy setters also set the per-backend flags, leaving both APIs consistent
+    b.cuda.matmul.allow_tf32 = tf32
+    b.cudnn.allow_tf32 = tf32
     b.cudnn.benchmark = point.cudnn_benchmark
     try:
         yield
     finally:
-        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark = old
+        _restore_math_flags(saved)
 
 
 def _keep_batchnorm_fp32(model: Any) -> None:
