@@ -429,3 +429,11 @@ def test_accumulate_matches_float16_loop():
     assert got[2999] == 2048.0  # 2048 + 1 rounds back to 2048
     sr = bits.accumulate(np.ones(3000), "fp16", rounding="stochastic", seed=1)
     assert abs(sr[-1] - 3000) < 200  # unbiased on average, so it keeps growing
+
+
+def test_e4m3_saturate_matches_torch_cast():
+    # torch's float8_e4m3fn cast saturates out-of-range values (inf too) to +-448, where
+    # ml_dtypes gives NaN: saturate=True is torch's behaviour
+    x = torch.tensor([464.0, 465.0, 500.0, 1e6, float("inf"), -1e6, float("-inf"), 100.0])
+    want = x.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)
+    assert torch.equal(bits.encode(x, "e4m3", saturate=True), want)
