@@ -264,6 +264,22 @@ class SweepSpec:
         return list({p.key: p for p in pts}.values())
 
     @classmethod
+    def for_this_machine(cls) -> "SweepSpec":
+        """Returns the ResNet-50 grid on a GPU (small_cnn without torchvision), a quick one on a CPU.
+
+        The GPU grid is batch 64, 128, 256 x both layouts x fp32, tf32, amp-fp16, amp-bf16: the
+        FP32-versus-FP16 table of the reference results, reproduced locally (a few minutes).
+        """
+        import torch
+
+        if not torch.cuda.is_available():
+            return cls.quick(device="cpu")
+        model = "resnet50" if importlib.util.find_spec("torchvision") else "small_cnn"
+        return cls(models=(model,), batches=(64, 128, 256), layouts=("nchw", "channels_last"),
+                   precisions=("fp32", "tf32", "amp-fp16", "amp-bf16"), device="cuda",
+                   warmup=4, steps=12, repeats=3)
+
+    @classmethod
     def quick(cls, **overrides: Any) -> "SweepSpec":
         """Returns a small sweep that finishes in seconds on a CPU (and quickly on a GPU)."""
         base = dict(models=("small_cnn",), batches=(8, 32), layouts=("nchw", "channels_last"),

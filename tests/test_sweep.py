@@ -488,3 +488,12 @@ def test_tf32_is_set_during_a_point_and_restored_after(precision, want, other_co
         if initial_new is not None:
             b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = \
                 initial_new
+
+
+def test_the_sweep_for_this_machine_is_quick_on_a_cpu():
+    spec = SweepSpec.for_this_machine()
+    if torch.cuda.is_available():
+        assert spec.batches == (64, 128, 256) and "amp-fp16" in spec.precisions
+    else:
+        assert spec.resolved_device() == "cpu" and spec.models == ("small_cnn",)
+        assert len(spec.points()) * spec.repeats * (spec.warmup + spec.steps) <= 100
