@@ -7,7 +7,8 @@ import pytest
 
 from fp16lab.kernels import KERNELS, KernelUnavailable, find_cuda_include, gemm
 from fp16lab.kernels import compiler
-from fp16lab.kernels.emulate import fragment_mma
+from fp16lab.kernels import report
+from fp16lab.kernels.emulate import fragment_error, fragment_mma, fragment_mma_fp16_acc
 
 SHAPES = [(1, 1, 1), (16, 16, 16), (17, 33, 9), (128, 256, 32), (129, 257, 40), (255, 130, 64),
           (1000, 1001, 1003), (512, 512, 8), (1024, 1024, 1024)]
@@ -77,6 +78,104 @@ def test_fragment_emulation_matches_float64():
 def test_fragment_emulation_rejects_wrong_shapes():
     with pytest.raises(ValueError, match="16x16"):
         fragment_mma(np.zeros((8, 16), np.float16), np.zeros((16, 16), np.float16))
+
+
+def test_fp16_accumulation_is_worse_and_within_its_bound():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 16)).astype(np.float16)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    d16 = fragment_mma_fp16_acc(a, b)
+    assert d16.dtype == np.float16
+    bound = 16 * 2.0**-11 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+    assert (np.abs(d16 - ref) <= bound).all()
+    e = fragment_error(seed=3)
+    assert e["rel_error_fp32_accumulate"] < 4 * e["fp32_unit_roundoff"]
+    assert e["rel_error_fp16_accumulate"] > 100 * e["rel_error_fp32_accumulate"]
+
+
+def _row(impl, kind, step, shape, tflops, pct):
+    m, n, k = map(int, shape.split("x"))
+    return {"shape": shape, "m": m, "n": n, "k": k, "impl": impl, "kind": kind, "step": step,
+            "tflops": tflops, "pct_cublas": pct, "rel_err": 2e-4, "median_ms": 1.0}
+
+
+def _payload():
+    s = "8192x8192x8192"
+    rows = [_row("cupy.matmul", "cublas", 0, s, 800.0, 100.0),
+            _row("wmma_naive", "kernel", 1, s, 20.0, 2.5),
+            _row("wmma_pipeline", "kernel", 4, s, 300.0, 37.5),
+            _row("wmma_pipeline_256", "kernel", 4, s, 420.0, 52.5),
+            _row("mma_sync", "kernel", 5, s, 560.0, 70.0),
+            _row("not_a_kernel_any_more", "kernel", 5, s, 900.0, 112.5),
+            _row("mma_sync", "kernel", 5, "4096x4096x4096", 500.0, 66.0)]
+    return {"meta": {"mma_sync_peak": [{"warps_per_sm": 8, "tflops": 700.0}], "copy_gbs": 4000.0},
+            "rows": rows}
+
+
+def test_ladder_summary_takes_the_best_kernel_of_each_step():
+    p = _payload()
+    assert report.best_per_step(p) == {1: "wmma_naive", 4: "wmma_pipeline_256", 5: "mma_sync"}
+    t = report.ladder_summary(p)
+    assert t.loc[5, "kernel"] == "mma_sync"
+    assert t.loc[5, "% of mma.sync peak"] == pytest.approx(100 * 560 / 700)
+    assert t.loc[4, "x previous step"] == pytest.approx(420 / 20)
+    assert t.loc[5, "x previous step"] == pytest.approx(560 / 420)
+    assert t.loc["cuBLAS (cupy.matmul)", "TFLOP/s"] == 800.0
+    met = report.targets(p)["met"].tolist()
+    assert met == [True, True]  # 52.5% >= 50%, 70% >= 70%
+    sizes = report.sizes_table(p, ["mma_sync"])
+    assert sizes.loc["mma_sync", "4096x4096x4096"] == 500.0
+
+
+def test_alignment_classes_group_by_divisibility():
+    rows = []
+    for d in range(17):
+        n = 4096 + d
+        name = ("nvjet_sm90_hsh_x" if n % 8 == 0 else
+                "void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_128x256_64x3_nn_align2>"
+                if n % 2 == 0 else "void cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm_f16_nn_align1>")
+        tf = 700.0 if n % 8 == 0 else 200.0 if n % 2 == 0 else 100.0
+        rows.append({"mode": "square", "d": d, "n": n, "tflops": tf, "kernels": ["Memset (Device)", name],
+                     "mult8": n % 8 == 0, "mult16": n % 16 == 0, "tensor_core_by_name": False})
+    c = report.alignment_classes({"meta": {}, "rows": rows})
+    assert list(c.index) == ["multiple of 16", "multiple of 8, not 16", "even, not a multiple of 8", "odd"]
+    assert c.loc["odd", "vs multiples of 16"] == pytest.approx(100 / 700)
+    assert c["Tensor Core kernel"].all()  # re-classified from the names, Memset dropped
+    assert "align1" in c.loc["odd", "kernels"]
+    assert "multiples of 8 run at 100%" in report.alignment_finding({"meta": {}, "rows": rows})
+
+
+def test_tensor_core_names():
+    assert report.uses_tensor_cores("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT")
+    assert report.uses_tensor_cores("ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_32x3_nn")
+    assert not report.uses_tensor_cores("volta_sgemm_128x64_nn")
+    assert report.gemm_kernel_names(["Memset (Device)", "k"]) == ["k"]
+
+
+def test_bits_table_matches_numpy_codes():
+    vals = np.array([1.0, -2.0, 0.1, 65504.0, 6e-8, -0.0, np.inf], dtype=np.float16)
+    printed = "\n".join(f"fp16[{i}] = 0x{int(c):04x}" for i, c in enumerate(vals.view(np.uint16)))
+    t = report.bits_table(vals, printed)
+    assert (t["device printf"] == t["numpy code"]).all()
+    np.testing.assert_array_equal(t["decoded (fp16lab.bits)"].to_numpy(), vals.astype(np.float64))
+    assert (report.bits_table(vals)["device printf"] == "not run").all()
+
+
+def test_source_diff_shows_the_step():
+    d = report.source_diff("wmma_smem.cu", "wmma_padded.cu")
+    assert "+#define PAD 8" in d and "uint4" in d
+    assert report.source_diff("wmma_smem.cu", "wmma_padded.cu", max_lines=5).endswith("shows all)")
+
+
+def test_plots_draw_from_a_payload():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    p = _payload()
+    assert len(report.plot_ladder(p).lines) >= 4
+    assert len(report.plot_roofline(p).lines) >= 3
+    plt.close("all")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,10 +29,10 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from .compiler import (KernelUnavailable, find_cuda_include, get_function, load_module,
-                       require_cupy, source_path)
+from .compiler import (KernelUnavailable, available, find_cuda_include, get_function,
+                       load_module, require_cupy, source_path)
 
-__all__ = ["KERNELS", "KernelSpec", "KernelUnavailable", "find_cuda_include", "gemm",
+__all__ = ["KERNELS", "KernelSpec", "KernelUnavailable", "available", "find_cuda_include", "gemm",
            "load_module", "print_fp16_bits", "source_path", "gemm_flops"]
 
 

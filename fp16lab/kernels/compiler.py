@@ -101,6 +101,16 @@ def require_cupy() -> Any:
     return cupy
 
 
+def available() -> tuple[bool, str]:
+    """Returns (True, "") when the kernels can be compiled and run here, else (False, why not)."""
+    try:
+        require_cupy()
+        find_cuda_include()
+    except KernelUnavailable as e:
+        return False, str(e)
+    return True, ""
+
+
 def source_path(filename: str) -> Path:
     """Returns the path of one of the package's ``.cu`` files."""
     p = SOURCE_DIR / filename

@@ -30,42 +30,138 @@ def uses_tensor_cores(kernel_name: str) -> bool:
     return bool(_TC_PATTERNS.search(kernel_name))
 
 
-def ladder_table(payload: dict[str, Any], shape: str | None = None):
-    """Returns a DataFrame of implementations x shapes: TFLOP/s and % of cuBLAS (cupy.matmul)."""
+def kernels_table():
+    """Returns a DataFrame describing every kernel of the ladder (step, tiles, threads, shared memory)."""
     import pandas as pd
 
+    from . import KERNELS
+
+    return pd.DataFrame([{"step": k.step, "kernel": k.name, "what it adds": k.title,
+                          "block tile": f"{k.bm}x{k.bn}", "threads": k.threads,
+                          "dynamic smem (KB)": round(k.dynamic_smem / 1024, 1),
+                          "source": k.source} for k in KERNELS.values()]).set_index("kernel")
+
+
+def _rows(payload: dict[str, Any]):
+    import pandas as pd
+
+    from . import KERNELS
+
     df = pd.DataFrame(payload["rows"])
+    # keep the kernels this version of the package still has, and cuBLAS
+    return df[(df["kind"] == "cublas") | df["impl"].isin(list(KERNELS))]
+
+
+def ladder_table(payload: dict[str, Any], shape: str | None = None):
+    """Returns a DataFrame of every measured implementation: TFLOP/s and % of cuBLAS (cupy.matmul)."""
+    df = _rows(payload)
     if shape is not None:
         df = df[df["shape"] == shape]
     cols = ["shape", "impl", "step", "tflops", "pct_cublas", "rel_err", "median_ms"]
-    return df[cols].sort_values(["shape", "step", "impl"], key=None).reset_index(drop=True)
+    return df[cols].sort_values(["shape", "step", "impl"]).reset_index(drop=True)
+
+
+def best_per_step(payload: dict[str, Any], size: int = 8192) -> dict[int, str]:
+    """Returns {step: the fastest kernel of that step at size^3} from a measured file."""
+    df = _rows(payload)
+    df = df[(df["shape"] == f"{size}x{size}x{size}") & (df["kind"] == "kernel")]
+    return {int(step): g.sort_values("tflops")["impl"].iloc[-1] for step, g in df.groupby("step")}
+
+
+def mma_sync_peak(payload: dict[str, Any]) -> float | None:
+    """Returns the best measured mma.sync peak (TFLOP/s) stored with a gemm result, if any."""
+    peak = payload["meta"].get("mma_sync_peak")
+    return max(p["tflops"] for p in peak) if peak else None
 
 
 def ladder_summary(payload: dict[str, Any], size: int = 8192):
-    """Returns one row per implementation at size^3 (TFLOP/s, % of cuBLAS), in ladder order."""
-    df = ladder_table(payload, f"{size}x{size}x{size}")
-    return df.sort_values(["step", "impl"]).set_index("impl")[["step", "tflops", "pct_cublas",
-                                                                  "rel_err"]]
+    """Returns the ladder at size^3: the best kernel of each step with TFLOP/s and its ratios.
 
-
-def plot_ladder(payload: dict[str, Any], ax=None):
-    """Returns a matplotlib Axes with TFLOP/s against square size for every implementation."""
-    import matplotlib.pyplot as plt
+    Columns: the kernel, TFLOP/s, % of cuBLAS (cupy.matmul in the same run), % of the measured
+    mma.sync peak (the ceiling of any kernel built on that instruction), and the speed-up over
+    the step before.
+    """
     import pandas as pd
 
-    df = pd.DataFrame(payload["rows"])
+    df = _rows(payload)
+    df = df[df["shape"] == f"{size}x{size}x{size}"].set_index("impl")
+    peak = mma_sync_peak(payload)
+    rows = []
+    for step, name in sorted(best_per_step(payload, size).items()):
+        r = df.loc[name]
+        rows.append({"step": step, "kernel": name, "TFLOP/s": r["tflops"],
+                     "% of cuBLAS": r["pct_cublas"],
+                     "% of mma.sync peak": 100 * r["tflops"] / peak if peak else float("nan"),
+                     "rel. error": r["rel_err"]})
+    out = pd.DataFrame(rows).set_index("step")
+    out["x previous step"] = out["TFLOP/s"] / out["TFLOP/s"].shift(1)
+    for impl in ("cupy.matmul", "torch.matmul"):
+        if impl in df.index:
+            out.loc[f"cuBLAS ({impl})"] = {"kernel": impl, "TFLOP/s": df.loc[impl, "tflops"],
+                                           "% of cuBLAS": df.loc[impl, "pct_cublas"],
+                                           "% of mma.sync peak": float("nan"),
+                                           "rel. error": df.loc[impl, "rel_err"],
+                                           "x previous step": float("nan")}
+    return out
+
+
+def targets(payload: dict[str, Any], size: int = 8192):
+    """Returns the issue's targets at size^3 against the measurement: best WMMA-API kernel >= 50%
+    of cuBLAS, best mma.sync kernel >= 70%, with the kernel, its % of cuBLAS and whether it is met."""
+    import pandas as pd
+
+    df = _rows(payload)
+    df = df[(df["shape"] == f"{size}x{size}x{size}") & (df["kind"] == "kernel")]
+    out = []
+    for label, steps, goal in (("best WMMA-API kernel (steps 1-4)", (1, 2, 3, 4), 50.0),
+                               ("best mma.sync kernel (step 5)", (5,), 70.0)):
+        g = df[df["step"].isin(steps)].sort_values("tflops")
+        if g.empty:
+            continue
+        best = g.iloc[-1]
+        out.append({"target": f"{label} >= {goal:.0f}% of cuBLAS", "kernel": best["impl"],
+                    "TFLOP/s": best["tflops"], "% of cuBLAS": best["pct_cublas"],
+                    "met": bool(best["pct_cublas"] >= goal)})
+    return pd.DataFrame(out).set_index("target")
+
+
+def sizes_table(payload: dict[str, Any], kernels: list[str] | None = None, value: str = "tflops"):
+    """Returns a kernels x shapes DataFrame of TFLOP/s (or another column, e.g. pct_cublas)."""
+    df = _rows(payload)
+    if kernels is not None:
+        df = df[df["impl"].isin(kernels)]
+    order = list(dict.fromkeys(df["shape"]))
+    t = df.pivot_table(index="impl", columns="shape", values=value, sort=False)
+    return t[order].loc[list(dict.fromkeys(df["impl"]))]
+
+
+def plot_ladder(payload: dict[str, Any], kernels: list[str] | None = None, ax=None):
+    """Returns an Axes with TFLOP/s against square size; by default the best kernel of each step."""
+    import matplotlib.pyplot as plt
+
+    df = _rows(payload)
+    if kernels is None:
+        kernels = list(best_per_step(payload).values())
     sq = df[(df.m == df.n) & (df.n == df.k) & (df.m % 1024 == 0)]
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4.5))
-    for impl, g in sq.groupby("impl", sort=False):
-        g = g.sort_values("m")
-        style = "k--" if g["kind"].iloc[0] == "cublas" else "o-"
-        ax.plot(g["m"], g["tflops"], style, label=impl, alpha=0.6 if style == "k--" else 1.0)
+    for impl in ["cupy.matmul", "torch.matmul"] + kernels:
+        g = sq[sq["impl"] == impl].sort_values("m")
+        if g.empty:
+            continue
+        if g["kind"].iloc[0] == "cublas":
+            ax.plot(g["m"], g["tflops"], "k--" if impl == "cupy.matmul" else "k:", label=f"cuBLAS ({impl})")
+        else:
+            ax.plot(g["m"], g["tflops"], "o-", label=f"{g['step'].iloc[0]}. {impl}")
+    peak = mma_sync_peak(payload)
+    if peak:
+        ax.axhline(peak, color="tab:red", lw=1, ls="-.", label=f"mma.sync peak ({peak:.0f})")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(sq["m"].unique()), [str(x) for x in sorted(sq["m"].unique())])
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title("fp16 GEMM: the kernel ladder against cuBLAS")
-    ax.legend(fontsize=8, ncol=2)
+    ax.set_title("fp16 GEMM on " + str(payload["meta"].get("gpu_name")) + ": the ladder against cuBLAS")
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
     return ax
 
@@ -85,46 +181,82 @@ def roofline_points(payload: dict[str, Any], size: int = 8192) -> list[dict[str,
     return out
 
 
-def plot_roofline(payload: dict[str, Any], ax=None):
-    """Returns an Axes with the roofline (measured cuBLAS peak, measured copy bandwidth) and points.
+def plot_roofline(payload: dict[str, Any], kernels: list[str] | None = None, ax=None):
+    """Returns an Axes with the roofline and the measured points of every square size.
 
     The flat roof is the best cuBLAS rate measured in the run, the slope the measured
-    device-to-device copy rate; each implementation is drawn at the intensity of every square size.
+    device-to-device copy rate; a second flat line marks the measured mma.sync peak, the roof
+    for kernels that use that instruction (cuBLAS uses Hopper's wgmma instead).
     """
     import matplotlib.pyplot as plt
     import numpy as np
-    import pandas as pd
 
-    df = pd.DataFrame(payload["rows"])
+    df = _rows(payload)
+    if kernels is None:
+        kernels = list(best_per_step(payload).values())
     peak = df[df.kind == "cublas"]["tflops"].max()
     bw = payload["meta"].get("copy_gbs")
+    mma_peak = mma_sync_peak(payload)
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
-    x = np.logspace(0, 4, 200)
+        _, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
+    x = np.logspace(1, 4, 200)
     if bw:
         ax.plot(x, np.minimum(peak, x * bw / 1e3), "k-", lw=2,
-                label=f"roof: min({peak:.0f} TFLOP/s, {bw / 1e3:.1f} TB/s x intensity)")
-    else:
-        ax.axhline(peak, color="k", lw=2, label=f"cuBLAS peak {peak:.0f} TFLOP/s")
+                label=f"roof: min({peak:.0f} TFLOP/s cuBLAS, {bw / 1e3:.2f} TB/s x intensity)")
+        ridge = peak * 1e3 / bw
+        ax.axvline(ridge, color="gray", lw=0.8, ls=":")
+        ax.annotate(f" ridge: {ridge:.0f} FLOP/B", (ridge, 3), fontsize=8, color="gray")
+    if mma_peak:
+        ax.plot(x, np.minimum(mma_peak, x * (bw or np.inf) / 1e3), color="tab:red", ls="-.",
+                label=f"mma.sync roof ({mma_peak:.0f} TFLOP/s measured)")
     sq = df[(df.m == df.n) & (df.n == df.k) & (df.m % 1024 == 0)]
-    for impl, g in sq.groupby("impl", sort=False):
+    for impl in ["cupy.matmul"] + kernels:
+        g = sq[sq["impl"] == impl].sort_values("m")
         ai = 2 * g.m * g.n * g.k / (2 * (g.m * g.k + g.k * g.n + g.m * g.n))
-        ax.plot(ai, g["tflops"], "o" if g["kind"].iloc[0] == "kernel" else "x", label=impl)
+        ax.plot(ai, g["tflops"], "x--" if impl == "cupy.matmul" else "o-", label=impl, ms=5)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP per byte of the fewest bytes moved)")
+    ax.set_ylim(1, 2 * peak)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte, fewest bytes moved); 1024..8192 cubed")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title("Roofline: 1024..8192 cubed, all far right of the ridge (compute-bound)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("Roofline: every size is right of the ridge, so the ceiling is arithmetic")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3, which="both")
     return ax
 
 
-def source_diff(before: str, after: str, context: int = 1) -> str:
+def source_diff(before: str, after: str, context: int = 1, max_lines: int | None = None) -> str:
     """Returns a unified diff between two of the package's .cu files (what one ladder step adds)."""
     a = source_path(before).read_text().splitlines()
     b = source_path(after).read_text().splitlines()
-    return "\n".join(difflib.unified_diff(a, b, before, after, n=context, lineterm=""))
+    lines = list(difflib.unified_diff(a, b, before, after, n=context, lineterm=""))
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more diff lines: "
+                                     f"source_diff({before!r}, {after!r}) shows all)"]
+    return "\n".join(lines)
+
+
+def bits_table(values: Any, printed: str | None = None):
+    """Returns a DataFrame: each fp16 value, its code from numpy, the code the device printed, decoded.
+
+    ``printed`` is the text of :func:`fp16lab.kernels.print_fp16_bits` (``None`` where the kernel
+    did not run); the codes are decoded with notebook 01's :func:`fp16lab.bits.decode`.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from ..bits import decode
+
+    v = np.asarray(values, dtype=np.float16).ravel()
+    codes = v.view(np.uint16).astype(np.int64)
+    dev = {}
+    for line in (printed or "").splitlines():
+        m = re.match(r"fp16\[(\d+)\] = 0x([0-9a-f]{4})", line.strip())
+        if m:
+            dev[int(m.group(1))] = m.group(2)
+    return pd.DataFrame({"value": v.astype(np.float64), "numpy code": [f"{c:04x}" for c in codes],
+                         "device printf": [dev.get(i, "not run") for i in range(len(v))],
+                         "decoded (fp16lab.bits)": decode(codes, "fp16")})
 
 
 def alignment_table(payload: dict[str, Any], mode: str = "square"):
@@ -140,17 +272,70 @@ def alignment_table(payload: dict[str, Any], mode: str = "square"):
     return df[["d", "n", "mult8", "mult16", "tflops", "vs_d0", "tensor_core_by_name", "kernel"]]
 
 
+def _family(name: str) -> str:
+    if name.startswith("nvjet"):
+        return "nvjet (cuBLAS Hopper kernels, wgmma)"
+    m = re.search(r"cutlass_(\d+)_tensorop.*?(s\d+gemm).*?(align\d+)", name)
+    if m:
+        return f"cutlass sm{m.group(1)} tensorop {m.group(2)} {m.group(3)}"
+    return name[:60]
+
+
+def alignment_classes(payload: dict[str, Any], mode: str = "square"):
+    """Returns, per divisibility class of N (by 16, by 8 only, by 2 only, odd), the mean TFLOP/s,
+    its ratio to the multiples of 16, whether every kernel is a Tensor Core one, and the kernel families."""
+    import pandas as pd
+
+    df = alignment_table(payload, mode)
+
+    def cls(n: int) -> str:
+        return ("multiple of 16" if n % 16 == 0 else "multiple of 8, not 16" if n % 8 == 0 else
+                "even, not a multiple of 8" if n % 2 == 0 else "odd")
+    df["class"] = df["n"].map(cls)
+    df["family"] = df["kernel"].map(_family)
+    g = df.groupby("class", sort=False)
+    out = pd.DataFrame({"sizes": g["n"].apply(lambda s: ", ".join(map(str, s))),
+                        "mean TFLOP/s": g["tflops"].mean(),
+                        "Tensor Core kernel": g["tensor_core_by_name"].all(),
+                        "kernels": g["family"].apply(lambda s: "; ".join(sorted(set(s))))})
+    out["vs multiples of 16"] = out["mean TFLOP/s"] / out.loc["multiple of 16", "mean TFLOP/s"]
+    order = ["multiple of 16", "multiple of 8, not 16", "even, not a multiple of 8", "odd"]
+    return out.loc[[c for c in order if c in out.index]]
+
+
 def alignment_finding(payload: dict[str, Any], mode: str = "square") -> str:
     """Returns one paragraph answering: must dimensions be multiples of 16, of 8, or neither?"""
-    df = alignment_table(payload, mode)
-    g = df.groupby(df["n"].map(lambda n: "16" if n % 16 == 0 else "8" if n % 8 == 0 else "other"))
-    mean = g["tflops"].mean()
-    tc = g["tensor_core_by_name"].all()
-    parts = [f"multiples of {key if key != 'other' else 'neither 8 nor 16'}: mean "
-             f"{mean[key]:.0f} TFLOP/s, Tensor Core kernel names {'always' if tc[key] else 'NOT always'}"
-             for key in ("16", "8", "other") if key in mean]
-    slow = mean.get("other", float("nan")) / mean.get("16", float("nan"))
-    verdict = ("every size ran on Tensor Core kernels" if df["tensor_core_by_name"].all() else
-               "some sizes fell back to kernels whose names show no Tensor Core path")
-    return (f"{mode}: {verdict}; " + "; ".join(parts) +
-            f". Sizes that are not multiples of 8 reach {100 * slow:.0f}% of the multiple-of-16 rate.")
+    c = alignment_classes(payload, mode)
+    r8 = c.loc["multiple of 8, not 16", "vs multiples of 16"] if "multiple of 8, not 16" in c.index else float("nan")
+    rest = c.drop(index=[i for i in ("multiple of 16", "multiple of 8, not 16") if i in c.index])
+    tc_all = bool(c["Tensor Core kernel"].all())
+    return (f"{mode}: multiples of 8 run at {100 * r8:.0f}% of the multiples-of-16 rate on the same "
+            f"kernel family ({c.loc['multiple of 16', 'kernels']}); sizes that are not multiples of 8 "
+            f"drop to {100 * rest['vs multiples of 16'].min():.0f}-{100 * rest['vs multiples of 16'].max():.0f}% "
+            f"({'; '.join(rest['kernels'])}). "
+            + ("Every size ran on Tensor Core kernels: what a multiple of 8 buys is the fast Hopper "
+               "path with 16-byte aligned loads, not the use of Tensor Cores at all."
+               if tc_all else "Some sizes ran on kernels whose names show no Tensor Core path."))
+
+
+def plot_alignment(payload: dict[str, Any], ax=None):
+    """Returns an Axes with cuBLAS TFLOP/s against d for N = base + d, one line per mode."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.8))
+    for mode, style in (("square", "o-"), ("n_only", "s--")):
+        if not any(r["mode"] == mode for r in payload["rows"]):
+            continue
+        df = alignment_table(payload, mode)
+        ax.plot(df["d"], df["tflops"], style, label={"square": "M = N = K = 4096 + d",
+                                                     "n_only": "M = K = 4096, N = 4096 + d"}[mode])
+    for d in (0, 8, 16):
+        ax.axvline(d, color="green", lw=0.8, alpha=0.5)
+    ax.set_xticks(range(0, 17))
+    ax.set_xlabel("d (green lines: N a multiple of 8)")
+    ax.set_ylabel("TFLOP/s (torch.matmul, fp16)")
+    ax.set_title("cuBLAS fp16 GEMM at N = 4096 + d")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax

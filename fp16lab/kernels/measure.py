@@ -1,0 +1,68 @@
+"""Running the ladder on the local GPU from a notebook: correctness checks and a short benchmark.
+
+:func:`check_all` multiplies fresh random matrices with every kernel and compares with a
+float64 product; :func:`run_benchmark` runs ``benchmarks/gemm.py`` (the script that produced
+``data/gemm.json``) in a subprocess on a few sizes and returns its result file, so a notebook
+times the kernels with exactly the code that measured the recorded results.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import KERNELS, gemm
+from .compiler import require_cupy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def relative_error(out: Any, a: Any, b: Any) -> float:
+    """Returns ||out - a@b|| / ||a@b|| with the product taken in float64 on the GPU."""
+    cupy = require_cupy()
+    ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
+    den = float(cupy.linalg.norm(ref))
+    num = float(cupy.linalg.norm(out.astype(cupy.float64) - ref))
+    return num / den if den else num
+
+
+def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[str] | None = None,
+              out_dtype: str = "float32") -> dict[str, float]:
+    """Returns {kernel: relative error against float64} on fresh random inputs of shape (M, N, K).
+
+    Each output is poisoned with NaN first, so an element a kernel forgot to write shows as NaN.
+    """
+    cupy = require_cupy()
+    m, n, k = shape
+    rng = cupy.random.default_rng()
+    a = rng.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((k, n), dtype=cupy.float32).astype(cupy.float16)
+    errors = {}
+    for name in kernels or list(KERNELS):
+        out = cupy.full((m, n), cupy.nan, dtype=out_dtype)
+        gemm(a, b, kernel=name, out_dtype=out_dtype, out=out)
+        errors[name] = relative_error(out, a, b)
+    return errors
+
+
+def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | None = None,
+                  timeout: int = 900) -> dict[str, Any]:
+    """Returns the result of ``benchmarks/gemm.py`` run here on square sizes (no odd shapes)."""
+    require_cupy()
+    script = REPO / "benchmarks" / "gemm.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} not found: run_benchmark needs the fp16lab repository")
+    from .. import bench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(script), "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
+               "--sizes", *map(str, sizes)]
+        if kernels:
+            cmd += ["--kernels", *kernels]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        if res.returncode != 0:
+            raise RuntimeError(f"benchmarks/gemm.py failed ({res.returncode}):\n{res.stderr[-3000:]}")
+        return bench.read_result(Path(tmp) / "gemm_local.json")
