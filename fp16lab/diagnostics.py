@@ -119,11 +119,13 @@ def census_lost_kept(named_grads: Iterable[tuple[str, torch.Tensor]], scale: flo
 # --------------------------------------------------------------------------------------------
 # Cheap per-layer statistics with hooks
 # --------------------------------------------------------------------------------------------
-#: Exponent bins of the monitor's histogram: floor(log2|g|) from -149 (float32's smallest
-#: subnormal) to 127, plus one bin each for zero, inf and NaN.
-EXP_MIN, EXP_MAX = -149, 127
+#: Bins of the monitor's histogram, read straight from the float32 bit pattern of |g|:
+#: 0 zero, 1 float32 subnormal (|g| < 2**-126), then one bin per binary exponent
+#: floor(log2|g|) = -126 .. 127, then inf, then NaN.
+EXP_MIN, EXP_MAX = -126, 127
 _ZERO_BIN = 0
-_INF_BIN = EXP_MAX - EXP_MIN + 2
+_F32_SUBNORMAL_BIN = 1
+_INF_BIN = EXP_MAX - EXP_MIN + 3
 _NAN_BIN = _INF_BIN + 1
 N_BINS = _NAN_BIN + 1
 #: torch.histc on CUDA counts in shared memory when bins * 4 bytes fit in 48 KiB.
@@ -131,7 +133,7 @@ _HISTC_SHARED_BINS = 12000
 
 
 def _bin_of_exponent(e: int) -> int:
-    return e - EXP_MIN + 1
+    return e - EXP_MIN + 2
 
 
 class GradientMonitor:
@@ -140,8 +142,8 @@ class GradientMonitor:
     Every parameter gets a post-accumulate-grad hook; the first one to fire in a backward pass
     queues a callback for the end of that pass, which computes for all gradients at once:
 
-    * an exponent histogram of ``|g|`` per parameter (``floor(log2|g|)`` from ``torch.frexp``,
-      exact, plus zero/inf/NaN bins) - one ``bincount`` on the CPU, or on CUDA one
+    * an exponent histogram of ``|g|`` per parameter (``floor(log2|g|)`` read from the float32
+      exponent field, exact; bins for zero, float32 subnormals, inf and NaN) - one ``bincount`` on the CPU, or on CUDA one
       ``torch.histc`` per 42 parameters (so its counts stay in shared memory), over all
       gradients concatenated;
     * ``max|g|`` per parameter - one fused ``torch._foreach_norm(ord=inf)``.
@@ -224,31 +226,36 @@ class GradientMonitor:
                 offsets.append(offsets[-1] + n)
             chunks = [(i, min(i + per_chunk, len(sizes)))
                       for i in range(0, len(sizes), per_chunk)]
-            self._cache[ck] = (base, [(lo, hi, offsets[lo], offsets[hi]) for lo, hi in chunks])
-        base, chunks = self._cache[ck]
+            base_int = torch.repeat_interleave(
+                torch.arange(len(grads), device=device, dtype=torch.int32) * N_BINS,
+                torch.tensor(sizes, device=device))
+            self._cache[ck] = (base, base_int,
+                               [(lo, hi, offsets[lo], offsets[hi]) for lo, hi in chunks])
+        base, base_int, chunks = self._cache[ck]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        a = flat.abs().float()
-        _, e = torch.frexp(a)  # a = m * 2**e with m in [0.5, 1): floor(log2 a) = e - 1
-        b = (e - (EXP_MIN + 1) + 1).clamp_(1, _INF_BIN - 1).float()
-        b = torch.where(a == 0, _ZERO_BIN, b)
-        b = torch.where(torch.isinf(a), _INF_BIN, b)
-        b = torch.where(torch.isnan(a), _NAN_BIN, b)
-        keys = b.add_(base)
+        a = flat.abs().float()  # float16 / bfloat16 widen to float32 exactly
+        bits = a.view(torch.int32)
+        # biased exponent field E: 0 for zero and subnormals, 255 for inf/NaN; floor(log2|g|) =
+        # E - 127 for normals. bin = E + 1, minus 1 for an exact zero, plus 1 for a NaN.
+        code = (bits >> 23).add_(1).add_((bits > 0x7F800000).int()).sub_((bits == 0).int())
         if backend == "auto":
             backend = "bincount" if device.type == "cpu" else "histc"
         if backend == "bincount":
-            hist = torch.bincount(keys.long(), minlength=len(grads) * N_BINS).float()
+            keys = code.add_(base_int)
+            hist = torch.bincount(keys, minlength=len(grads) * N_BINS).float()
         elif backend == "histc":
-            if max(sizes) > 2**24:  # histc counts in the keys' dtype: float32 is exact to 2**24
-                keys = keys.double()
+            # histc counts in the keys' dtype: float32 is exact to 2**24 per bin
+            keys = code.to(torch.float64 if max(sizes) > 2**24 else torch.float32).add_(base)
             hist = torch.cat([torch.histc(keys[e0:e1], bins=(hi - lo) * N_BINS,
                                           min=lo * N_BINS, max=hi * N_BINS).float()
                               for lo, hi, e0, e1 in chunks])
         else:
             raise ValueError(f"backend must be 'auto', 'bincount' or 'histc', got {backend!r}")
         hist = hist.view(len(grads), N_BINS)
-        maxabs = torch.stack([m.float() for m in
-                              torch._foreach_norm(grads, ord=math.inf)])
+        if device.type == "cpu":  # torch's CPU _foreach_norm is a slow loop; amax is not
+            maxabs = torch.stack([g.detach().abs().amax().float() for g in grads])
+        else:  # one fused multi-tensor launch
+            maxabs = torch.stack([m.float() for m in torch._foreach_norm(grads, ord=math.inf)])
         return hist, maxabs
 
     # -- results -------------------------------------------------------------------------------
@@ -313,10 +320,11 @@ class GradientMonitor:
 
 
 def exponent_of_bin(b: int) -> int:
-    """Returns floor(log2|g|) for a GradientMonitor histogram bin (1 .. N_BINS-3)."""
-    if not 1 <= b <= _INF_BIN - 1:
-        raise ValueError(f"bin {b} is not an exponent bin; those are 1..{_INF_BIN - 1}")
-    return b + EXP_MIN - 1
+    """Returns floor(log2|g|) for a GradientMonitor histogram bin (2 .. N_BINS-3)."""
+    if not 2 <= b <= _INF_BIN - 1:
+        raise ValueError(f"bin {b} is not an exponent bin; those are 2..{_INF_BIN - 1} "
+                         f"(0 zero, 1 float32 subnormals, {_INF_BIN} inf, {_NAN_BIN} NaN)")
+    return b + EXP_MIN - 2
 
 
 # --------------------------------------------------------------------------------------------
