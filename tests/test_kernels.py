@@ -287,3 +287,16 @@ def test_mma_sync_peak_is_measured():
     assert rows[0]["finite"]
     # between a tenth of and twice the datasheet's dense fp16 tensor rate (989 TFLOP/s)
     assert 100 < rows[0]["tflops"] < 2000
+
+
+@pytest.mark.gpu
+def test_notebook_helpers_check_and_benchmark():
+    pytest.importorskip("cupy")
+    from fp16lab.kernels import measure
+    errors = measure.check_all((65, 33, 17), kernels=["wmma_naive", "mma_sync"])
+    assert set(errors) == {"wmma_naive", "mma_sync"} and max(errors.values()) < 1e-4
+    res = measure.run_benchmark((1024,), kernels=["wmma_naive", "mma_sync"])
+    impls = {r["impl"] for r in res["rows"]}
+    assert {"cupy.matmul", "wmma_naive", "mma_sync"} <= impls
+    assert all(r["rel_err"] < 1e-3 for r in res["rows"])
+    assert report.ladder_summary(res).loc[5, "kernel"] == "mma_sync"

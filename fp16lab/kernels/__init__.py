@@ -7,17 +7,20 @@ each step keeping the previous one and adding one idea:
 1. ``wmma_naive``: one warp per 16x16 tile of C, fragments read straight from global memory;
 2. ``wmma_smem``: 128x128 block tiles, 8 warps, A and B staged through shared memory;
 3. ``wmma_padded``: padded shared-memory rows against bank conflicts, 16-byte vector loads;
-4. ``wmma_pipeline`` (and the 128x256 ``wmma_pipeline_256``): a 3-stage ``cp.async`` pipeline
-   in dynamic shared memory, and a block order that reuses tiles in L2;
-5. ``mma_sync`` (and the 128x128 ``mma_sync_128``): inline-PTX ``mma.sync.m16n8k16`` with
-   ``ldmatrix`` from XOR-swizzled shared memory, 64x64 warp tiles, 4 stages.
+4. ``wmma_pipeline*``: ``cp.async`` copies with 3-4 stages in flight in dynamic shared memory,
+   blocks grouped for L2 reuse; variants differ in block tile, K slice, stages and warp tiles;
+5. ``mma_sync*``: inline-PTX ``mma.sync.m16n8k16`` with ``ldmatrix`` from XOR-swizzled shared
+   memory, 64x64 warp tiles, fragments double-buffered in registers; variants as in step 4.
 
 Any M, N, K works. Steps 1 and 2 handle edges element by element inside the kernel. Steps 3 to 5
 move 16-byte chunks, zero-filled outside the matrices, which needs K and N to be multiples of 8:
 when they are not, the launcher copies A and B into zero-padded arrays (K and N rounded up to 8;
-an extra read and write of A and B, and of C) and returns the M x N part.
+an extra read and write of A and B, and of C) and returns the M x N part. Inputs whose data
+pointer is not 256-byte aligned (offset views) are copied first.
 
-``print_fp16_bits`` runs a debugging kernel that prints fp16 bit patterns with device ``printf``.
+``print_fp16_bits`` runs a debugging kernel that prints fp16 bit patterns with device ``printf``;
+:mod:`.peak` measures the mma.sync ceiling, :mod:`.emulate` emulates one fragment multiply on the
+CPU, :mod:`.report` reads measured results, :mod:`.measure` runs checks and timings from a notebook.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ def _check_operand(cupy: Any, x: Any, name: str) -> None:
         raise ValueError(f"{name} has a dimension over 2**31-1: {x.shape}")
 
 
-def _aligned(cupy: Any, x: Any) -> Any:
+def _aligned(x: Any) -> Any:
     # 16-byte loads and direct WMMA loads need aligned base pointers; a fresh allocation is.
     return x if x.data.ptr % 256 == 0 else x.copy()
 
@@ -176,7 +179,7 @@ def gemm(a: Any, b: Any, kernel: str = "mma_sync", *, out_dtype: str = "float32"
         return out
 
     spec = KERNELS[kernel]
-    a, b = _aligned(cupy, a), _aligned(cupy, b)
+    a, b = _aligned(a), _aligned(b)
     kp, np_ = (_round8(k), _round8(n)) if spec.chunked else (k, n)
     if (kp, np_) != (k, n):  # pad K and N up to multiples of 8 with zeros
         ap = cupy.zeros((m, kp), dtype=cupy.float16)

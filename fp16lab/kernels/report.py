@@ -61,8 +61,14 @@ def ladder_table(payload: dict[str, Any], shape: str | None = None):
     return df[cols].sort_values(["shape", "step", "impl"]).reset_index(drop=True)
 
 
-def best_per_step(payload: dict[str, Any], size: int = 8192) -> dict[int, str]:
-    """Returns {step: the fastest kernel of that step at size^3} from a measured file."""
+def largest_square(payload: dict[str, Any]) -> int:
+    """Returns the largest M = N = K that a measured file holds."""
+    return max(r["m"] for r in payload["rows"] if r["m"] == r["n"] == r["k"])
+
+
+def best_per_step(payload: dict[str, Any], size: int | None = None) -> dict[int, str]:
+    """Returns {step: the fastest kernel of that step at size^3} (default: the largest size)."""
+    size = size or largest_square(payload)
     df = _rows(payload)
     df = df[(df["shape"] == f"{size}x{size}x{size}") & (df["kind"] == "kernel")]
     return {int(step): g.sort_values("tflops")["impl"].iloc[-1] for step, g in df.groupby("step")}
@@ -74,8 +80,9 @@ def mma_sync_peak(payload: dict[str, Any]) -> float | None:
     return max(p["tflops"] for p in peak) if peak else None
 
 
-def ladder_summary(payload: dict[str, Any], size: int = 8192):
-    """Returns the ladder at size^3: the best kernel of each step with TFLOP/s and its ratios.
+def ladder_summary(payload: dict[str, Any], size: int | None = None):
+    """Returns the ladder at size^3 (default: the largest size measured): the best kernel of each
+    step with TFLOP/s and its ratios.
 
     Columns: the kernel, TFLOP/s, % of cuBLAS (cupy.matmul in the same run), % of the measured
     mma.sync peak (the ceiling of any kernel built on that instruction), and the speed-up over
@@ -83,6 +90,7 @@ def ladder_summary(payload: dict[str, Any], size: int = 8192):
     """
     import pandas as pd
 
+    size = size or largest_square(payload)
     df = _rows(payload)
     df = df[df["shape"] == f"{size}x{size}x{size}"].set_index("impl")
     peak = mma_sync_peak(payload)
@@ -166,24 +174,11 @@ def plot_ladder(payload: dict[str, Any], kernels: list[str] | None = None, ax=No
     return ax
 
 
-def roofline_points(payload: dict[str, Any], size: int = 8192) -> list[dict[str, float]]:
-    """Returns, per implementation at size^3, its arithmetic intensity (FLOP per byte) and TFLOP/s.
-
-    The intensity counts the fewest bytes a GEMM must move: A and B read once (fp16) and C
-    written once (fp16), 2*(M*K + K*N + M*N) bytes, against 2*M*N*K operations.
-    """
-    out = []
-    for r in payload["rows"]:
-        if r["m"] == r["n"] == r["k"] == size:
-            m, n, k = r["m"], r["n"], r["k"]
-            out.append({"impl": r["impl"], "intensity": 2 * m * n * k / (2 * (m * k + k * n + m * n)),
-                        "tflops": r["tflops"]})
-    return out
-
-
 def plot_roofline(payload: dict[str, Any], kernels: list[str] | None = None, ax=None):
     """Returns an Axes with the roofline and the measured points of every square size.
 
+    A GEMM of M x N x K does 2*M*N*K operations and must move at least A and B once and C once,
+    2*(M*K + K*N + M*N) bytes in fp16: their ratio is the point's intensity.
     The flat roof is the best cuBLAS rate measured in the run, the slope the measured
     device-to-device copy rate; a second flat line marks the measured mma.sync peak, the roof
     for kernels that use that instruction (cuBLAS uses Hopper's wgmma instead).
@@ -217,7 +212,7 @@ def plot_roofline(payload: dict[str, Any], kernels: list[str] | None = None, ax=
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(1, 2 * peak)
-    ax.set_xlabel("arithmetic intensity (FLOP per byte, fewest bytes moved); 1024..8192 cubed")
+    ax.set_xlabel("arithmetic intensity: FLOP per byte of the fewest bytes moved (square sizes)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title("Roofline: every size is right of the ridge, so the ceiling is arithmetic")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
