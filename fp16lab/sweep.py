@@ -570,6 +570,27 @@ def _provenance() -> dict[str, Any]:
     return dict(_META_CACHE)
 
 
+def _drop_inner_frames(exc: BaseException) -> None:
+    """Cuts an exception's traceback below the current frame.
+
+    Whoever catches an exception keeps its traceback, and with it the frames (and the closures
+    of their functions) that hold the point's model, optimizer and activations; cutting the
+    traceback here lets that memory go now instead of when the exception is dropped.
+    """
+    if exc.__traceback__ is not None:
+        exc.__traceback__.tb_next = None
+
+
+def _release_memory() -> None:
+    """Frees what a finished or failed point left: unreachable objects, then cached GPU blocks."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int = 10,
                   tolerance: float = 0.03, telemetry: bool = True, interval_s: float = 0.05,
                   fault_injector: FaultInjector | None = None) -> dict[str, Any]:
@@ -578,10 +599,8 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
     An out-of-memory error or any other exception is caught and recorded in the row; the
     point's model, optimizer and tensors are then released (``gc.collect`` and
     ``torch.cuda.empty_cache``) so the next point starts from the same memory level.
-    ``KeyboardInterrupt`` is not caught.
+    ``KeyboardInterrupt`` is re-raised after the same release.
     """
-    import torch
-
     row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
     row.update(point.settings(), key=point.key, repeat=repeat, warmup=warmup, steps=steps,
                tolerance=tolerance, error="")
@@ -595,12 +614,12 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
     except Exception as e:  # recorded, and the sweep goes on
         status = "oom" if is_oom(e) else "error"
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    finally:
-        # the exception (and the frames holding the model and activations) is gone by now
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+        _drop_inner_frames(e)
+    except BaseException as e:  # KeyboardInterrupt: release the point's memory, then re-raise
+        _drop_inner_frames(e)
+        _release_memory()
+        raise
+    _release_memory()
     row.update(status=status, error=error, elapsed_s=time.perf_counter() - t0,
                finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                **_provenance())

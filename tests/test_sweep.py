@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -497,3 +498,58 @@ def test_the_sweep_for_this_machine_is_quick_on_a_cpu():
     else:
         assert spec.resolved_device() == "cpu" and spec.models == ("small_cnn",)
         assert len(spec.points()) * spec.repeats * (spec.warmup + spec.steps) <= 100
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, ValueError])
+def test_an_interrupted_or_failed_point_releases_its_model(monkeypatch, exc):
+    # Oracle: a weak reference to the model the point built dies, even while the caller still
+    # holds the exception (and its traceback).
+    import weakref
+
+    import fp16lab.models
+
+    refs = []
+    real = fp16lab.models.build_model
+
+    def build(name):
+        m = real(name)
+        refs.append(weakref.ref(m))
+        return m
+
+    monkeypatch.setattr(fp16lab.models, "build_model", build)
+
+    def inject(point, repeat, step):
+        if step == 2:
+            raise exc("stop here")
+
+    point = Point("small_cnn", 4, "channels_last", "amp-fp16")
+    if exc is KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt) as info:
+            sweep.measure_point(point, warmup=1, steps=3, telemetry=False, fault_injector=inject)
+        assert info.value is not None  # the caller still holds it
+    else:
+        row = sweep.measure_point(point, warmup=1, steps=3, telemetry=False,
+                                  fault_injector=inject)
+        assert row["status"] == "error"
+    assert len(refs) == 1 and refs[0]() is None
+
+
+@pytest.mark.gpu
+def test_gpu_interrupt_returns_memory_to_its_start(tmp_path):
+    spec = SweepSpec(models=("small_cnn",), batches=(512, 1024), layouts=("channels_last",),
+                     precisions=("amp-fp16",), device="cuda", warmup=2, steps=5, repeats=1)
+    sweep.run_sweep(dataclasses.replace(spec, batches=(64,)))  # library workspaces exist now
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+
+    def inject(point, repeat, step):
+        if point.batch == 1024 and step == 4:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "gpu_int.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(spec, out, fault_injector=inject)
+    assert torch.cuda.memory_allocated() == start
+    df = pd.read_parquet(out)
+    assert list(df["batch"]) == [512] and (df["status"] == "ok").all()
+    assert len(sweep.run_sweep(spec, out)) == 2  # resumes: only batch 1024 measured now
