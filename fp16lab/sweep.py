@@ -681,7 +681,9 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
         spec: the grid and how to measure it.
         out: a ``.parquet`` results file; each finished repeat is appended at once (with a CSV
             copy). Repeats the file already holds are skipped, as are the remaining repeats of
-            a point recorded as ``oom`` or ``error`` (delete those rows to retry them).
+            a point recorded as ``oom`` or ``error`` (delete those rows to retry them). A point's
+            key holds its settings, not warmup/steps: measure with another protocol into
+            another file.
         stop: when set (from another thread), the sweep ends after the current point.
         on_result: called as ``on_result(row, done, total)`` after every finished repeat.
         progress: show a tqdm progress bar.
@@ -807,7 +809,8 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
     show = pd.DataFrame({
         "model": s["model"], "batch": s["batch"], "layout": s["layout"],
         "precision": s["precision"],
-        "scale0": s["init_scale"].map(lambda v: "" if pd.isna(v) else f"{v:g}"),
+        "scale0": s["init_scale"].map(_pow2),
+        "grow every": s["growth_interval"].map(lambda v: "" if pd.isna(v) else f"{int(v)}"),
         "status": s["status"],
         "samples/s": s["samples_per_s"].map(lambda v: "" if pd.isna(v) else f"{v:,.0f}"),
         "step ms": s["step_ms"].map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
@@ -817,7 +820,7 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
                         for v, u in zip(s["repeat_spread"], s["unstable"])],
         "peak alloc MB": s["peak_mem_allocated_mb"].map(lambda v: "" if pd.isna(v) else f"{v:,.0f}"),
         "peak resv MB": s["peak_mem_reserved_mb"].map(lambda v: "" if pd.isna(v) else f"{v:,.0f}"),
-        "final scale": s["final_scale"].map(lambda v: "" if pd.isna(v) else f"{v:g}"),
+        "final scale": s["final_scale"].map(_pow2),
         "skipped": s["skipped_steps"].map(lambda v: "" if pd.isna(v) else f"{v:g}"),
         "GPU busy": s["gpu_busy_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}%"),
         "power W": s["power_w_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
@@ -832,6 +835,14 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         lines.append(f"{n_unstable} point(s) UNSTABLE: their repeat medians differ by more than "
                      f"the tolerance; re-run them on a quieter machine or with more steps")
     return "\n".join(lines)
+
+
+def _pow2(v: Any) -> str:
+    """Returns a scale as '2^k' when it is a power of two, else in %g form; '' for none."""
+    if v is None or pd.isna(v):
+        return ""
+    k = math.log2(v) if v > 0 else float("nan")
+    return f"2^{k:.0f}" if k == round(k) else f"{v:g}"
 
 
 def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
