@@ -7,3 +7,11 @@ Modules by concept: ``formats`` (number formats), ``bits`` (encode/decode/explai
 """
 
 __version__ = "0.1.0"
+
+# The numerics API, re-exported (numpy only: torch is imported where a function needs it).
+from .bits import decode, encode, explain  # noqa: E402
+from .census import census, census_model  # noqa: E402
+from .formats import FORMATS, FormatInfo, format_info  # noqa: E402
+
+__all__ = ["FORMATS", "FormatInfo", "format_info", "decode", "encode", "explain",
+           "census", "census_model", "__version__"]
