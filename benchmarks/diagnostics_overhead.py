@@ -7,7 +7,8 @@ and torch.amp.GradScaler on the GPU; small_cnn (batch 64, FP32) on the CPU. Each
 timed step by step - CUDA events on the GPU, perf_counter on the CPU - in interleaved blocks
 (off, on, off, on, ...), so drift and other load hit both alike; the monitor is attached at the
 start of each "on" block and removed at its end. Reported: the median step time of each variant
-and overhead = median(on) / median(off) - 1.
+and overhead = median(on) / median(off) - 1; on the CPU also the same for the process's CPU time
+per step, which load from other processes on a shared machine disturbs far less.
 
     PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py            # GPU (if any) and CPU
     PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py --gpu-only
@@ -60,8 +61,9 @@ def make_step(model_name: str, device: str, batch: int, amp: bool):
     return model, step
 
 
-def time_steps(step, device: str, n: int) -> list[float]:
-    """Returns n per-step times in ms."""
+def time_steps(step, device: str, n: int, cpu_ms: list[float] | None = None) -> list[float]:
+    """Returns n per-step times in ms (on the CPU also appends each step's process CPU time,
+    which other processes' load barely disturbs, to ``cpu_ms``)."""
     if device == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(n)]
@@ -73,9 +75,11 @@ def time_steps(step, device: str, n: int) -> list[float]:
         return [a.elapsed_time(b) for a, b in events]
     out = []
     for _ in range(n):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         step()
         out.append((time.perf_counter() - t0) * 1e3)
+        if cpu_ms is not None:
+            cpu_ms.append((time.process_time() - c0) * 1e3)
     return out
 
 
@@ -91,11 +95,12 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
     if device == "cuda":
         torch.cuda.synchronize()
     samples = {"hooks off": [], "hooks on": []}
+    cpu = {"hooks off": [], "hooks on": []}
     for _ in range(rounds):
-        samples["hooks off"] += time_steps(step, device, steps_per_block)
+        samples["hooks off"] += time_steps(step, device, steps_per_block, cpu["hooks off"])
         mon.reset()
         mon.attach()
-        samples["hooks on"] += time_steps(step, device, steps_per_block)
+        samples["hooks on"] += time_steps(step, device, steps_per_block, cpu["hooks on"])
         mon.remove()
         assert mon.steps == steps_per_block, "monitor missed steps"
     # read the last step's statistics back once (what a user would do now and then)
@@ -111,10 +116,15 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
     off = bench.summarize(samples["hooks off"])
     for variant, xs in samples.items():
         t = bench.summarize(xs)
-        rows.append({"device": device, "device_name": dev_name, "torch": torch.__version__,
-                     "model": model_name, "batch": batch, "amp": amp, "variant": variant,
-                     "n_params": n_params, **t.as_dict(),
-                     "overhead_pct": 100 * (t.median_ms / off.median_ms - 1)})
+        row = {"device": device, "device_name": dev_name, "torch": torch.__version__,
+               "model": model_name, "batch": batch, "amp": amp, "variant": variant,
+               "n_params": n_params, "threads": torch.get_num_threads(), **t.as_dict(),
+               "overhead_pct": 100 * (t.median_ms / off.median_ms - 1)}
+        if cpu[variant]:
+            c, c_off = bench.summarize(cpu[variant]), bench.summarize(cpu["hooks off"])
+            row.update(cpu_time_median_ms=c.median_ms,
+                       cpu_time_overhead_pct=100 * (c.median_ms / c_off.median_ms - 1))
+        rows.append(row)
     return rows
 
 
@@ -158,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'device':<6} {'model':<10} {'batch':>5} {'amp':<5} {'variant':<10} "
           f"{'median ms':>10} {'p10':>8} {'p90':>8} {'overhead':>9}")
     for r in rows:
+        cpu_note = (f"   (CPU time {r['cpu_time_median_ms']:.2f} ms, "
+                    f"{r['cpu_time_overhead_pct']:+.1f}%)" if "cpu_time_median_ms" in r else "")
         print(f"{r['device']:<6} {r['model']:<10} {r['batch']:>5} {str(r['amp']):<5} "
               f"{r['variant']:<10} {r['median_ms']:>10.2f} {r['p10_ms']:>8.2f} "
-              f"{r['p90_ms']:>8.2f} {r['overhead_pct']:>8.1f}%")
+              f"{r['p90_ms']:>8.2f} {r['overhead_pct']:>8.1f}%{cpu_note}")
     return 0
 
 

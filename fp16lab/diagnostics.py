@@ -142,14 +142,15 @@ class GradientMonitor:
     Every parameter gets a post-accumulate-grad hook; the first one to fire in a backward pass
     queues a callback for the end of that pass, which computes for all gradients at once:
 
-    * an exponent histogram of ``|g|`` per parameter (``floor(log2|g|)`` read from the float32
-      exponent field, exact; bins for zero, float32 subnormals, inf and NaN) - one ``bincount`` on the CPU, or on CUDA one
-      ``torch.histc`` per 42 parameters (so its counts stay in shared memory), over all
-      gradients concatenated;
-    * ``max|g|`` per parameter - one fused ``torch._foreach_norm(ord=inf)``.
+    * an exponent histogram of ``|g|`` per parameter: ``floor(log2|g|)`` read from the float32
+      exponent field with a few integer operations (exact), plus bins for zero, float32
+      subnormals, inf and NaN - one ``bincount`` on the CPU; on CUDA (where bincount syncs with
+      the host) one ``torch.histc`` per 46 parameters, so that its counts fit in shared memory;
+    * ``max|g|`` per parameter - one fused ``torch._foreach_norm(ord=inf)`` on CUDA.
 
-    That is about a dozen kernel launches per step (plus one per 42 parameters), no host sync;
-    the results stay on the device until :meth:`frame` reads them all at once.
+    That is about ten kernel launches per step (plus one per 46 parameters) and no host sync;
+    the results stay on the device until :meth:`frame` reads them all at once. (With
+    ``torch.use_deterministic_algorithms(True)`` CUDA histc refuses to run: leave it off.)
 
     The gradients seen are the ones in ``.grad`` at the end of backward: *scaled* when a loss
     scaler is used (which is what FP16 has to hold), FP32 under autocast (values that FP16
@@ -160,7 +161,7 @@ class GradientMonitor:
 
     Args:
         model: the module whose parameters to watch (those with ``requires_grad``).
-        keep_history: keep every step's statistics (default); otherwise only the last and a sum.
+        keep_history: keep every step's statistics (default); otherwise only the last step's.
     """
 
     def __init__(self, model: nn.Module, keep_history: bool = True):
@@ -171,7 +172,7 @@ class GradientMonitor:
         self.keep_history = keep_history
         self._handles = []
         self._queued = False
-        self._cache: dict[Any, tuple[torch.Tensor, list[int]]] = {}
+        self._cache: dict[Any, tuple] = {}
         self._steps: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
         self.enabled = True
         self.attach()

@@ -259,7 +259,8 @@ class DynamicLossScaler(_LossScalerBase):
                              f"[{min_scale}, {max_scale}], got {init_scale!r}")
         if isinstance(collapse_halvings, bool) or not isinstance(collapse_halvings, int) \
                 or collapse_halvings < 1:
-            raise ValueError(f"collapse_halvings must be an integer >= 1, got {collapse_halvings!r}")
+            raise ValueError(f"collapse_halvings must be an integer >= 1, "
+                             f"got {collapse_halvings!r}")
         super().__init__(init)
         self.init_scale = init
         self.growth_factor = float(growth_factor)
