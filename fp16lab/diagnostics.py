@@ -106,8 +106,9 @@ def census_lost_kept(named_grads: Iterable[tuple[str, torch.Tensor]], scale: flo
 
     rows = []
     for name, g in named_grads:
-        one = census(g.detach(), "fp16").fractions
-        big = census(g.detach().double() * float(scale), "fp16").fractions
+        g = g.detach().float().cpu()
+        one = census(g, "fp16").fractions
+        big = census(g.double() * float(scale), "fp16").fractions  # exact: a float64 product
         rows.append({"param": name, "numel": g.numel(), "zero": one["zero"],
                      "lost_at_1": one["underflow"],
                      "kept_at_1": one["subnormal"] + one["normal"],
@@ -134,6 +135,15 @@ _HISTC_SHARED_BINS = 12000
 
 def _bin_of_exponent(e: int) -> int:
     return e - EXP_MIN + 2
+
+
+def _flat_view(g: torch.Tensor) -> torch.Tensor:
+    """Returns g's elements as a 1-D tensor, in memory order (without a copy for contiguous and
+    channels_last tensors: a histogram does not care about element order)."""
+    if g.dim() == 4 and not g.is_contiguous() and g.is_contiguous(
+            memory_format=torch.channels_last):
+        return g.permute(0, 2, 3, 1).reshape(-1)
+    return g.reshape(-1)
 
 
 class GradientMonitor:
@@ -233,7 +243,7 @@ class GradientMonitor:
             self._cache[ck] = (base, base_int,
                                [(lo, hi, offsets[lo], offsets[hi]) for lo, hi in chunks])
         base, base_int, chunks = self._cache[ck]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = torch.cat([_flat_view(g) for g in grads])
         a = flat.abs().float()  # float16 / bfloat16 widen to float32 exactly
         bits = a.view(torch.int32)
         # biased exponent field E: 0 for zero and subnormals, 255 for inf/NaN; floor(log2|g|) =
@@ -243,12 +253,12 @@ class GradientMonitor:
             backend = "bincount" if device.type == "cpu" else "histc"
         if backend == "bincount":
             keys = code.add_(base_int)
-            hist = torch.bincount(keys, minlength=len(grads) * N_BINS).float()
+            hist = torch.bincount(keys, minlength=len(grads) * N_BINS).double()
         elif backend == "histc":
             # histc counts in the keys' dtype: float32 is exact to 2**24 per bin
             keys = code.to(torch.float64 if max(sizes) > 2**24 else torch.float32).add_(base)
             hist = torch.cat([torch.histc(keys[e0:e1], bins=(hi - lo) * N_BINS,
-                                          min=lo * N_BINS, max=hi * N_BINS).float()
+                                          min=lo * N_BINS, max=hi * N_BINS).double()
                               for lo, hi, e0, e1 in chunks])
         else:
             raise ValueError(f"backend must be 'auto', 'bincount' or 'histc', got {backend!r}")
@@ -284,7 +294,7 @@ class GradientMonitor:
     def histograms(self) -> torch.Tensor:
         """Returns all recorded histograms as a CPU tensor [steps, n_params, N_BINS] (0 rows
         where a parameter had no gradient)."""
-        out = torch.zeros(len(self._steps), len(self.params), N_BINS)
+        out = torch.zeros(len(self._steps), len(self.params), N_BINS, dtype=torch.float64)
         if not self._steps:
             return out
         # one transfer per step at most, done here and not during training

@@ -157,15 +157,17 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
 
 def reference_gradients(*, batch: int = 256, seed: int = 0, device: str = "cpu",
                         depth: int = 28, width: int = 32) -> list[tuple[str, torch.Tensor]]:
-    """Returns [(name, FP32 gradient)] of every weight at the first step of :func:`train_run`
-    (same initial weights and first batch), computed in FP32 without autocast."""
+    """Returns [(name, FP32 gradient on the CPU)] of every weight at the first step of
+    :func:`train_run` (same initial weights and first batch), computed in FP32 without autocast
+    on ``device``."""
     torch.manual_seed(seed)
     model = deep_tanh_mlp(depth, width).to(device)
     x_all, y_all = make_task(seed=seed)
     order = torch.Generator().manual_seed(seed + 1)
     idx = torch.randint(0, x_all.shape[0], (batch,), generator=order)
     F.cross_entropy(model(x_all[idx].to(device)), y_all[idx].to(device)).backward()
-    return [(n, p.grad.detach()) for n, p in model.named_parameters() if n.endswith("weight")]
+    return [(n, p.grad.detach().cpu()) for n, p in model.named_parameters()
+            if n.endswith("weight")]
 
 
 def run_side_by_side(configs=DEFAULT_RUNS, *, steps: int = 150, batch: int = 256, seed: int = 0,

@@ -358,3 +358,14 @@ def test_monitor_histc_and_bincount_backends_agree():
     assert h1[3, -2] == 1 and h1[70, -1] == 1
     with pytest.raises(ValueError, match="backend must be"):
         mon.statistics(grads, backend="numpy")
+
+
+def test_monitor_counts_channels_last_gradients():
+    conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    mon = d.GradientMonitor(conv)
+    conv(x).pow(2).sum().backward()
+    assert conv.weight.grad.is_contiguous(memory_format=torch.channels_last)
+    row = mon.frame().set_index("param").loc["weight"]
+    g = conv.weight.grad.abs()
+    assert row.numel == g.numel() and row.max_abs == g.max().item()

@@ -211,7 +211,7 @@ def _recorded_run(device: str, steps: int = 30):
     model = torch.nn.Linear(8, 4).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     rec = GradScalerRecorder(torch.amp.GradScaler(device, init_scale=2.0**30, growth_interval=5))
-    x = torch.randn(16, 8, device=device)
+    x = torch.randn(16, 8).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScaleCollapseWarning)  # 2**30 -> ~2**16: 14 halvings
         for _ in range(steps):
@@ -231,7 +231,7 @@ def _check_recorder(rec):
     ours = simulate_dynamic([e.found_inf for e in hist], init_scale=2.0**30, growth_interval=5)
     assert [e.next_scale for e in ours] == [e.next_scale for e in hist]
     assert hist[0].skipped  # 2**30 overflows FP16 at first
-    assert not hist[-1].skipped
+    assert sum(e.skipped for e in hist[-10:]) <= 2  # then only a growth step now and then
     assert classify_skips(hist)["warmup_skips"] >= 1
 
 
