@@ -172,18 +172,25 @@ class GradientMonitor:
     Args:
         model: the module whose parameters to watch (those with ``requires_grad``).
         keep_history: keep every step's statistics (default); otherwise only the last step's.
+        every: compute the statistics on every ``every``-th backward pass only (default 1: all);
+            the others cost one Python call.
     """
 
-    def __init__(self, model: nn.Module, keep_history: bool = True):
+    def __init__(self, model: nn.Module, keep_history: bool = True, every: int = 1):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an integer >= 1, got {every!r}")
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no parameters that require grad; nothing to monitor")
         self.keep_history = keep_history
+        self.every = every
+        self.backward_passes = 0
         self._handles = []
         self._queued = False
         self._cache: dict[Any, tuple] = {}
-        self._steps: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
+        # (backward-pass index, histograms, max|g|, indices of the parameters with a gradient)
+        self._steps: list[tuple[int, torch.Tensor, torch.Tensor, list[int]]] = []
         self.enabled = True
         self.attach()
 
@@ -197,7 +204,13 @@ class GradientMonitor:
     def _on_grad(self, _param: torch.Tensor) -> None:
         if self.enabled and not self._queued:
             self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._collect)
+            wanted = self.backward_passes % self.every == 0
+            self.backward_passes += 1
+            torch.autograd.Variable._execution_engine.queue_callback(
+                self._collect if wanted else self._skip)
+
+    def _skip(self) -> None:
+        self._queued = False
 
     def _collect(self) -> None:
         self._queued = False
@@ -205,13 +218,10 @@ class GradientMonitor:
         if not idx:
             return
         grads = [self.params[i].grad.detach() for i in idx]
-        self._steps_append(self.statistics(grads, idx), idx)
-
-    def _steps_append(self, stats, idx) -> None:
-        hist, maxabs = stats
-        if not self.keep_history and self._steps:
+        hist, maxabs = self.statistics(grads, idx)
+        if not self.keep_history:
             self._steps.clear()
-        self._steps.append((hist, maxabs, idx))
+        self._steps.append((self.backward_passes - 1, hist, maxabs, idx))
 
     def statistics(self, grads: list[torch.Tensor], key: Any = None, *,
                    backend: str = "auto"):
@@ -272,12 +282,13 @@ class GradientMonitor:
     # -- results -------------------------------------------------------------------------------
     @property
     def steps(self) -> int:
-        """Returns the number of backward passes recorded."""
+        """Returns the number of backward passes whose statistics are held."""
         return len(self._steps)
 
     def reset(self) -> None:
-        """Forgets the recorded statistics."""
+        """Forgets the recorded statistics and restarts the step count."""
         self._steps.clear()
+        self.backward_passes = 0
 
     def remove(self) -> None:
         """Removes the hooks (the recorded statistics stay; :meth:`attach` re-registers)."""
@@ -292,26 +303,27 @@ class GradientMonitor:
         self.remove()
 
     def histograms(self) -> torch.Tensor:
-        """Returns all recorded histograms as a CPU tensor [steps, n_params, N_BINS] (0 rows
+        """Returns the held histograms as a CPU tensor [steps held, n_params, N_BINS] (zero rows
         where a parameter had no gradient)."""
         out = torch.zeros(len(self._steps), len(self.params), N_BINS, dtype=torch.float64)
         if not self._steps:
             return out
         # one transfer per step at most, done here and not during training
-        for s, (hist, _, idx) in enumerate(self._steps):
+        for s, (_, hist, _, idx) in enumerate(self._steps):
             out[s, idx] = hist.cpu()
         return out
 
     def frame(self):
-        """Returns a DataFrame: one row per step and parameter with max|g|, FP16 fate fractions
-        (zero, underflow, subnormal, overflow) and inf/NaN counts."""
+        """Returns a DataFrame: one row per held step and parameter with max|g|, FP16 fate
+        fractions (zero, underflow, subnormal, overflow) and inf/NaN counts. ``step`` counts the
+        backward passes since the monitor was created."""
         import pandas as pd
 
         rows = []
         under_hi = _bin_of_exponent(-26) + 1    # bins for |g| < 2**-25
         sub_hi = _bin_of_exponent(-15) + 1      # bins for |g| < 2**-14
         over_lo = _bin_of_exponent(16)          # |g| >= 2**16
-        for s, (hist, maxabs, idx) in enumerate(self._steps):
+        for s, hist, maxabs, idx in self._steps:
             h = hist.cpu().double()
             m = maxabs.cpu()
             n = h.sum(dim=1)

@@ -369,3 +369,15 @@ def test_monitor_counts_channels_last_gradients():
     row = mon.frame().set_index("param").loc["weight"]
     g = conv.weight.grad.abs()
     assert row.numel == g.numel() and row.max_abs == g.max().item()
+
+
+def test_monitor_every_nth_backward():
+    model = nn.Linear(3, 2)
+    mon = d.GradientMonitor(model, every=3)
+    for _ in range(7):
+        model.zero_grad()
+        model(torch.randn(2, 3)).sum().backward()
+    assert mon.backward_passes == 7 and mon.steps == 3
+    assert sorted(mon.frame().step.unique()) == [0, 3, 6]
+    with pytest.raises(ValueError, match="every must be an integer >= 1"):
+        d.GradientMonitor(model, every=0)
