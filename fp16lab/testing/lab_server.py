@@ -43,9 +43,14 @@ class LabServer:
         """Returns the server's root URL, ``http://127.0.0.1:PORT``."""
         return f"http://127.0.0.1:{self.port}"
 
-    def notebook_url(self, name: str) -> str:
-        """Returns the URL that opens notebook ``name`` (relative to root_dir) in JupyterLab."""
-        return f"{self.base_url}/lab/tree/{name}?token={self.token}"
+    def notebook_url(self, name: str, workspace: str | None = None) -> str:
+        """Returns the URL that opens notebook ``name`` (relative to root_dir) in JupyterLab.
+
+        With ``workspace``, the page uses that named workspace instead of the default one, which
+        reopens every tab an earlier page left open (and starts their kernels).
+        """
+        where = f"workspaces/{workspace}/" if workspace else ""
+        return f"{self.base_url}/lab/{where}tree/{name}?token={self.token}"
 
     def api(self, path: str, method: str = "GET", timeout: float = 5.0) -> object:
         """Returns the decoded JSON answer of the server's REST API at ``/api/<path>``."""

@@ -17,6 +17,7 @@ import pathlib
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -223,8 +224,11 @@ class Notebook:
     def open(self) -> Notebook:
         """Returns self after loading the notebook in JupyterLab and waiting for an idle kernel."""
         t0 = time.perf_counter()
-        self.page.goto(self.server.notebook_url(self.name))
-        self.page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=90_000)
+        # A workspace of its own: the default one would reopen every earlier test's tabs.
+        workspace = re.sub(r"[^A-Za-z0-9]+", "-", f"{self.shots_dir.name}-{uuid.uuid4().hex[:8]}")
+        self.page.goto(self.server.notebook_url(self.name, workspace=workspace))
+        self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").first \
+            .wait_for(timeout=90_000)
         self.wait_kernel_idle()
         # The file browser takes a fifth of the width and shows nothing a test looks at.
         self.page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
@@ -354,6 +358,9 @@ def open_notebook(request, lab, browser_context) -> Iterator[Callable[[str], Not
         if failed is not None and failed.failed and not nb.page.is_closed():
             nb.shot("failure")
         nb.close()
+    # Each test leaves the server as it found it: no kernel keeps running into the next one.
+    for kernel in lab.api("kernels") or []:
+        lab.api(f"kernels/{kernel['id']}", method="DELETE")
 
 
 def pytest_terminal_summary(terminalreporter):
