@@ -87,6 +87,7 @@ def chromium() -> str:
     except ImportError:
         pytest.skip("Playwright for Python is missing: pip install -e '.[browser]' "
                     "(no `playwright install`: the tests use Debian's chromium)")
+    pytest.importorskip("jupyterlab", reason="JupyterLab is not installed here")
     return path
 
 

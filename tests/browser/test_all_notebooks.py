@@ -31,6 +31,9 @@ def test_run_all_shows_no_error(open_notebook, name):
 
 
 def test_widget_notebooks_have_their_own_tests():
+    """The notebooks left out above are each run by exactly one widget test."""
     here = pathlib.Path(__file__).parent
     for prefix in WIDGET_TESTED:
+        matches = [n for n in ALL if n.startswith(prefix)]
+        assert len(matches) == 1, f"expected one notebook {prefix}*.ipynb, found {matches}"
         assert (here / f"test_notebook_{prefix.rstrip('_')}.py").is_file(), prefix

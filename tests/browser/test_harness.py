@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import pytest
 
+pytest.importorskip("jupyterlab", reason="JupyterLab is not installed here (the GPU host has none)")
+pytest.importorskip("psutil", reason="psutil (an ipykernel dependency) is not installed here")
+
 HARNESS_NOTEBOOK = "_harness_check.ipynb"
 
 
