@@ -552,6 +552,8 @@ def overhead_summary(result: dict[str, Any]):
                     "off_ms": v.loc["hooks off", "median_ms"],
                     "on_ms": v.loc["hooks on", "median_ms"],
                     "overhead_pct": v.loc["hooks on", "overhead_pct"],
+                    "overhead_p10_pct": (v.loc["hooks on", "overhead_p10_pct"]
+                                         if "overhead_p10_pct" in v.columns else float("nan")),
                     "torch": v.torch.iloc[0]})
     return pd.DataFrame(out)
 
