@@ -23,9 +23,18 @@ PLOT_DIGEST_JS = """async img => {
 
 def _plot_state(plot) -> tuple[str, int, int]:
     """Returns the plot image's SHA-256, natural width and natural height as the page has them."""
-    plot.evaluate("img => img.decode ? img.decode() : null")
-    digest, width, height = plot.evaluate(PLOT_DIGEST_JS)
-    return digest, int(width or 0), int(height or 0)
+    from playwright.sync_api import Error
+
+    for attempt in range(3):
+        try:
+            plot.evaluate("img => img.decode ? img.decode() : null")
+            digest, width, height = plot.evaluate(PLOT_DIGEST_JS)
+            return digest, int(width or 0), int(height or 0)
+        except Error:  # the widget revoked the blob URL we were reading: a new plot arrived
+            if attempt == 2:
+                raise
+            plot.page.wait_for_timeout(200)
+    raise AssertionError("unreachable")
 
 
 def test_scaler_slider_redraws_the_plot(open_notebook):
