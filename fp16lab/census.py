@@ -12,9 +12,8 @@ spacing at ``M``):
 
 Each threshold is replaced by the nearest number of the data's own type on the correct side,
 so the classes are exact for every input. Since positive floats are ordered like their bit
-patterns, the comparisons are integer comparisons on the bits: numpy works on the data's own
-16/32/64-bit patterns (threaded over chunks); the CUDA kernel widens fp16 / bf16 to float32
-(exact) and compares float32 patterns.
+patterns, the comparisons are integer comparisons on the bits: numpy (threaded over chunks)
+and the CUDA kernel both work on the data's own 16/32/64-bit patterns.
 
 The histogram bins are the binary exponents ``e = floor(log2|x|)`` (bin ``e`` holds
 ``2^e <= |x| < 2^(e+1)``), read from the exponent field of the bit pattern (subnormals of the
@@ -29,6 +28,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable
 
 import numpy as np
@@ -225,16 +225,17 @@ def _census_torch(t, f: FormatInfo, backend: str = "auto") -> tuple[np.ndarray, 
     x = t.detach().reshape(-1)
     if x.dtype.is_complex or x.dtype == torch.bool:
         raise ValueError(f"census expects a real numeric tensor, got dtype {x.dtype}")
-    wide = torch.float64 if x.dtype in (torch.float64, torch.int64, torch.int32) else torch.float32
-    np_wide = np.float64 if wide == torch.float64 else np.float32
-    t1, t2, t3 = _compare_limits(f, np_wide)
-    if x.is_cuda and backend in ("auto", "cupy") and wide == torch.float32:
+    if x.is_cuda and backend in ("auto", "cupy"):
         done = _cupy_census(x, f)
         if done is not None:
             return done
         if backend == "cupy":
-            raise RuntimeError("census backend 'cupy' needs CuPy and a contiguous, 16-byte "
-                               "aligned float32 / float16 / bfloat16 CUDA tensor")
+            raise RuntimeError(f"census backend 'cupy' needs CuPy and a non-empty float32, "
+                               f"float16 or bfloat16 CUDA tensor; got {x.dtype} with "
+                               f"{x.numel()} elements")
+    wide = torch.float64 if x.dtype in (torch.float64, torch.int64, torch.int32) else torch.float32
+    np_wide = np.float64 if wide == torch.float64 else np.float32
+    t1, t2, t3 = _compare_limits(f, np_wide)
     ibits, shift, fmask, bias, sub_exp = ((torch.int32, 23, 0xFF, 127, -149)
                                           if wide == torch.float32
                                           else (torch.int64, 52, 0x7FF, 1023, -1074))
@@ -318,142 +319,187 @@ def census(x: Any, fmt: str | FormatInfo = "fp16", *, backend: str = "auto") -> 
 
 
 # ---------------------------------------------------------------------------------- CUDA kernel
-# One pass over the data: each thread classifies its elements with integer comparisons on the
-# bit pattern of |x| (for positive floats, integer order is value order), keeps the class counts
-# in registers and adds the exponent bin to its warp's private shared-memory histogram; each
-# block then adds its non-zero counts to the global result. Bytes moved: the input, once.
+# One pass over the data, on the data's own bit patterns (no conversion): each thread counts
+# ``|x| <= T1, T2, T3`` and NaNs in registers and the exponent field of each element in its own
+# 16-bit counters in shared memory (no atomics, no bank conflicts); the rare subnormals of the
+# data's own type go to a small shared histogram of their leading one. Each block adds its sums
+# to a scratch buffer in global memory with one atomic per non-zero counter; the last block to
+# finish (a ticket counter) turns the scratch into the result layout and zeroes the scratch, so
+# a census is a single launch with no memset. Loads are 16 bytes (4 floats or 8 halves), several
+# in flight per thread, the next trip's issued before this trip's are counted; a scalar prologue
+# and epilogue cover unaligned starts and ragged ends.
+_ACC_SIZE = 8 + 256 + 32 + 1  # classes, exponent fields, subnormal leading ones, ticket
+_PER_THREAD_CAP = 60_000  # elements per thread at most: its 16-bit field counters never wrap
 _KERNEL_SRC = r"""
 #define HIST_MIN (%(hist_min)d)
 #define NBINS (%(nbins)d)
-#define DUMP NBINS          /* zeros, infs and NaNs go to this extra, unread bin */
-#define WARPS 8             /* 256 threads per block */
-#define COPIES 4            /* histogram copies per warp: lane %% 4 picks one, so at most 8 lanes
-                               of a warp contend for one counter (copies sit 4 banks apart) */
+#define ACC_FIELDS 8
+#define ACC_SUBS (8 + 256)
+#define ACC_TICKET (8 + 256 + 32)
 
-__device__ __forceinline__ float half_bits_to_float(unsigned short h, int is_bf16) {
-    if (is_bf16) return __uint_as_float(((unsigned int)h) << 16);
-    float f;
-    asm("cvt.f32.f16 %%0, %%1;" : "=f"(f) : "h"(h));
-    return f;
-}
+/* U: the bit pattern type; MBITS / EBITS: mantissa / exponent field widths; THREADS per block;
+   LOADS: 16-byte loads in flight per thread. out: [0] zeros, [1..3] |x| <= T1, T2, T3,
+   [4] NaNs, [5..] histogram of floor(log2|x|) from HIST_MIN. acc: zero before and after. */
+template <typename U, int MBITS, int EBITS, int THREADS, int LOADS>
+__device__ __forceinline__ void census_body(const U* __restrict__ x, long long n,
+                                            unsigned int t1, unsigned int t2, unsigned int t3,
+                                            unsigned long long* __restrict__ acc,
+                                            unsigned long long* __restrict__ out) {
+    constexpr int NF = 1 << EBITS;
+    constexpr int BIAS = (1 << (EBITS - 1)) - 1;
+    constexpr int SUB_EXP = 1 - BIAS - MBITS;   /* a subnormal pattern p is p * 2^SUB_EXP */
+    constexpr unsigned int MAG = sizeof(U) == 4 ? 0x7fffffffu : 0x7fffu;
+    constexpr unsigned int INF = (unsigned int)(NF - 1) << MBITS;
+    constexpr int VEC = 16 / (int)sizeof(U);
+    __shared__ __align__(16) unsigned short cnt[NF][THREADS];  /* cnt[field][thread] */
+    __shared__ unsigned int sub[32];
+    __shared__ unsigned int cls[4];
+    __shared__ int last;
 
-struct Counts { unsigned int zero, le1, le2, le3, nan; };
-
-__device__ __forceinline__ void tally(float v, unsigned int t1, unsigned int t2, unsigned int t3,
-                                      Counts& c, unsigned int* warp_hist, int aggregate) {
-    unsigned int u = __float_as_uint(v) & 0x7fffffffu;
-    c.zero += (u == 0u);
-    c.le1 += (u <= t1);
-    c.le2 += (u <= t2);
-    c.le3 += (u <= t3);
-    c.nan += (u > 0x7f800000u);
-    unsigned int field = u >> 23;
-    int e = field ? (int)field - 127 : (31 - __clz(u)) - 149;
-    int bin = (u != 0u && u < 0x7f800000u) ? e - HIST_MIN : DUMP;
-    if (aggregate) {
-        // lanes with the same bin add once, by their lowest lane: fewer same-address atomics
-        unsigned int peers = __match_any_sync(__activemask(), bin);
-        if (bin != DUMP && (int)(threadIdx.x & 31) == __ffs(peers) - 1)
-            atomicAdd(&warp_hist[bin], __popc(peers));
-    } else if (bin != DUMP) {
-        atomicAdd(&warp_hist[bin], 1u);
-    }
-}
-
-__device__ __forceinline__ void flush(const Counts& c, unsigned int (*hist)[NBINS + 1],
-                                      unsigned long long* out) {
-    __shared__ unsigned int cls[5];
-    if (threadIdx.x < 5) cls[threadIdx.x] = 0u;
+    unsigned int* cnt32 = reinterpret_cast<unsigned int*>(&cnt[0][0]);
+    for (int i = threadIdx.x; i < NF * THREADS / 2; i += THREADS) cnt32[i] = 0u;
+    if (threadIdx.x < 32) sub[threadIdx.x] = 0u;
+    if (threadIdx.x < 4) cls[threadIdx.x] = 0u;
     __syncthreads();
-    unsigned int v[5] = {c.zero, c.le1, c.le2, c.le3, c.nan};
-    for (int k = 0; k < 5; ++k) {
-        unsigned int s = v[k];
-        for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
-        if ((threadIdx.x & 31) == 0 && s) atomicAdd(&cls[k], s);
+
+    unsigned short* mine = &cnt[0][threadIdx.x];   /* field f at mine[f * THREADS] */
+    unsigned int c1 = 0u, c2 = 0u, c3 = 0u, cnan = 0u;
+#define TALLY(bits)                                                            \
+    {                                                                          \
+        unsigned int u_ = (bits) & MAG;                                        \
+        c1 += (u_ <= t1);                                                      \
+        c2 += (u_ <= t2);                                                      \
+        c3 += (u_ <= t3);                                                      \
+        cnan += (u_ > INF);                                                    \
+        unsigned int f_ = u_ >> MBITS;                                         \
+        mine[f_ * THREADS] += 1;                                               \
+        if (f_ == 0u && u_ != 0u) atomicAdd(&sub[31 - __clz(u_)], 1u);         \
+    }
+
+    const long long tid = (long long)blockIdx.x * THREADS + threadIdx.x;
+    const long long stride = (long long)gridDim.x * THREADS;
+    /* prologue: elements before the first 16-byte boundary (fewer than VEC <= stride) */
+    long long head = (long long)((16u - (unsigned int)((unsigned long long)x & 15u)) & 15u)
+                     / (long long)sizeof(U);
+    if (head > n) head = n;
+    if (tid < head) TALLY((unsigned int)x[tid])
+    const uint4* xv = reinterpret_cast<const uint4*>(x + head);
+    const long long nvec = (n - head) / VEC;
+    /* software pipelined: the next trip's loads are in flight while this trip is counted */
+    uint4 q[LOADS];
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k)
+        q[k] = tid + k * stride < nvec ? __ldg(&xv[tid + k * stride]) : make_uint4(0u, 0u, 0u, 0u);
+    for (long long i = tid; i < nvec; i += LOADS * stride) {
+        uint4 p[LOADS];
+        const long long nxt = i + LOADS * stride;
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            p[k] = nxt + k * stride < nvec ? __ldg(&xv[nxt + k * stride])
+                                           : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) {
+            if (i + k * stride < nvec) {
+                const unsigned int w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    if (sizeof(U) == 4) {
+                        TALLY(w[j])
+                    } else {
+                        TALLY(w[j] & 0xffffu)
+                        TALLY(w[j] >> 16)
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) q[k] = p[k];
+    }
+    /* epilogue: the last (n - head) %% VEC elements (fewer than VEC <= stride) */
+    const long long rest = head + nvec * VEC + tid;
+    if (rest < n) TALLY((unsigned int)x[rest])
+#undef TALLY
+
+    /* block sums: class counts by warp shuffles, then the field counters */
+    const int lane = threadIdx.x & 31;
+    for (int off = 16; off > 0; off >>= 1) {
+        c1 += __shfl_down_sync(0xffffffffu, c1, off);
+        c2 += __shfl_down_sync(0xffffffffu, c2, off);
+        c3 += __shfl_down_sync(0xffffffffu, c3, off);
+        cnan += __shfl_down_sync(0xffffffffu, cnan, off);
+    }
+    if (lane == 0) {
+        if (c1) atomicAdd(&cls[0], c1);
+        if (c2) atomicAdd(&cls[1], c2);
+        if (c3) atomicAdd(&cls[2], c3);
+        if (cnan) atomicAdd(&cls[3], cnan);
     }
     __syncthreads();
-    if (threadIdx.x < 5 && cls[threadIdx.x])
-        atomicAdd(&out[threadIdx.x], (unsigned long long)cls[threadIdx.x]);
-    for (int b = threadIdx.x; b < NBINS; b += blockDim.x) {
+    if (threadIdx.x < 4 && cls[threadIdx.x])
+        atomicAdd(&acc[threadIdx.x], (unsigned long long)cls[threadIdx.x]);
+    if (threadIdx.x < MBITS && sub[threadIdx.x])
+        atomicAdd(&acc[ACC_SUBS + threadIdx.x], (unsigned long long)sub[threadIdx.x]);
+    /* one thread per field sums its row, two counters per 32-bit word; lane l starts at word l,
+       so the lanes of a warp read 32 different banks (independent loads, no shuffle chains) */
+    constexpr int ROW = THREADS / 2;
+    for (int f = threadIdx.x; f < NF; f += THREADS) {
+        const unsigned int* row = cnt32 + f * ROW;
         unsigned int s = 0u;
-        for (int w = 0; w < WARPS * COPIES; ++w) s += hist[w][b];
-        if (s) atomicAdd(&out[5 + b], (unsigned long long)s);
+#pragma unroll 8
+        for (int j = 0; j < ROW; ++j) {
+            const unsigned int w = row[(j + lane) & (ROW - 1)];
+            s += (w & 0xffffu) + (w >> 16);
+        }
+        if (s) atomicAdd(&acc[ACC_FIELDS + f], (unsigned long long)s);
     }
-}
 
-#define CENSUS_PROLOGUE                                                        \
-    __shared__ unsigned int hist[WARPS * COPIES][NBINS + 1];                   \
-    for (int b = threadIdx.x; b < WARPS * COPIES * (NBINS + 1); b += blockDim.x) \
-        (&hist[0][0])[b] = 0u;                                                 \
-    __syncthreads();                                                           \
-    unsigned int* warp_hist = hist[(threadIdx.x >> 5) * COPIES + (threadIdx.x %% COPIES)];   \
-    Counts c = {0u, 0u, 0u, 0u, 0u};                                           \
-    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;          \
-    long long stride = (long long)gridDim.x * blockDim.x;
-
-#define TALLY4(q)                                                              \
-    tally(q.x, t1, t2, t3, c, warp_hist, aggregate);                           \
-    tally(q.y, t1, t2, t3, c, warp_hist, aggregate);                           \
-    tally(q.z, t1, t2, t3, c, warp_hist, aggregate);                           \
-    tally(q.w, t1, t2, t3, c, warp_hist, aggregate);
-
-// fp32: two 16-byte loads of 4 values in flight per thread, then a scalar tail
-extern "C" __global__ void __launch_bounds__(256)
-census_f32(const float* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
-           unsigned int t3, unsigned long long* __restrict__ out, int aggregate) {
-    CENSUS_PROLOGUE
-    long long nvec = n / 4;
-    const float4* xv = reinterpret_cast<const float4*>(x);
-    for (long long i = tid; i < nvec; i += 2 * stride) {
-        float4 q0 = __ldg(&xv[i]);
-        bool two = i + stride < nvec;
-        float4 q1 = two ? __ldg(&xv[i + stride]) : make_float4(0.f, 0.f, 0.f, 0.f);
-        TALLY4(q0)
-        if (two) { TALLY4(q1) }
-    }
-    for (long long i = nvec * 4 + tid; i < n; i += stride)
-        tally(x[i], t1, t2, t3, c, warp_hist, aggregate);
+    /* the last block to finish writes the result and leaves the scratch zeroed */
+    __threadfence();
     __syncthreads();
-    flush(c, hist, out);
-}
-
-__device__ __forceinline__ void tally8(uint4 q, unsigned int t1, unsigned int t2,
-                                       unsigned int t3, Counts& c, unsigned int* warp_hist,
-                                       int aggregate, int is_bf16) {
-    unsigned int w[4] = {q.x, q.y, q.z, q.w};
-    #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        tally(half_bits_to_float((unsigned short)(w[k] & 0xffffu), is_bf16), t1, t2, t3, c,
-              warp_hist, aggregate);
-        tally(half_bits_to_float((unsigned short)(w[k] >> 16), is_bf16), t1, t2, t3, c,
-              warp_hist, aggregate);
-    }
-}
-
-// fp16 / bf16: two 16-byte loads of 8 values in flight per thread, then a scalar tail
-extern "C" __global__ void __launch_bounds__(256)
-census_f16(const unsigned short* __restrict__ x, long long n, unsigned int t1, unsigned int t2,
-           unsigned int t3, unsigned long long* __restrict__ out, int aggregate, int is_bf16) {
-    CENSUS_PROLOGUE
-    long long nvec = n / 8;
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (long long i = tid; i < nvec; i += 2 * stride) {
-        uint4 q0 = __ldg(&xv[i]);
-        bool two = i + stride < nvec;
-        uint4 q1 = two ? __ldg(&xv[i + stride]) : make_uint4(0u, 0u, 0u, 0u);
-        tally8(q0, t1, t2, t3, c, warp_hist, aggregate, is_bf16);
-        if (two) tally8(q1, t1, t2, t3, c, warp_hist, aggregate, is_bf16);
-    }
-    for (long long i = nvec * 8 + tid; i < n; i += stride)
-        tally(half_bits_to_float(x[i], is_bf16), t1, t2, t3, c, warp_hist, aggregate);
+    if (threadIdx.x == 0)
+        last = atomicAdd(&acc[ACC_TICKET], 1ull) == (unsigned long long)gridDim.x - 1ull;
     __syncthreads();
-    flush(c, hist, out);
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < 5 + NBINS; i += THREADS) out[i] = 0ull;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long subs = 0ull;
+        for (int k = 0; k < MBITS; ++k) subs += __ldcg(&acc[ACC_SUBS + k]);
+        out[0] = __ldcg(&acc[ACC_FIELDS]) - subs;   /* field 0: zeros and subnormals */
+        for (int k = 0; k < 4; ++k) out[1 + k] = __ldcg(&acc[k]);
+    }
+    for (int f = 1 + threadIdx.x; f < NF - 1; f += THREADS)  /* the normal binades */
+        out[5 + (f - BIAS) - HIST_MIN] = __ldcg(&acc[ACC_FIELDS + f]);
+    for (int k = threadIdx.x; k < MBITS; k += THREADS)        /* the data's subnormals */
+        out[5 + (k + SUB_EXP) - HIST_MIN] = __ldcg(&acc[ACC_SUBS + k]);
+    __syncthreads();
+    for (int i = threadIdx.x; i <= ACC_TICKET; i += THREADS) acc[i] = 0ull;
+}
+
+extern "C" __global__ void __launch_bounds__(64)
+census_f32(const unsigned int* x, long long n, unsigned int t1, unsigned int t2,
+           unsigned int t3, unsigned long long* acc, unsigned long long* out) {
+    census_body<unsigned int, 23, 8, 64, 4>(x, n, t1, t2, t3, acc, out);
+}
+
+extern "C" __global__ void __launch_bounds__(64)
+census_bf16(const unsigned short* x, long long n, unsigned int t1, unsigned int t2,
+            unsigned int t3, unsigned long long* acc, unsigned long long* out) {
+    census_body<unsigned short, 7, 8, 64, 4>(x, n, t1, t2, t3, acc, out);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+census_f16(const unsigned short* x, long long n, unsigned int t1, unsigned int t2,
+           unsigned int t3, unsigned long long* acc, unsigned long long* out) {
+    census_body<unsigned short, 10, 5, 256, 2>(x, n, t1, t2, t3, acc, out);
 }
 """
 
-#: Whether census() uses the warp-aggregated atomics variant of the kernel (both are exact;
-#: which is faster depends on how concentrated the data's exponents are: see the benchmark).
-KERNEL_AGGREGATE = False
+#: Kernel name, threads per block and (numpy pattern type, float type name) per torch dtype name.
+_KERNELS = {"float32": ("census_f32", 64, np.uint32, "float32"),
+            "bfloat16": ("census_bf16", 64, np.uint16, "bfloat16"),
+            "float16": ("census_f16", 256, np.uint16, "float16")}
 
 
 def kernel_source() -> str:
@@ -461,78 +507,224 @@ def kernel_source() -> str:
     return _KERNEL_SRC % {"hist_min": HIST_MIN, "nbins": HIST_MAX - HIST_MIN + 1}
 
 
-_MODULE = None
+@lru_cache(maxsize=None)
+def _kernel_limits(fmt_name: str, dtype_name: str) -> tuple[Any, Any, Any]:
+    """Returns the three class thresholds as bit patterns of the data's own type (np.uint32)."""
+    f = format_info(fmt_name)
+    if dtype_name == "bfloat16":
+        import ml_dtypes
+
+        dt, udt = ml_dtypes.bfloat16, np.uint16
+    else:
+        dt, udt = np.dtype(dtype_name).type, _KERNELS[dtype_name][2]
+    th = thresholds(f)
+    return tuple(np.uint32(_pattern_below(th[k], dt, udt, strict=s))
+                 for k, s in (("under", False), ("normal", True),
+                              ("over", th["over_inclusive"])))
 
 
-def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16", *, aggregate: bool | None = None):
-    """Returns ``(launch, out)``: a function that enqueues the one-pass census kernel on torch's
-    current stream, and the int64 CUDA tensor it accumulates into (5 class counts, then the
-    histogram); or None where the kernel cannot run (no CuPy, another dtype, misaligned data).
+class _DeviceState:
+    """What one GPU's census launches reuse: kernels, grid sizes, buffers, streams, a lock."""
 
-    ``launch()`` zeroes ``out`` and counts ``x`` into it without synchronising; benchmarks time it
-    alone, :func:`census` calls it once and copies ``out`` to the host. ``aggregate`` picks the
-    warp-aggregated variant (default :data:`KERNEL_AGGREGATE`).
-    """
+    def __init__(self, device):
+        import threading
+
+        import cupy
+        import torch
+
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self.lock = threading.Lock()
+        nbins = HIST_MAX - HIST_MIN + 1
+        # scratch (zero at rest: the kernels leave it so) and result, in one allocation
+        self.buf = torch.zeros(_ACC_SIZE + 5 + nbins, dtype=torch.int64,
+                               device=torch.device("cuda", self.index))
+        self.acc = self.buf[:_ACC_SIZE]
+        self.out = self.buf[_ACC_SIZE:]
+        self.acc_ptr = np.uint64(self.acc.data_ptr())
+        self.out_ptr = np.uint64(self.out.data_ptr())
+        self.host = torch.empty(5 + nbins, dtype=torch.int64, pin_memory=True)
+        self.host_ptr = self.host.data_ptr()
+        self.out_ptr_int = self.out.data_ptr()
+        self.out_bytes = self.out.numel() * 8
+        self.direct = hasattr(cupy.cuda.driver, "launchKernel")
+        self.streams: dict[int, Any] = {}
+        sms = torch.cuda.get_device_properties(self.index).multi_processor_count
+        self.kernels: dict[str, tuple[Any, int, int]] = {}
+        with cupy.cuda.Device(self.index):
+            module = cupy.RawModule(code=kernel_source(), options=("--std=c++17",))
+            for dtype_name, (name, threads, _, _) in _KERNELS.items():
+                raw = module.get_function(name)
+                fn = getattr(raw, "kernel", raw)  # CuPy's RawKernel wraps a Function
+                try:  # one full wave of resident blocks
+                    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                        fn.ptr, threads, 0)
+                except Exception:
+                    per_sm = 0
+                if per_sm <= 0:  # fall back to what the shared memory allows on any sm_80+
+                    per_sm = 2048 // threads if threads == 256 else 5
+                self.kernels[dtype_name] = (fn, threads, sms * per_sm)
+
+    def stream(self, ptr: int):
+        """Returns a CuPy stream object for the CUDA stream ``ptr`` (torch's), cached."""
+        s = self.streams.get(ptr)
+        if s is None:
+            import cupy
+
+            from_external = getattr(cupy.cuda.Stream, "from_external", None)
+            if from_external is not None:  # CuPy >= 14 (ExternalStream is deprecated there)
+                try:
+                    s = from_external(ptr, device_id=self.index)
+                except TypeError:
+                    s = from_external(ptr)
+            else:
+                s = cupy.cuda.ExternalStream(ptr, self.index)
+            self.streams[ptr] = s
+        return s
+
+
+_STATES: dict[int, _DeviceState] = {}
+_PARAM_OFFSETS = np.arange(7, dtype=np.uint64) * np.uint64(8)
+_CUPY: list = []  # [cupy module or None], filled on first use
+
+
+def _cupy():
+    """Returns the cupy module, or None where it is not installed (looked up once)."""
+    if not _CUPY:
+        try:
+            import cupy
+        except ImportError:
+            cupy = None
+        _CUPY.append(cupy)
+    return _CUPY[0]
+
+
+def _launch(fn, blocks: int, threads: int, args: tuple, stream) -> None:
+    """Launches a CuPy kernel function on ``stream`` (passed to it, or entered around it)."""
+    try:
+        fn((blocks,), (threads,), args, stream=stream)
+    except TypeError:  # a RawKernel rather than its Function: it takes the current stream
+        with stream:
+            fn((blocks,), (threads,), args)
+
+
+def _state(device) -> _DeviceState:
+    key = device.index if device.index is not None else -1
+    st = _STATES.get(key)
+    if st is None:
+        st = _STATES[key] = _DeviceState(device)
+    return st
+
+
+def _kernel_call(x, f: FormatInfo):
+    """Returns ``(state, call)``: ``call()`` enqueues the census of ``x`` on torch's current
+    stream into ``state.out`` without synchronising; or None where the kernel cannot run."""
     import torch
 
-    f = format_info(fmt)
-    if (not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16)
-            or x.numel() == 0):
+    if not x.is_cuda or x.numel() == 0:
         return None
-    try:
-        import cupy
-    except ImportError:
+    dtype_name = str(x.dtype)[6:]  # "torch.float16" -> "float16"
+    if dtype_name not in _KERNELS:
         return None
-    x = x.detach().reshape(-1)
-    if not x.is_contiguous() or x.data_ptr() % 16:
-        return None  # 16-byte vector loads need aligned, contiguous data
-    global _MODULE
-    with cupy.cuda.Device(x.device.index):
-        if _MODULE is None:
-            _MODULE = cupy.RawModule(code=kernel_source(), options=("--std=c++17",))
-        kernel = _MODULE.get_function("census_f32" if x.dtype == torch.float32 else "census_f16")
-    t1, t2, t3 = _compare_limits(f, np.float32)
-    nbins = HIST_MAX - HIST_MIN + 1
-    out = torch.zeros(5 + nbins, dtype=torch.int64, device=x.device)
-    lim = [np.uint32(np.float32(t).view(np.uint32)) for t in (t1, t2, t3)]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    per_thread = 8 if x.dtype == torch.float32 else 16  # two vectors per loop trip
-    try:  # one full wave of resident blocks: a second, partial wave would idle most SMs
-        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, 256, 0)
-    except Exception:  # older CuPy: 4 blocks of 256 threads fit on every GPU since Volta
-        per_sm = 4
-    blocks = int(max(1, min(sms * max(per_sm, 1), -(-x.numel() // (256 * per_thread)))))
-    # hand the buffers to CuPy through DLPack (no copy); 16-bit data as int16, which CuPy
-    # knows (it has no bfloat16), since the kernel reads raw bits anyway
-    raw = x if x.dtype == torch.float32 else x.view(torch.int16)
-    agg = KERNEL_AGGREGATE if aggregate is None else aggregate
-    args = [cupy.from_dlpack(raw), np.int64(x.numel()), *lim, cupy.from_dlpack(out),
-            np.int32(bool(agg))]
-    if x.dtype != torch.float32:
-        args.append(np.int32(x.dtype == torch.bfloat16))
-    args = tuple(args)
+    cupy = _cupy()
+    if cupy is None:
+        return None
+    if x.dim() != 1 or not x.is_contiguous():
+        x = x.detach().reshape(-1)  # a copy only if x was not contiguous
+    ptr = x.data_ptr()
+    if ptr % x.element_size():
+        return None
+    st = _state(x.device)
+    fn, threads, wave = st.kernels[dtype_name]
+    n = x.numel()
+    per_trip = 32 if dtype_name == "bfloat16" else 16  # elements of one thread's loop trip
+    # one full wave (fewer blocks for small tensors), more only where a thread would otherwise
+    # count more than _PER_THREAD_CAP elements
+    blocks = max(1, min(wave, -(-n // (threads * per_trip))),
+                 -(-n // (threads * _PER_THREAD_CAP)))
+    t1, t2, t3 = _kernel_limits(f.name, dtype_name)
+    # the kernel's parameters, each in its own 8-byte slot (32-bit ones in the low half, as
+    # little-endian x86 / ARM hosts store them), and the array of their addresses for
+    # cuLaunchKernel, which copies them at launch
+    values = np.array([ptr, n, t1, t2, t3, st.acc_ptr, st.out_ptr], dtype=np.uint64)
+    params = _PARAM_OFFSETS + np.uint64(values.__array_interface__["data"][0])
+    params_ptr = params.__array_interface__["data"][0]
+    args = (np.uint64(ptr), np.int64(n), t1, t2, t3, st.acc_ptr, st.out_ptr)
+    dev = x.device
+
+    def call(stream_ptr: int | None = None):
+        if stream_ptr is None:
+            stream_ptr = torch.cuda.current_stream(dev).cuda_stream
+        switch = cupy.cuda.runtime.getDevice() != st.index
+        if switch:
+            prev = cupy.cuda.runtime.getDevice()
+            cupy.cuda.runtime.setDevice(st.index)
+        try:
+            if st.direct:
+                try:  # one driver call: no per-argument conversions, no stream object
+                    cupy.cuda.driver.launchKernel(fn.ptr, blocks, 1, 1, threads, 1, 1, 0,
+                                                  stream_ptr, params_ptr, 0)
+                    return
+                except Exception:  # e.g. no current context in this thread yet: let CuPy do it
+                    st.direct = False
+            _launch(fn, blocks, threads, args, st.stream(stream_ptr))
+        finally:
+            if switch:
+                cupy.cuda.runtime.setDevice(prev)
+
+    call.keep = (x, values, params)  # the data and the parameter block outlive the call
+    return st, call
+
+
+def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
+    """Returns ``(launch, out)``: a function that enqueues the one-pass census kernel on torch's
+    current stream, and the int64 CUDA tensor it writes (zeros, the cumulative counts
+    ``|x| <= T1, T2, T3``, NaNs, then the histogram); or None where the kernel cannot run (no
+    CuPy, a dtype other than float32 / float16 / bfloat16, an empty tensor).
+
+    ``launch()`` counts ``x`` into ``out`` in one kernel launch without synchronising and returns
+    ``out``; benchmarks time it alone, :func:`census` also copies ``out`` to the host. ``out`` is
+    this device's result buffer: the next census on the device overwrites it, and launches on
+    different streams must not overlap (census() holds a lock until its copy is done).
+    """
+    got = _kernel_call(x, format_info(fmt))
+    if got is None:
+        return None
+    st, call = got
 
     def launch():
-        out.zero_()
-        with cupy.cuda.Device(x.device.index):
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream)
-            with stream:
-                kernel((blocks,), (256,), args)
-        return out
+        call()
+        return st.out
 
-    launch.tensor = x  # the tensor counted (the CuPy views in args keep its memory alive)
-    return launch, out
+    launch.tensor = call.keep[0]
+    return launch, st.out
 
 
 def _cupy_census(x, f: FormatInfo):
     """Returns (counts, hist) computed by the one-pass kernel, or None where it cannot run."""
-    got = cupy_kernel_launcher(x, f)
+    import torch
+
+    got = _kernel_call(x, f)
     if got is None:
         return None
-    launch, _ = got
-    res = launch().cpu().numpy()
+    st, call = got
+    cupy = _cupy()
+    rt = cupy.cuda.runtime
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    with st.lock:  # the scratch and result buffers are the device's, shared by all streams
+        call(stream)
+        switch = rt.getDevice() != st.index
+        if switch:
+            prev = rt.getDevice()
+            rt.setDevice(st.index)
+        try:  # the one copy to the host (pinned: a true async copy), then the one wait
+            rt.memcpyAsync(st.host_ptr, st.out_ptr_int, st.out_bytes, 2, stream)  # 2: D2H
+            rt.streamSynchronize(stream)
+        finally:
+            if switch:
+                rt.setDevice(prev)
+        res = st.host.numpy().copy()
     counts = np.array([res[0], res[1], res[2], res[3], x.numel(), res[4]], dtype=np.int64)
-    return counts, res[5:].astype(np.int64)
+    return counts, res[5:]
 
 
 # ---------------------------------------------------------------------------------- models

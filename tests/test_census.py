@@ -179,12 +179,25 @@ def test_census_model_options():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_kernel_compiles(tmp_path, arch):
+def test_kernel_compiles_without_spills(tmp_path, arch):
     src = tmp_path / "census.cu"
     src.write_text(kernel_source())
-    out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-o", str(tmp_path / "c.cubin"),
-                          str(src)], capture_output=True, text=True)
+    out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o",
+                          str(tmp_path / "c.cubin"), str(src)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+    for kernel in ("census_f32", "census_f16", "census_bf16"):
+        assert f"Compiling entry function '{kernel}'" in out.stderr
+    assert "0 bytes spill stores" in out.stderr and "bytes spill stores" in out.stderr
+    spills = [ln for ln in out.stderr.splitlines() if "spill stores" in ln]
+    assert len(spills) == 3 and all(ln.strip().startswith("0 bytes stack frame, 0 bytes spill")
+                                    for ln in spills), spills
+
+
+def raw_layout(c) -> np.ndarray:
+    """A CPU census as the kernel's output: zeros, cumulative counts, NaNs, then the bins."""
+    k = c.counts
+    return np.concatenate([np.cumsum([k["zero"], k["underflow"], k["subnormal"], k["normal"]]),
+                           [k["nan"]], c.hist])
 
 
 @pytest.mark.gpu
@@ -199,26 +212,63 @@ def test_cuda_matches_cpu(dtype, backend):
         gpu = census(x.cuda(), name, backend="cupy" if backend == "auto" else "torch")
         assert gpu.counts == cpu.counts, (dtype, name)
         assert np.array_equal(gpu.hist, cpu.hist)
-    # a misaligned view falls back to torch and still agrees
+    # a view that starts off the 16-byte grid still agrees
     xs = x.cuda()[1:]
     assert census(xs, "fp16").counts == census(x[1:], "fp16").counts
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("aggregate", [False, True])
-def test_cuda_kernel_variants_raw_output(dtype, aggregate):
-    """Both kernel variants, read raw: cumulative class counts, NaNs, then the histogram."""
+def test_cuda_kernel_offsets_and_ragged_sizes(dtype):
+    """Views starting at every offset within 16 bytes, sizes around the vector width: the
+    scalar prologue, the 16-byte loads and the scalar epilogue together count each element once."""
+    pytest.importorskip("cupy")
+    x = torch.from_numpy(wide_sample(200_000, 8, -30, 30)).to(dtype)
+    xg = x.cuda()
+    for off in range(9):
+        for n in (1, 2, 3, 7, 8, 9, 15, 16, 17, 33, 1000, 65_537, 199_990):
+            got = census(xg[off:off + n], "fp16", backend="cupy")
+            want = census(x[off:off + n], "fp16")
+            assert got.counts == want.counts, (dtype, off, n)
+            assert np.array_equal(got.hist, want.hist), (dtype, off, n)
+    # a strided (non-contiguous) tensor is copied first, then counted
+    strided = xg.reshape(1000, 200)[:, ::3]
+    assert census(strided, "bf16").counts == census(x.reshape(1000, 200)[:, ::3], "bf16").counts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_kernel_raw_output_and_reuse(dtype):
+    """The raw output (cumulative class counts, NaNs, histogram), launch after launch: the
+    kernel leaves its scratch buffer zeroed for the next one, on any stream."""
     pytest.importorskip("cupy")
     from fp16lab.census import cupy_kernel_launcher
 
     x = torch.from_numpy(wide_sample(1_000_003, 7, -30, 30)).to(dtype)
-    x[100:5000] = 0  # a run of zeros: the bin every lane skips
-    ref = census(x, "fp16")
-    k = ref.counts
-    want = np.concatenate([np.cumsum([k["zero"], k["underflow"], k["subnormal"], k["normal"]]),
-                           [k["nan"]], ref.hist])
-    launch, out = cupy_kernel_launcher(x.cuda(), "fp16", aggregate=aggregate)
-    for _ in range(2):  # launch() starts from zero every time
+    x[100:5000] = 0  # a run of zeros
+    want = raw_layout(census(x, "fp16"))
+    launch, out = cupy_kernel_launcher(x.cuda(), "fp16")
+    for _ in range(3):
         launch()
         assert np.array_equal(out.cpu().numpy(), want)
+    other = torch.full((12345,), 3.0, dtype=dtype, device="cuda")  # another census in between
+    assert census(other, "fp16").counts["normal"] == 12345
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # a side stream: census runs and syncs on it
+        xg = x.cuda()
+        got = census(xg, "fp16")
+    assert np.array_equal(raw_layout(got), want)
+
+
+@pytest.mark.gpu
+def test_cuda_concentrated_and_special_values():
+    """All elements in one binade (every thread's counter for one field takes every element),
+    the data's own subnormals, infinities and NaNs."""
+    pytest.importorskip("cupy")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.full((5_000_000,), 1.5, dtype=dtype)
+        x[:7] = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"),
+                              torch.finfo(dtype).tiny / 4, -torch.finfo(dtype).tiny / 2])
+        got = census(x.cuda(), "fp16")
+        want = census(x, "fp16")
+        assert got.counts == want.counts and np.array_equal(got.hist, want.hist), dtype
