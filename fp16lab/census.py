@@ -376,6 +376,29 @@ __device__ __forceinline__ void census_body(const U* __restrict__ x, long long n
         if (f_ == 0u && u_ != 0u) atomicAdd(&sub[31 - __clz(u_)], 1u);         \
     }
 
+    /* two 16-bit elements at once (SWAR): with u, t <= 0x7fff, (0x8000 + t) - u stays within its
+       half and has bit 15 set iff u <= t; u > INF iff u + (0x7fff - INF) has bit 15 set. Hits
+       add into a 16-bit counter per half (a thread sees fewer than 65536 pairs: see the host) */
+    const unsigned int T1P = (t1 | 0x8000u) * 0x10001u, T2P = (t2 | 0x8000u) * 0x10001u,
+                       T3P = (t3 | 0x8000u) * 0x10001u, NANK = (0x7fffu - INF) * 0x10001u;
+    unsigned int p1 = 0u, p2 = 0u, p3 = 0u, pnan = 0u;
+#define PAIR(word)                                                             \
+    {                                                                          \
+        const unsigned int m_ = (word) & 0x7fff7fffu;                          \
+        p1 += ((T1P - m_) >> 15) & 0x10001u;                                   \
+        p2 += ((T2P - m_) >> 15) & 0x10001u;                                   \
+        p3 += ((T3P - m_) >> 15) & 0x10001u;                                   \
+        pnan += ((m_ + NANK) >> 15) & 0x10001u;                                \
+        const unsigned int lo_ = m_ & 0xffffu, hi_ = m_ >> 16;                 \
+        const unsigned int flo_ = lo_ >> MBITS, fhi_ = hi_ >> MBITS;           \
+        mine[flo_ * THREADS] += 1;                                             \
+        mine[fhi_ * THREADS] += 1;                                             \
+        if (flo_ == 0u || fhi_ == 0u) {                                        \
+            if (flo_ == 0u && lo_ != 0u) atomicAdd(&sub[31 - __clz(lo_)], 1u); \
+            if (fhi_ == 0u && hi_ != 0u) atomicAdd(&sub[31 - __clz(hi_)], 1u); \
+        }                                                                      \
+    }
+
     const long long tid = (long long)blockIdx.x * THREADS + threadIdx.x;
     const long long stride = (long long)gridDim.x * THREADS;
     /* prologue: elements before the first 16-byte boundary (fewer than VEC <= stride) */
@@ -403,11 +426,10 @@ __device__ __forceinline__ void census_body(const U* __restrict__ x, long long n
                 const unsigned int w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    if (sizeof(U) == 4) {
+                    if constexpr (sizeof(U) == 4) {
                         TALLY(w[j])
                     } else {
-                        TALLY(w[j] & 0xffffu)
-                        TALLY(w[j] >> 16)
+                        PAIR(w[j])
                     }
                 }
             }
@@ -419,6 +441,11 @@ __device__ __forceinline__ void census_body(const U* __restrict__ x, long long n
     const long long rest = head + nvec * VEC + tid;
     if (rest < n) TALLY((unsigned int)x[rest])
 #undef TALLY
+#undef PAIR
+    c1 += (p1 & 0xffffu) + (p1 >> 16);
+    c2 += (p2 & 0xffffu) + (p2 >> 16);
+    c3 += (p3 & 0xffffu) + (p3 >> 16);
+    cnan += (pnan & 0xffffu) + (pnan >> 16);
 
     /* block sums: class counts by warp shuffles, then the field counters */
     const int lane = threadIdx.x & 31;
@@ -563,6 +590,7 @@ class _DeviceState:
                 if per_sm <= 0:  # fall back to what the shared memory allows on any sm_80+
                     per_sm = 2048 // threads if threads == 256 else 5
                 self.kernels[dtype_name] = (fn, threads, sms * per_sm)
+        torch.cuda.synchronize(self.index)  # the zeroed scratch is there before any stream uses it
 
     def stream(self, ptr: int):
         """Returns a CuPy stream object for the CUDA stream ``ptr`` (torch's), cached."""
