@@ -381,3 +381,74 @@ def test_monitor_every_nth_backward():
     assert sorted(mon.frame().step.unique()) == [0, 3, 6]
     with pytest.raises(ValueError, match="every must be an integer >= 1"):
         d.GradientMonitor(model, every=0)
+
+
+def _numpy_bins(x32: np.ndarray) -> np.ndarray:
+    """Oracle for the monitor's bins: numpy's frexp of |x| in float64 (exact for float32)."""
+    a = np.abs(x32.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        _, e = np.frexp(a)  # a = m * 2**e, 0.5 <= m < 1: floor(log2 a) = e - 1
+    out = (e - 1) - d.EXP_MIN + 2
+    out = np.where(a < 2.0**-126, 1, out)
+    out = np.where(a == 0, 0, out)
+    out = np.where(np.isinf(a), d.N_BINS - 2, out)
+    return np.where(np.isnan(a), d.N_BINS - 1, out)
+
+
+def _numpy_bins_hist(x32: np.ndarray) -> list[float]:
+    return np.bincount(_numpy_bins(x32), minlength=d.N_BINS).astype(float).tolist()
+
+
+@pytest.mark.parametrize("method", ["ops", "search"])
+def test_bin_codes_match_numpy_frexp(method):
+    rng = np.random.default_rng(11)
+    with np.errstate(over="ignore"):  # the top of the range overflows to inf: intended
+        x = (rng.standard_normal(5000) * 2.0 ** rng.uniform(-150, 128, 5000)).astype(np.float32)
+    powers = np.float32(2.0) ** np.arange(-149, 128).astype(np.float32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan,
+                         np.finfo(np.float32).max, np.finfo(np.float32).tiny], dtype=np.float32)
+    edges = np.concatenate([powers, np.nextafter(powers, np.float32(0)),
+                            np.nextafter(powers, np.float32(np.inf)), -powers, specials])
+    x = np.concatenate([x, edges.astype(np.float32)])
+    got = d._bin_codes(torch.from_numpy(x.copy()), method=method)
+    assert got.dtype == torch.int32
+    np.testing.assert_array_equal(got.numpy(), _numpy_bins(x))
+    with pytest.raises(ValueError, match="1-D float32"):
+        d._bin_codes(torch.zeros(3, dtype=torch.float64), method=method)
+    with pytest.raises(ValueError, match="method must be"):
+        d._bin_codes(torch.zeros(3), method="frexp")
+
+
+def test_monitor_histc_path_orders_rows_like_the_parameters():
+    # sizes out of order and ties: the histc path sorts by size internally and must put every
+    # row back; each gradient holds a single distinct power of two, so its row has one bin
+    sizes = [5, 300, 5, 1, 4000, 30, 300] * 5
+    grads = [torch.full((n,), 2.0 ** (i - 20)) for i, n in enumerate(sizes)]
+    mon = d.GradientMonitor(nn.Linear(1, 1))
+    hist, maxabs = mon.statistics(grads, backend="histc")
+    for i, n in enumerate(sizes):
+        b = (i - 20) - d.EXP_MIN + 2
+        assert hist[i, b] == n and hist[i].sum() == n, i
+    assert maxabs.tolist() == [2.0 ** (i - 20) for i in range(len(sizes))]
+
+
+@pytest.mark.gpu
+def test_monitor_cuda_histc_float64_keys_and_half_grads_match_cpu():
+    rng = np.random.default_rng(3)
+    # one gradient with more than 2**24 elements: float64 keys and counts on the histc path
+    big = torch.from_numpy((rng.standard_normal(2**24 + 3) * 1e-3).astype(np.float32))
+    grads = [big, torch.from_numpy(rng.standard_normal(700).astype(np.float32)),
+             torch.tensor([0.0, math.inf, math.nan, 2.0**-130])]
+    mon = d.GradientMonitor(nn.Linear(1, 1))
+    h_gpu, m_gpu = mon.statistics([g.cuda() for g in grads])
+    h_cpu, m_cpu = mon.statistics(grads)
+    assert torch.equal(h_gpu.cpu(), h_cpu) and h_cpu[0].sum() == big.numel()
+    assert h_cpu[2].tolist() == _numpy_bins_hist(grads[2].numpy())
+    np.testing.assert_array_equal(m_gpu[:2].cpu().numpy(), m_cpu[:2].numpy())  # NaN-free ones
+    # float16 gradients (a model in .half()) widen exactly
+    halves = [torch.from_numpy((rng.standard_normal(n) * 2.0 ** rng.uniform(-30, 15, n))
+                               .astype(np.float16)) for n in (50, 3000, 7)]
+    h_gpu, m_gpu = mon.statistics([g.cuda() for g in halves])
+    h_cpu, m_cpu = mon.statistics(halves)
+    assert torch.equal(h_gpu.cpu(), h_cpu)
+    np.testing.assert_array_equal(m_gpu.cpu().numpy(), m_cpu.numpy())
