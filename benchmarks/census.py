@@ -82,6 +82,14 @@ def run_cpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
         rows.append(row("cpu", "numpy", "census()", name, n, x.itemsize, t, copy, fmt))
         print(f"cpu {name}: {rows[-1]['gbs']:.2f} GB/s (copy {copy:.2f})", flush=True)
         del x
+    import importlib
+
+    states = importlib.import_module("fp16lab.census")._STATES
+    direct = all(st.direct for st in states.values()) if states else None
+    print(f"kernel launched by one cuLaunchKernel call (not CuPy's argument path): {direct}",
+          flush=True)
+    for r in rows:
+        r["direct_launch"] = direct
     return rows
 
 
@@ -127,6 +135,14 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
                 print(f"cuda {name} {r['backend']} {r['what']}: {r['gbs']:.0f} GB/s "
                       f"= {r['ratio_to_copy']:.2f} x copy", flush=True)
         del x
+    import importlib
+
+    states = importlib.import_module("fp16lab.census")._STATES
+    direct = all(st.direct for st in states.values()) if states else None
+    print(f"kernel launched by one cuLaunchKernel call (not CuPy's argument path): {direct}",
+          flush=True)
+    for r in rows:
+        r["direct_launch"] = direct
     return rows
 
 
