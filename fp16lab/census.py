@@ -234,30 +234,33 @@ def _census_torch(t, f: FormatInfo, backend: str = "auto") -> tuple[np.ndarray, 
                                f"float16 or bfloat16 CUDA tensor; got {x.dtype} with "
                                f"{x.numel()} elements")
     wide = torch.float64 if x.dtype in (torch.float64, torch.int64, torch.int32) else torch.float32
-    np_wide = np.float64 if wide == torch.float64 else np.float32
-    t1, t2, t3 = _compare_limits(f, np_wide)
+    np_wide, udt = (np.float64, np.uint64) if wide == torch.float64 else (np.float32, np.uint32)
     ibits, shift, fmask, bias, sub_exp = ((torch.int32, 23, 0xFF, 127, -149)
                                           if wide == torch.float32
                                           else (torch.int64, 52, 0x7FF, 1023, -1074))
     dev = x.device
-    counts = torch.zeros(6, dtype=torch.int64, device=dev)
+    # class edges as bit patterns of |x| in the wide type: bucketize puts each element in its
+    # class in one pass (0: zero, 1: underflow, 2: subnormal, 3: normal, 4: overflow, 5: NaN)
+    th = thresholds(f)
+    edges = [0] + [_pattern_below(th[k], np_wide, udt, strict=strict)
+                   for k, strict in (("under", False), ("normal", True),
+                                     ("over", th["over_inclusive"]))] + [fmask << shift]
+    edges_t = torch.tensor(edges, dtype=ibits, device=dev)
+    classes = torch.zeros(6, dtype=torch.int64, device=dev)
     by_field = torch.zeros(fmask + 1, dtype=torch.int64, device=dev)
     sub_hist = torch.zeros(HIST_MAX - HIST_MIN + 1, dtype=torch.int64, device=dev)
     chunk = 1 << 24
     for start in range(0, x.numel(), chunk):
-        a = x[start:start + chunk].to(wide).abs()
-        counts[0] += (a == 0).sum()
-        counts[1] += (a <= t1).sum()
-        counts[2] += (a <= t2).sum()
-        counts[3] += (a <= t3).sum()
-        counts[5] += torch.isnan(a).sum()
-        b = a.view(ibits)
+        b = x[start:start + chunk].to(wide).abs().view(ibits)
+        classes += torch.bincount(torch.bucketize(b, edges_t, out_int32=True), minlength=6)
         efield = (b >> shift) & fmask
         by_field += torch.bincount(efield, minlength=fmask + 1)
         subs = b[(efield == 0) & (b != 0)]
         if subs.numel():
             e_sub = torch.floor(torch.log2(subs.to(torch.float64))).to(torch.int64) + sub_exp
             sub_hist += torch.bincount(_hist_index(e_sub), minlength=sub_hist.numel())
+    cum = torch.cumsum(classes, 0)
+    counts = torch.stack([cum[0], cum[1], cum[2], cum[3], cum[3], classes[5]])
     counts[4] = x.numel()
     counts_np = counts.cpu().numpy()
     by_field_np = by_field.cpu().numpy()

@@ -106,6 +106,24 @@ def test_torch_tensors_match_numpy(dtype):
         assert counts[5] == c.counts["nan"] and np.array_equal(hist, c.hist)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.int32])
+@pytest.mark.parametrize("name", sorted(CAST))
+def test_torch_backend_all_classes(dtype, name):
+    """The torch backend (bucketize on bit patterns) against the cast oracle, every class."""
+    from fp16lab.census import _census_torch
+
+    x = wide_sample(50_000, 11, -150, 40).astype(np.float64)
+    x *= np.exp2(np.random.default_rng(12).integers(-30, 30, x.size))
+    t = torch.from_numpy(x).to(dtype)
+    ref = t.double().numpy()
+    counts, hist = _census_torch(t, format_info(name), backend="torch")
+    want = oracle_counts(ref, name)
+    cum = np.cumsum([want["zero"], want["underflow"], want["subnormal"], want["normal"]])
+    assert list(counts) == [*cum, ref.size, want["nan"]], (dtype, name)
+    assert np.array_equal(hist, oracle_hist(ref))
+
+
 def test_ml_dtypes_and_int_input():
     x = wide_sample(10_000, 5, -10, 10).astype(ml_dtypes.bfloat16)
     assert census(x, "fp16").counts == oracle_counts(x.astype(np.float32), "fp16")
