@@ -276,6 +276,10 @@ def test_cuda_kernel_raw_output_and_reuse(dtype):
         xg = x.cuda()
         got = census(xg, "fp16")
     assert np.array_equal(raw_layout(got), want)
+    import importlib
+
+    states = importlib.import_module("fp16lab.census")._STATES
+    assert states and all(st.direct for st in states.values()), "fell back to CuPy's launch path"
 
 
 @pytest.mark.gpu
