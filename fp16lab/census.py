@@ -660,7 +660,7 @@ def _kernel_call(x, f: FormatInfo):
     if cupy is None:
         return None
     if x.dim() != 1 or not x.is_contiguous():
-        x = x.detach().reshape(-1)  # a copy only if x was not contiguous
+        x = x.detach().reshape(-1).contiguous()  # a copy only if x was not contiguous
     ptr = x.data_ptr()
     if ptr % x.element_size():
         return None
