@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pytest.importorskip("ipywidgets")
@@ -85,3 +86,115 @@ def test_widgets_carry_the_dom_classes_a_browser_test_uses():
         assert f"fp16lab-sweep-{cls}" in widget._dom_classes
     bundle = panel._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_every_control_carries_its_dom_class():
+    panel = SweepPanel(device="cpu")
+    for cls, widget in (("model", panel.model), ("batches", panel.batches),
+                        ("layouts", panel.layouts), ("precisions", panel.precisions),
+                        ("init-scale", panel.init_scale), ("growth-factor", panel.growth_factor),
+                        ("backoff-factor", panel.backoff_factor),
+                        ("growth-interval", panel.growth_interval), ("warmup", panel.warmup),
+                        ("steps", panel.steps), ("repeats", panel.repeats)):
+        mine = [c for c in widget._dom_classes if c.startswith("fp16lab-sweep-")]
+        assert mine == [f"fp16lab-sweep-{cls}"], (cls, widget._dom_classes)
+
+
+def test_plot_is_hidden_until_there_is_a_result_and_the_table_scrolls():
+    panel = small_panel()
+    panel.batches.value, panel.layouts.value, panel.repeats.value = (2,), ("nchw",), 1
+    assert panel.plot.layout.display == "none" and not panel.plot.value  # no broken image
+    assert panel.table.layout.overflow == "auto"  # wide summaries scroll, not cut off
+    panel.run_button.click()
+    assert panel.wait(300) and not panel.error, panel.error
+    assert bytes(panel.plot.value).startswith(PNG)
+    assert panel.plot.layout.display in (None, "", "block", "flex")
+
+
+# ------------------------------------------------------------------ sweep.plot_results
+
+def _summary_row(key, repeat, ms, *, batch=8, layout="nchw", precision="fp32", **kw):
+    r = dict.fromkeys(sweep.ROW_COLUMNS)
+    r.update(key=key, model="small_cnn", batch=batch, layout=layout, precision=precision,
+             device="cpu", repeat=repeat, status="ok", error="", step_ms_median=ms, spread=0.01,
+             tolerance=0.03, cudnn_benchmark=False)
+    r.update(kw)
+    return r
+
+
+def _lines(ax):
+    """Returns the labelled (series) lines of an axes by label."""
+    return {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
+
+
+def test_plot_tells_layouts_apart_at_a_single_batch_size():
+    import matplotlib.colors as mc
+    import pandas as pd
+
+    rows = pd.DataFrame([_summary_row("a", 0, 10.0, layout="nchw"),
+                         _summary_row("b", 0, 8.0, layout="channels_last"),
+                         _summary_row("c", 0, 5.0, layout="nchw", precision="amp-bf16")])
+    fig = sweep.plot_results(rows)
+    lines = _lines(fig.axes[0])
+    assert set(lines) == {"nchw fp32", "channels_last fp32", "nchw amp-bf16"}
+    a, b, c = lines["nchw fp32"], lines["channels_last fp32"], lines["nchw amp-bf16"]
+    # one point each (batch / step time), and visible: every series has a marker
+    for ln, ms in ((a, 10.0), (b, 8.0), (c, 5.0)):
+        assert list(ln.get_xdata()) == [8]
+        assert ln.get_ydata()[0] == pytest.approx(8 / (ms / 1e3))
+        assert ln.get_marker() not in (None, "", "None", " ")
+    # same precision: same colour; other layout: other marker and line style
+    assert mc.same_color(a.get_color(), b.get_color())
+    assert a.get_marker() != b.get_marker() and a.get_linestyle() != b.get_linestyle()
+    # other precision: other colour, same layout style
+    assert not mc.same_color(a.get_color(), c.get_color())
+    assert a.get_marker() == c.get_marker() and a.get_linestyle() == c.get_linestyle()
+    # the legend has one distinct entry per series
+    labels = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert sorted(labels) == sorted(lines)
+
+
+def test_plot_draws_unstable_points_hollow():
+    import matplotlib.colors as mc
+    import pandas as pd
+
+    # batch 8: repeats 10 and 13 ms (30% apart: unstable); batch 16: 20 and 20.1 ms (stable)
+    rows = pd.DataFrame([_summary_row("a", 0, 10.0), _summary_row("a", 1, 13.0),
+                         _summary_row("b", 0, 20.0, batch=16),
+                         _summary_row("b", 1, 20.1, batch=16)])
+    fig = sweep.plot_results(rows)
+    ax = fig.axes[0]
+    (line,) = _lines(ax).values()
+    np.testing.assert_allclose(line.get_ydata(), [8 / 0.0115, 16 / 0.02005])
+    assert list(line.get_markevery()) == [1]  # the filled marker only on the stable point
+    hollow = [ln for ln in ax.lines if ln.get_label().startswith("_")]
+    assert len(hollow) == 1
+    assert list(hollow[0].get_xdata()) == [8]
+    assert hollow[0].get_ydata()[0] == pytest.approx(8 / 0.0115)
+    assert mc.same_color(hollow[0].get_markerfacecolor(), "white")
+    labels = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert any("UNSTABLE" in t for t in labels)
+
+
+def test_plot_leaves_out_points_with_other_scaler_settings():
+    import pandas as pd
+
+    s = sweep.ScalerSettings()
+    base = dict(precision="amp-fp16", init_scale=s.init_scale, growth_factor=s.growth_factor,
+                backoff_factor=s.backoff_factor, growth_interval=s.growth_interval)
+    rows = pd.DataFrame([_summary_row("a", 0, 10.0, **base),
+                         _summary_row("b", 0, 40.0, **{**base, "growth_interval": 1}),
+                         _summary_row("c", 0, 40.0, **{**base, "init_scale": 2.0 ** 40})])
+    (line,) = _lines(sweep.plot_results(rows).axes[0]).values()
+    np.testing.assert_allclose(line.get_ydata(), [8 / 0.010])
+
+
+def test_plot_gives_each_model_its_own_row():
+    import pandas as pd
+
+    rows = pd.DataFrame([_summary_row("a", 0, 10.0), _summary_row("b", 0, 10.0, model="mlp")])
+    fig = sweep.plot_results(rows)
+    assert len(fig.axes) == 6
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("small_cnn") and titles[3].startswith("mlp")
+    assert len(sweep.plot_results(rows, model="mlp").axes) == 3
