@@ -2,7 +2,9 @@
 
 The sweep runs on a background thread, so the kernel stays free and the Stop button works;
 ipywidgets sends updates made from that thread to the browser. Every widget a browser test
-needs carries a ``fp16lab-sweep-*`` DOM class: run, stop, progress, status, table, plot.
+needs carries a ``fp16lab-sweep-*`` DOM class (see ``DOM_CLASSES``): the controls (model,
+batches, layouts, precisions, the scaler's init-scale, growth, backoff and interval, warmup, steps,
+repeats), the buttons (run, stop) and the outputs (progress, status, plot, table).
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ import pandas as pd
 
 from .. import sweep
 from ..models import MODELS
+
+
+DOM_CLASSES = {  # fp16lab-sweep-<name> -> the SweepPanel attribute that carries it
+    "model": "model", "batches": "batches", "layouts": "layouts", "precisions": "precisions",
+    "init-scale": "init_scale", "growth-factor": "growth_factor",
+    "backoff-factor": "backoff_factor", "growth-interval": "growth_interval",
+    "warmup": "warmup", "steps": "steps", "repeats": "repeats",
+    "run": "run_button", "stop": "stop_button", "progress": "progress", "status": "status",
+    "plot": "plot", "table": "table",
+}
 
 
 def _defaults(device: str) -> dict[str, Any]:
@@ -74,12 +86,12 @@ class SweepPanel:
                                     disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=1, description="points")
         self.status = w.HTML(value=f"ready (device: {self.device})")
-        self.plot = w.Image(format="png", layout=w.Layout(max_width="100%"))
-        self.table = w.HTML(value="")
-        for widget, name in ((self.run_button, "run"), (self.stop_button, "stop"),
-                             (self.progress, "progress"), (self.status, "status"),
-                             (self.table, "table"), (self.plot, "plot")):
-            widget.add_class(f"fp16lab-sweep-{name}")
+        # Hidden until there is a result: an empty Image shows a broken-image icon.
+        self.plot = w.Image(format="png", layout=w.Layout(max_width="100%", display="none"))
+        # The summary is wider than a notebook's output area: it scrolls sideways in its box.
+        self.table = w.HTML(value="", layout=w.Layout(width="auto", overflow="auto"))
+        for name, attr in DOM_CLASSES.items():
+            getattr(self, attr).add_class(f"fp16lab-sweep-{name}")
         self.run_button.on_click(lambda _: self.run())
         self.stop_button.on_click(lambda _: self.stop())
 
@@ -192,12 +204,16 @@ class SweepPanel:
     def _redraw(self) -> None:
         with self._lock:
             rows = self.rows.copy()
-        fig = sweep.plot_results(rows)
+        from matplotlib.figure import Figure
+
+        # A bare Figure, not pyplot: this runs on the sweep's thread.
+        fig = sweep.plot_results(rows, fig=Figure(figsize=(13, 3.6), layout="constrained"))
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=80)
         self.plot.value = buf.getvalue()
+        self.plot.layout.display = None
         if len(rows):
-            self.table.value = results_html(rows)
+            self.table.value = _TABLE_STYLE + results_html(rows)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
@@ -211,6 +227,10 @@ def results_html(rows: pd.DataFrame) -> str:
             "peak_mem_allocated_mb", "peak_mem_reserved_mb", "final_scale", "skipped_steps",
             "gpu_busy_mean", "power_w_mean"]
     return s[cols].map(_fmt).to_html(index=False, classes="fp16lab-sweep-results", border=0)
+
+
+_TABLE_STYLE = ("<style>.fp16lab-sweep-results th, .fp16lab-sweep-results td "
+                "{padding: 2px 8px; text-align: right; white-space: nowrap}</style>")
 
 
 def _fmt(v: Any) -> Any:

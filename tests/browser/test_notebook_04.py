@@ -4,7 +4,8 @@ The test picks the grid a user would pick for a quick look (one model, one batch
 layouts, two precisions, one repeat of two timed steps), presses Run, and checks what the
 panel shows against that choice: the progress bar fills to exactly the number of
 measurements (advancing one measurement at a time), the table has one row per chosen point,
-and a plot image is drawn.
+and a plot image is drawn (hidden before the first result). The controls are found by their
+``fp16lab-sweep-*`` DOM classes.
 """
 
 from __future__ import annotations
@@ -22,12 +23,9 @@ PRECISIONS = ("fp32", "amp-bf16")
 SWEEP_TIMEOUT_MS = 240_000
 
 
-def _labelled(panel, kind: str, label: str):
-    """Returns the control of the ipywidget of CSS class ``kind`` whose description is label."""
-    page = panel.page
-    box = panel.locator(f".{kind}").filter(
-        has=page.locator("label.widget-label", has_text=re.compile(rf"^{re.escape(label)}$")))
-    return box.locator("select, input").first
+def _control(panel, name: str):
+    """Returns the <select> or <input> of the panel's control of DOM class fp16lab-sweep-<name>."""
+    return panel.locator(f".fp16lab-sweep-{name}").locator("select, input").first
 
 
 def test_sweep_panel_runs_a_tiny_cpu_sweep(open_notebook):
@@ -41,17 +39,21 @@ def test_sweep_panel_runs_a_tiny_cpu_sweep(open_notebook):
     panel.scroll_into_view_if_needed()
     cell = nb.cell_of(panel).locator(".jp-Cell-outputArea")
 
-    _labelled(panel, "widget-dropdown", "model").select_option(label="small_cnn")
-    _labelled(panel, "widget-select-multiple", "batch sizes").select_option(label=[BATCH])
-    _labelled(panel, "widget-select-multiple", "layouts").select_option(label=list(LAYOUTS))
-    _labelled(panel, "widget-select-multiple", "precisions").select_option(
+    _control(panel, "model").select_option(label="small_cnn")
+    _control(panel, "batches").select_option(label=[BATCH])
+    _control(panel, "layouts").select_option(label=list(LAYOUTS))
+    _control(panel, "precisions").select_option(
         label=list(PRECISIONS))
-    for label, value in (("warm-up steps", "1"), ("timed steps", "2"), ("repeats", "1")):
-        box = _labelled(panel, "widget-text", label)
+    for name, value in (("warmup", "1"), ("steps", "2"), ("repeats", "1")):
+        box = _control(panel, name)
         box.fill(value)
         box.press("Enter")
         expect(box).to_have_value(value)
     nb.shot("chosen-tiny-grid", cell)
+
+    # Before any result the plot is hidden (an empty image would show a broken-image icon).
+    plot = panel.locator("img.fp16lab-sweep-plot")
+    expect(plot).to_be_hidden()
 
     expected = {(BATCH, lay, prec) for lay, prec in itertools.product(LAYOUTS, PRECISIONS)}
     run = panel.locator(".fp16lab-sweep-run")
@@ -99,7 +101,20 @@ def test_sweep_panel_runs_a_tiny_cpu_sweep(open_notebook):
     assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
     assert all(float(r["samples_per_s"].replace(",", "")) > 0 for r in rows)
 
-    plot = panel.locator("img.fp16lab-sweep-plot")
+    # The summary is wider than the output area: its box scrolls sideways, nothing is cut off.
+    box = panel.locator(".fp16lab-sweep-table")
+    assert box.evaluate("b => getComputedStyle(b).overflowX") == "auto"
+    scroll_w, client_w = box.evaluate("b => [b.scrollWidth, b.clientWidth]")
+    area_right = cell.evaluate("c => c.getBoundingClientRect().right")
+    box_right = box.evaluate("b => b.getBoundingClientRect().right")
+    assert box_right <= area_right + 1, f"the table box overflows the output area: {box_right}"
+    assert scroll_w > client_w, f"the table fits ({scroll_w} <= {client_w}): nothing to scroll"
+    # Scrolled to the end, the last column lies inside the box.
+    left, right = box.evaluate("""b => { b.scrollLeft = b.scrollWidth;
+        const r = b.getBoundingClientRect(); return [r.left, r.right]; }""")
+    last = table.locator("thead th").last.evaluate("th => th.getBoundingClientRect().right")
+    assert left < last <= right + 1, f"last column ends at {last}, box is {left}..{right}"
+
     expect(plot).to_be_visible()
     size = plot.evaluate("img => [img.complete, img.naturalWidth, img.naturalHeight]")
     assert size[0] and size[1] > 100 and size[2] > 100, f"plot image not drawn: {size}"
