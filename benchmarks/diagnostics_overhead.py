@@ -14,6 +14,7 @@ time per step.
     PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py            # GPU (if any) and CPU
     PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py --gpu-only
     PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py --quick    # CPU smoke test
+    PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py --profile  # where statistics() goes
 
 Results go to data/diagnostics_overhead.json; rows for a device not measured in this run are
 kept from the existing file, and every row names the device and torch version that produced it.
@@ -131,6 +132,31 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
     return rows
 
 
+def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> None:
+    """Prints where one GradientMonitor.statistics() call spends its time (torch.profiler: ops,
+    kernel launches, device time) on the gradients of one real training step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, step = make_step(model_name, device, batch, amp)
+    mon = GradientMonitor(model)
+    step()
+    mon.remove()
+    grads = [p.grad for p in mon.params if p.grad is not None]
+    for _ in range(3):  # plan built, allocator warm
+        mon.statistics(grads)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        mon.statistics(grads)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    print(f"statistics() on {model_name} ({device}): {len(grads)} gradients, "
+          f"{sum(g.numel() for g in grads)} values, {len(kernels)} CUDA kernels / copies")
+    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=15))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=60, help="interleaved off/on block pairs")
@@ -141,7 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-only", action="store_true")
     p.add_argument("--quick", action="store_true", help="CPU only, few steps (smoke test)")
     p.add_argument("--name", default=NAME, help="result file stem under data/")
+    p.add_argument("--profile", action="store_true",
+                   help="only print a torch.profiler breakdown of one statistics() call "
+                        "(ResNet-50 on the GPU if any, else small_cnn on the CPU)")
     a = p.parse_args(argv)
+    if a.profile:
+        if torch.cuda.is_available():
+            profile_statistics("resnet50", "cuda", a.gpu_batch, True)
+        else:
+            profile_statistics("small_cnn", "cpu", a.cpu_batch, False)
+        return 0
     if a.quick:
         a.rounds, a.steps, a.cpu_only = 3, 3, True
     rows: list[dict] = []
