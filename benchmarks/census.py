@@ -171,12 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("no CUDA GPU: GPU rows skipped", flush=True)
     if not a.quick:  # keep the rows of the device not measured now (e.g. CPU with --gpu-only)
-        measured = {r["device"] for r in rows}
-        try:
-            old = bench.read_result(a.name)["rows"]
-        except FileNotFoundError:
-            old = []
-        rows = [r for r in old if r.get("device") not in measured] + rows
+        rows = bench.merge_with_previous(a.name, rows)
     import tempfile
 
     data_dir = Path(tempfile.mkdtemp()) if a.quick else None  # a smoke test leaves data/ alone

@@ -180,22 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.rounds, a.steps, a.cpu_only = 3, 3, True
     rows: list[dict] = []
-    measured = set()
     if not a.cpu_only and torch.cuda.is_available():
         rows += measure("resnet50", "cuda", a.gpu_batch, True, a.rounds, a.steps, warmup=10)
-        measured.add("cuda")
     elif not a.cpu_only:
         print("no CUDA GPU: skipping the ResNet-50 rows", flush=True)
     if not a.gpu_only:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         rows += measure("small_cnn", "cpu", a.cpu_batch, False, a.rounds, a.steps, warmup=3)
-        measured.add("cpu")
-    if not a.quick:
-        try:
-            old = bench.read_result(a.name)["rows"]
-        except FileNotFoundError:
-            old = []
-        rows = [r for r in old if r.get("device") not in measured] + rows
+    if not a.quick:  # keep the rows of the device not measured now (e.g. CPU with --gpu-only)
+        rows = bench.merge_with_previous(a.name, rows)
     import tempfile
 
     data_dir = Path(tempfile.mkdtemp()) if a.quick else None  # a smoke test leaves data/ alone

@@ -167,6 +167,29 @@ def read_result(name_or_path: str | Path, *, data_dir: Path | None = None) -> di
     return payload
 
 
+def merge_with_previous(name: str, rows: list[dict[str, Any]], *, key: str = "device",
+                        data_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Returns ``rows`` plus the rows of an earlier ``data/<name>.json`` whose ``key`` this run did not measure.
+
+    A benchmark run on one machine (say ``--gpu-only`` on the GPU host) then keeps the rows
+    measured elsewhere (the CPU rows). Each row says where it was measured in ``measured_on``,
+    since the file's ``meta`` describes only the latest run.
+    """
+    from .device import metadata
+
+    here = describe_source(metadata())
+    rows = [{**r, "measured_on": r.get("measured_on", here)} for r in rows]
+    try:
+        old = read_result(name, data_dir=data_dir)
+    except FileNotFoundError:
+        return rows
+    measured = {r.get(key) for r in rows}
+    there = describe_source(old["meta"])
+    kept = [{**r, "measured_on": r.get("measured_on", there)}
+            for r in old["rows"] if r.get(key) not in measured]
+    return kept + rows
+
+
 def describe_source(meta: dict[str, Any]) -> str:
     """Returns one line saying which device, driver and versions produced a result."""
     gpu = meta.get("gpu_name") or "CPU"

@@ -61,3 +61,19 @@ def test_cuda_timing_and_copy_bandwidth():
     t = bench.time_cuda(lambda: x @ x, warmup=2, repeat=5)
     assert t.median_ms > 0
     assert bench.copy_bandwidth_gbs(2**28, repeat=5) > 100
+
+
+def test_merge_keeps_other_devices_with_their_source(tmp_path):
+    old_path = bench.write_result("merge", [{"device": "cpu", "x": 1}, {"device": "cuda", "x": 2}],
+                                  meta={"gpu_name": "Elsewhere GPU"}, data_dir=tmp_path)
+    old_meta = bench.read_result(old_path)["meta"]
+    merged = bench.merge_with_previous("merge", [{"device": "cuda", "x": 3}], data_dir=tmp_path)
+    assert [(r["device"], r["x"]) for r in merged] == [("cpu", 1), ("cuda", 3)]
+    assert merged[0]["measured_on"] == bench.describe_source(old_meta)
+    assert "Elsewhere GPU" in merged[0]["measured_on"]
+    assert merged[1]["measured_on"] != merged[0]["measured_on"] or old_meta["gpu_name"] is None
+
+
+def test_merge_without_previous_file(tmp_path):
+    rows = bench.merge_with_previous("none", [{"device": "cpu"}], data_dir=tmp_path)
+    assert len(rows) == 1 and "measured on" in rows[0]["measured_on"]
