@@ -41,6 +41,12 @@ test: setup
 test-gpu: setup
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
+# Every benchmark on the local GPU; each writes its results, with provenance, under data/.
+benchmarks: setup
+	@for b in census gemm alignment diagnostics_overhead sweep_engine_vs_loop sweep_reference; do \
+	  echo "--- benchmarks/$$b.py"; $(PY) benchmarks/$$b.py || exit $$?; done
+	$(VENV)/bin/fp16lab claims --out data/
+
 info: setup
 	$(VENV)/bin/fp16lab info
 
