@@ -73,15 +73,8 @@ def row(device, backend, what, dtype, n, itemsize, t, copy_gbs, fmt, ok=True) ->
             "p90_ms": t.p90_ms, "spread": t.spread, "repeats": t.n}
 
 
-def run_cpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
-    n = x32.size
-    copy = cpu_copy_gbs(x32.nbytes, repeat)
-    rows = []
-    for name, x in (("float32", x32), ("float16", x32.astype(np.float16))):
-        t = bench.time_cpu(lambda: census(x, fmt), warmup=1, repeat=repeat)
-        rows.append(row("cpu", "numpy", "census()", name, n, x.itemsize, t, copy, fmt))
-        print(f"cpu {name}: {rows[-1]['gbs']:.2f} GB/s (copy {copy:.2f})", flush=True)
-        del x
+def _with_launch_path(rows: list[dict]) -> list[dict]:
+    """Returns rows stamped with whether the CUDA kernel went through the direct cuLaunchKernel path."""
     import importlib
 
     states = importlib.import_module("fp16lab.census")._STATES
@@ -91,6 +84,18 @@ def run_cpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
     for r in rows:
         r["direct_launch"] = direct
     return rows
+
+
+def run_cpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
+    n = x32.size
+    copy = cpu_copy_gbs(x32.nbytes, repeat)
+    rows = []
+    for name, x in (("float32", x32), ("float16", x32.astype(np.float16))):
+        t = bench.time_cpu(lambda: census(x, fmt), warmup=1, repeat=repeat)
+        rows.append(row("cpu", "numpy", "census()", name, n, x.itemsize, t, copy, fmt))
+        print(f"cpu {name}: {rows[-1]['gbs']:.2f} GB/s (copy {copy:.2f})", flush=True)
+        del x
+    return _with_launch_path(rows)
 
 
 def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
@@ -135,15 +140,7 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
                 print(f"cuda {name} {r['backend']} {r['what']}: {r['gbs']:.0f} GB/s "
                       f"= {r['ratio_to_copy']:.2f} x copy", flush=True)
         del x
-    import importlib
-
-    states = importlib.import_module("fp16lab.census")._STATES
-    direct = all(st.direct for st in states.values()) if states else None
-    print(f"kernel launched by one cuLaunchKernel call (not CuPy's argument path): {direct}",
-          flush=True)
-    for r in rows:
-        r["direct_launch"] = direct
-    return rows
+    return _with_launch_path(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
