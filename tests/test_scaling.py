@@ -46,13 +46,19 @@ def scaler_case(draw):
     return params, steps
 
 
-def _drive_torch(params, steps):
-    """Returns [(scale used, skipped, scale after)] for torch.amp.GradScaler('cpu')."""
-    ps = [torch.nn.Parameter(torch.zeros(3)) for _ in steps[0]]
+def _counting_sgd(n_params):
+    """Returns (params, an SGD optimizer, a list that grows by one at every real optimizer step)."""
+    ps = [torch.nn.Parameter(torch.zeros(3)) for _ in range(n_params)]
     opt = torch.optim.SGD(ps, lr=0.0)
     calls = []
     real_step = opt.step
     opt.step = lambda *a, **k: (calls.append(1), real_step(*a, **k))[1]
+    return ps, opt, calls
+
+
+def _drive_torch(params, steps):
+    """Returns [(scale used, skipped, scale after)] for torch.amp.GradScaler('cpu')."""
+    ps, opt, calls = _counting_sgd(len(steps[0]))
     scaler = torch.amp.GradScaler("cpu", **params)
     scaler.scale(torch.ones(()))  # GradScaler creates its scale tensor lazily here
     out = []
@@ -68,11 +74,7 @@ def _drive_torch(params, steps):
 
 
 def _drive_ours(params, steps):
-    ps = [torch.nn.Parameter(torch.zeros(3)) for _ in steps[0]]
-    opt = torch.optim.SGD(ps, lr=0.0)
-    calls = []
-    real_step = opt.step
-    opt.step = lambda *a, **k: (calls.append(1), real_step(*a, **k))[1]
+    ps, opt, calls = _counting_sgd(len(steps[0]))
     scaler = DynamicLossScaler(**params)
     out = []
     with warnings.catch_warnings():
