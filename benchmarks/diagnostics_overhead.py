@@ -40,6 +40,15 @@ from fp16lab.models import build_model, input_shape  # noqa: E402
 NAME = "diagnostics_overhead"
 
 
+def monitor_backend(device: str) -> str:
+    """Returns the statistics backend GradientMonitor picks on this device ("auto")."""
+    if device != "cuda":
+        return "bincount"
+    from fp16lab._cupy import cupy_or_none
+
+    return "cupy" if cupy_or_none() is not None else "histc"
+
+
 def make_step(model_name: str, device: str, batch: int, amp: bool):
     """Returns (model, step function) for one training step of a model on synthetic data."""
     torch.manual_seed(0)
@@ -86,30 +95,39 @@ def time_steps(step, device: str, n: int, cpu_ms: list[float] | None = None) -> 
 
 
 def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
-            steps_per_block: int, warmup: int) -> list[dict]:
+            steps_per_block: int, warmup: int, backends: tuple[str, ...] = ("auto",)) -> list[dict]:
+    """Returns one row per variant: hooks off, and hooks on with each statistics backend."""
     model, step = make_step(model_name, device, batch, amp)
     for _ in range(warmup):
         step()
-    # the monitor's one-time set-up (its segment index) happens here, outside the timed blocks
-    mon = GradientMonitor(model)
-    step()
-    mon.remove()
+    # each monitor's one-time set-up (its chunk or segment tables) happens here, outside the
+    # timed blocks
+    monitors = {}
+    for b in backends:
+        mon = GradientMonitor(model, backend=b)
+        step()
+        mon.remove()
+        name = b if b != "auto" else monitor_backend(device)
+        monitors[f"hooks on ({name})" if len(backends) > 1 else "hooks on"] = (mon, name)
     if device == "cuda":
         torch.cuda.synchronize()
-    samples = {"hooks off": [], "hooks on": []}
-    cpu = {"hooks off": [], "hooks on": []}
+    samples = {"hooks off": [], **{k: [] for k in monitors}}
+    cpu = {k: [] for k in samples}
     for _ in range(rounds):
         samples["hooks off"] += time_steps(step, device, steps_per_block, cpu["hooks off"])
-        mon.reset()
-        mon.attach()
-        samples["hooks on"] += time_steps(step, device, steps_per_block, cpu["hooks on"])
-        mon.remove()
-        assert mon.steps == steps_per_block, "monitor missed steps"
-    # read the last step's statistics back once (what a user would do now and then)
-    frame = mon.frame()
-    assert len(frame) == steps_per_block * sum(1 for p in model.parameters() if p.requires_grad)
-    assert (frame.numel > 0).all()
+        for variant, (mon, _) in monitors.items():
+            mon.reset()
+            mon.attach()
+            samples[variant] += time_steps(step, device, steps_per_block, cpu[variant])
+            mon.remove()
+            assert mon.steps == steps_per_block, "monitor missed steps"
     n_params = sum(1 for p in model.parameters() if p.requires_grad)
+    frames = {}
+    for variant, (mon, _) in monitors.items():
+        # read the last block's statistics back once (what a user would do now and then)
+        frames[variant] = mon.frame()
+        assert len(frames[variant]) == steps_per_block * n_params
+        assert (frames[variant].numel > 0).all()
     if device == "cuda":
         dev_name = torch.cuda.get_device_name()
     else:
@@ -120,7 +138,9 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
         t = bench.summarize(xs)
         row = {"device": device, "device_name": dev_name, "torch": torch.__version__,
                "model": model_name, "batch": batch, "amp": amp, "variant": variant,
-               "n_params": n_params, "threads": torch.get_num_threads(), **t.as_dict(),
+               "n_params": n_params, "threads": torch.get_num_threads(),
+               "monitor_backend": monitors[variant][1] if variant in monitors else None,
+               **t.as_dict(),
                "overhead_pct": 100 * (t.median_ms / off.median_ms - 1),
                # the fast tail is what load from other processes disturbs least
                "overhead_p10_pct": 100 * (t.p10_ms / off.p10_ms - 1)}
@@ -163,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4, help="steps per block")
     p.add_argument("--gpu-batch", type=int, default=128)
     p.add_argument("--cpu-batch", type=int, default=64)
+    p.add_argument("--gpu-backends", nargs="+", default=["auto"],
+                   choices=["auto", "cupy", "histc"],
+                   help="GradientMonitor backends to time on the GPU, interleaved")
     p.add_argument("--gpu-only", action="store_true")
     p.add_argument("--cpu-only", action="store_true")
     p.add_argument("--quick", action="store_true", help="CPU only, few steps (smoke test)")
@@ -181,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         a.rounds, a.steps, a.cpu_only = 3, 3, True
     rows: list[dict] = []
     if not a.cpu_only and torch.cuda.is_available():
-        rows += measure("resnet50", "cuda", a.gpu_batch, True, a.rounds, a.steps, warmup=10)
+        rows += measure("resnet50", "cuda", a.gpu_batch, True, a.rounds, a.steps, warmup=10,
+                        backends=tuple(a.gpu_backends))
     elif not a.cpu_only:
         print("no CUDA GPU: skipping the ResNet-50 rows", flush=True)
     if not a.gpu_only:

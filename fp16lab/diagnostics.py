@@ -217,6 +217,139 @@ def _segment_plan(sizes: list[int], device: torch.device, backend: str) -> dict[
             "boundaries": torch.tensor(_BIN_UPPER_EDGES, dtype=torch.int32, device=device)}
 
 
+#: The CUDA path (with CuPy): one kernel counts every gradient's histogram and max|g| in one
+#: pass over the gradients where they are. Each block takes one chunk of one gradient, bins its
+#: elements into a shared-memory histogram (one atomic per distinct bin per warp:
+#: ``__match_any_sync`` groups the lanes), and adds the non-zero bins to the gradient's row of
+#: the output with one global atomic each; max|g| is the largest |g| bit pattern (NaN above inf,
+#: as torch's norm(inf) has it), one atomicMax per block.
+_BACKENDS = ("auto", "bincount", "histc", "cupy")
+_STATS_CHUNK = 16384  # elements per block
+_STATS_THREADS = 256
+_STATS_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_STATS_SRC = r"""
+#include <cuda_fp16.h>
+#define N_BINS %(n_bins)d
+#define THREADS %(threads)d
+#define UNROLL 8
+
+__device__ __forceinline__ unsigned int abs_bits(const void* p, int kind, long long i) {
+    unsigned int b;
+    if (kind == 0) b = __ldg(reinterpret_cast<const unsigned int*>(p) + i);
+    else if (kind == 1) b = __float_as_uint(__half2float(__ushort_as_half(
+                            __ldg(reinterpret_cast<const unsigned short*>(p) + i))));
+    else b = (unsigned int)__ldg(reinterpret_cast<const unsigned short*>(p) + i) << 16;
+    return b & 0x7fffffffu;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+grad_stats(const unsigned long long* __restrict__ ptrs, const int* __restrict__ kinds,
+           const int* __restrict__ chunk_grad, const long long* __restrict__ chunk_start,
+           const long long* __restrict__ chunk_end, unsigned long long* __restrict__ hist,
+           unsigned int* __restrict__ maxbits) {
+    __shared__ unsigned int h[N_BINS];
+    __shared__ unsigned int wmax[THREADS / 32];
+    for (int i = threadIdx.x; i < N_BINS; i += THREADS) h[i] = 0u;
+    __syncthreads();
+    const int g = chunk_grad[blockIdx.x];
+    const long long start = chunk_start[blockIdx.x], end = chunk_end[blockIdx.x];
+    const void* p = reinterpret_cast<const void*>(ptrs[g]);
+    const int kind = kinds[g];
+    const int lane = threadIdx.x & 31;
+    unsigned int m = 0u;
+    /* every lane runs the same number of trips (the match below needs the whole warp) */
+    for (long long base = start; base < end; base += (long long)THREADS * UNROLL) {
+        unsigned int u[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const long long i = base + threadIdx.x + (long long)k * THREADS;
+            u[k] = i < end ? abs_bits(p, kind, i) : 0xffffffffu;  /* all ones: no element */
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; ++k) {
+            const bool real = u[k] != 0xffffffffu;
+            /* bin: zero 0, float32 subnormal 1, exponent field E -> E + 1, inf 256, NaN 257 */
+            const unsigned int bin = real ? (u[k] >> 23) + 1u + (u[k] > 0x7f800000u) - (u[k] == 0u)
+                                          : 0xffffffffu;
+            if (real) m = max(m, u[k]);
+            const unsigned int peers = __match_any_sync(0xffffffffu, bin);
+            if (real && lane == __ffs(peers) - 1) atomicAdd(&h[bin], (unsigned int)__popc(peers));
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
+    if (lane == 0) wmax[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int bm = 0u;
+        for (int w = 0; w < THREADS / 32; ++w) bm = max(bm, wmax[w]);
+        atomicMax(&maxbits[g], bm);
+    }
+    unsigned long long* row = hist + (long long)g * N_BINS;
+    for (int i = threadIdx.x; i < N_BINS; i += THREADS)
+        if (h[i]) atomicAdd(&row[i], (unsigned long long)h[i]);
+}
+"""
+_STATS_MODULES: dict[int, Any] = {}
+
+
+def _stats_function(device_index: int):
+    """Returns the compiled ``grad_stats`` kernel for a device (compiled once per device)."""
+    fn = _STATS_MODULES.get(device_index)
+    if fn is None:
+        import cupy
+
+        with cupy.cuda.Device(device_index):
+            module = cupy.RawModule(code=_STATS_SRC % {"n_bins": N_BINS,
+                                                       "threads": _STATS_THREADS})
+            fn = _STATS_MODULES[device_index] = module.get_function("grad_stats")
+    return fn
+
+
+def _stats_plan(sizes: list[int], kinds: list[int], device: torch.device) -> dict[str, Any]:
+    """Returns the chunk table of the ``grad_stats`` kernel for gradients of these sizes: one
+    block per chunk of at most ``_STATS_CHUNK`` elements of one gradient."""
+    grad, start, end = [], [], []
+    for i, n in enumerate(sizes):
+        for s0 in range(0, n, _STATS_CHUNK):
+            grad.append(i)
+            start.append(s0)
+            end.append(min(n, s0 + _STATS_CHUNK))
+    return {"kinds": torch.tensor(kinds, dtype=torch.int32, device=device),
+            "chunk_grad": torch.tensor(grad, dtype=torch.int32, device=device),
+            "chunk_start": torch.tensor(start, dtype=torch.int64, device=device),
+            "chunk_end": torch.tensor(end, dtype=torch.int64, device=device),
+            "blocks": len(grad), "ptrs": None, "ptrs_dev": None}
+
+
+def _cupy_statistics(grads: list[torch.Tensor], plan: dict[str, Any]):
+    """Returns (int64 histogram [n, N_BINS], float32 max|g| [n]) from one ``grad_stats`` launch
+    on torch's current stream (no host sync)."""
+    from ._cupy import current_stream_ptr, enqueue
+
+    device = grads[0].device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    flats = [_flat_view(g) for g in grads]  # views (a copy only for odd layouts)
+    ptrs = tuple(f.data_ptr() for f in flats)
+    if ptrs != plan["ptrs"]:  # the gradients moved: upload their addresses (asynchronously)
+        host = torch.tensor(ptrs, dtype=torch.int64).pin_memory()
+        plan["ptrs_dev"] = host.to(device, non_blocking=True)
+        plan["ptrs"] = ptrs
+    n = len(grads)
+    # one zeroed buffer holds the histograms and, after them, the max|g| bit patterns
+    out = torch.zeros(n * N_BINS + (n + 1) // 2, dtype=torch.int64, device=device)
+    hist = out[:n * N_BINS].view(n, N_BINS)
+    maxbits = out[n * N_BINS:].view(torch.int32)[:n]
+    args = tuple(t.data_ptr() for t in (
+        plan["ptrs_dev"], plan["kinds"], plan["chunk_grad"], plan["chunk_start"],
+        plan["chunk_end"], hist, maxbits))
+    # (a copy made by _flat_view may be freed on return: torch's allocator reuses memory in
+    # stream order, after the kernel that reads it)
+    with torch.cuda.device(index):
+        enqueue(_stats_function(index), plan["blocks"], _STATS_THREADS, args,
+                current_stream_ptr(index), index)
+    return hist, maxbits.view(torch.float32)
+
+
 class GradientMonitor:
     """Per-parameter gradient statistics, collected with hooks, computed on the device.
 
@@ -224,18 +357,18 @@ class GradientMonitor:
     queues a callback for the end of that pass, which computes for all gradients at once:
 
     * an exponent histogram of ``|g|`` per parameter: ``floor(log2|g|)`` read from the float32
-      exponent field (exact), plus bins for zero, float32 subnormals, inf and NaN. All gradients
-      are concatenated once; on the CPU a few integer passes give each element its bin and one
-      ``bincount`` counts them; on CUDA (where bincount syncs with the host) one
-      ``torch.bucketize`` of the bits gives the bins and one ``torch.histc`` per 23 parameters,
-      taken largest first, counts them in shared memory;
-    * ``max|g|`` per parameter - one fused ``torch._foreach_norm(ord=inf)`` on CUDA.
+      exponent field (exact), plus bins for zero, float32 subnormals, inf and NaN;
+    * ``max|g|`` per parameter.
 
-    On CUDA that is about 20 kernel launches per step whatever the model (ResNet-50: 161
-    parameters, 7 histc calls), about 1 GB of memory traffic for ResNet-50's 25.6M gradient
-    values, and no host sync; the results stay on the device until :meth:`frame` reads them all
-    at once. (With ``torch.use_deterministic_algorithms(True)`` CUDA histc refuses to run: leave
-    it off.)
+    On CUDA with CuPy both come from one fused kernel that reads every gradient once where it
+    lies (ResNet-50: 25.6M values, about 100 MB read, 3 launches per step with the zeroing of
+    the output and, when the gradients moved, the upload of their addresses) and no host sync:
+    the results stay on the device until :meth:`frame` reads them all at once. Without CuPy the
+    gradients are concatenated once, ``torch.bucketize`` of the bits gives the bins, one
+    ``torch.histc`` per 23 parameters counts them and ``torch._foreach_norm(ord=inf)`` gives
+    max|g| (about 20 launches and 1 GB of traffic for ResNet-50; with
+    ``torch.use_deterministic_algorithms(True)`` CUDA histc refuses to run). On the CPU a few
+    integer passes give each element its bin and one ``bincount`` counts them.
 
     The gradients seen are the ones in ``.grad`` at the end of backward: *scaled* when a loss
     scaler is used (which is what FP16 has to hold), FP32 under autocast (values that FP16
@@ -249,11 +382,17 @@ class GradientMonitor:
         keep_history: keep every step's statistics (default); otherwise only the last step's.
         every: compute the statistics on every ``every``-th backward pass only (default 1: all);
             the others cost one Python call.
+        backend: how the statistics are computed (see :meth:`statistics`); ``"auto"`` picks
+            the fastest one available on the gradients' device.
     """
 
-    def __init__(self, model: nn.Module, keep_history: bool = True, every: int = 1):
+    def __init__(self, model: nn.Module, keep_history: bool = True, every: int = 1,
+                 backend: str = "auto"):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+        self.backend = backend
         self.names = [n for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
@@ -293,33 +432,51 @@ class GradientMonitor:
         if not idx:
             return
         grads = [self.params[i].grad.detach() for i in idx]
-        hist, maxabs = self.statistics(grads, idx)
+        hist, maxabs = self.statistics(grads, idx, backend=self.backend)
         if not self.keep_history:
             self._steps.clear()
         self._steps.append((self.backward_passes - 1, hist, maxabs, idx))
 
     def statistics(self, grads: list[torch.Tensor], key: Any = None, *,
                    backend: str = "auto"):
-        """Returns (histogram [n_grads, N_BINS], max|g| [n_grads]) on the grads' device.
+        """Returns (int64 histogram [n_grads, N_BINS], float32 max|g| [n_grads]) on the grads'
+        device, without a host sync on CUDA.
 
-        ``backend``: ``"bincount"`` (the CPU default), ``"histc"`` (the CUDA default: unlike
-        CUDA bincount it needs no host sync) or ``"auto"``. Both give the same counts.
+        ``backend``: ``"bincount"`` (the CPU default), ``"cupy"`` (the CUDA default where CuPy
+        is installed: one fused kernel), ``"histc"`` (CUDA without CuPy: torch operations,
+        unlike CUDA bincount with no host sync) or ``"auto"``. All give the same counts.
         """
-        if backend == "auto":
-            backend = "bincount" if grads[0].device.type == "cpu" else "histc"
-        if backend not in ("bincount", "histc"):
-            raise ValueError(f"backend must be 'auto', 'bincount' or 'histc', got {backend!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
         device = grads[0].device
+        if backend == "auto":
+            if device.type != "cuda":
+                backend = "bincount"
+            else:
+                from ._cupy import cupy_or_none
+
+                backend = "cupy" if cupy_or_none() is not None else "histc"
+        if backend == "cupy" and device.type != "cuda":
+            raise ValueError(f"backend {backend!r} needs CUDA tensors, got {device.type}")
         sizes = [g.numel() for g in grads]
         ck = (tuple(key) if key is not None else tuple(sizes), device, backend)
+        n = len(grads)
+        if backend == "cupy":
+            kinds = [_STATS_KINDS.get(g.dtype, -1) for g in grads]
+            if -1 in kinds:
+                raise ValueError("the cupy backend counts float32, float16 and bfloat16 "
+                                 f"gradients; got {sorted({str(g.dtype) for g in grads})}")
+            ck = ck + (tuple(kinds),)
+            if ck not in self._cache:
+                self._cache[ck] = _stats_plan(sizes, kinds, device)
+            return _cupy_statistics(grads, self._cache[ck])
         if ck not in self._cache:
             self._cache[ck] = _segment_plan(sizes, device, backend)
         plan = self._cache[ck]
-        n = len(grads)
         if backend == "bincount":
             flat = _widened_cat([_flat_view(g) for g in grads])
             code = _bin_codes(flat, method="ops")
-            hist = torch.bincount(code.add_(plan["base"]), minlength=n * N_BINS).double()
+            hist = torch.bincount(code.add_(plan["base"]), minlength=n * N_BINS)
         else:
             # largest gradients first (see _segment_plan): each histc call then sees parameters
             # of similar size, which keeps its grid wide
@@ -329,7 +486,7 @@ class GradientMonitor:
             hist = torch.cat([torch.histc(keys[e0:e1], bins=(hi - lo) * N_BINS,
                                           min=lo * N_BINS, max=hi * N_BINS)
                               for lo, hi, e0, e1 in plan["chunks"]])
-            hist = hist.view(n, N_BINS).index_select(0, plan["inverse"]).double()
+            hist = hist.view(n, N_BINS).index_select(0, plan["inverse"]).long()
         hist = hist.view(n, N_BINS)
         if device.type == "cpu":  # torch's CPU _foreach_norm is a slow loop; amax is not
             maxabs = torch.stack([g.detach().abs().amax().float() for g in grads])
@@ -361,9 +518,9 @@ class GradientMonitor:
         self.remove()
 
     def histograms(self) -> torch.Tensor:
-        """Returns the held histograms as a CPU tensor [steps held, n_params, N_BINS] (zero rows
-        where a parameter had no gradient)."""
-        out = torch.zeros(len(self._steps), len(self.params), N_BINS, dtype=torch.float64)
+        """Returns the held histograms as an int64 CPU tensor [steps held, n_params, N_BINS]
+        (zero rows where a parameter had no gradient)."""
+        out = torch.zeros(len(self._steps), len(self.params), N_BINS, dtype=torch.int64)
         if not self._steps:
             return out
         # one transfer per step at most, done here and not during training
@@ -597,22 +754,24 @@ def overflow_demo(device: str = "cpu") -> tuple[nn.Module, Callable[[], torch.Te
 
 
 def overhead_summary(result: dict[str, Any]):
-    """Returns a DataFrame per device and model from a ``diagnostics_overhead`` result: median
-    step time without and with the hooks, the overhead in %, and where it was measured."""
+    """Returns a DataFrame from a ``diagnostics_overhead`` result: per device, model and
+    statistics backend, the median step time without and with the hooks, the overhead in %,
+    and where it was measured."""
     import pandas as pd
 
     rows = pd.DataFrame(result["rows"])
     out = []
     for (device, model), g in rows.groupby(["device", "model"], sort=False):
-        v = g.set_index("variant")
-        out.append({"device": device, "device_name": v.device_name.iloc[0], "model": model,
-                    "batch": int(v.batch.iloc[0]), "amp": bool(v.amp.iloc[0]),
-                    "off_ms": v.loc["hooks off", "median_ms"],
-                    "on_ms": v.loc["hooks on", "median_ms"],
-                    "overhead_pct": v.loc["hooks on", "overhead_pct"],
-                    "overhead_p10_pct": (v.loc["hooks on", "overhead_p10_pct"]
-                                         if "overhead_p10_pct" in v.columns else float("nan")),
-                    "torch": v.torch.iloc[0]})
+        off = g[g.variant == "hooks off"].iloc[0]
+        for _, on in g[g.variant.str.startswith("hooks on")].iterrows():
+            backend = on.get("monitor_backend")
+            out.append({"device": device, "device_name": off.device_name, "model": model,
+                        "batch": int(off.batch), "amp": bool(off.amp),
+                        "backend": backend if isinstance(backend, str) else "",
+                        "off_ms": off.median_ms, "on_ms": on.median_ms,
+                        "overhead_pct": on.overhead_pct,
+                        "overhead_p10_pct": on.get("overhead_p10_pct", float("nan")),
+                        "torch": off.torch})
     return pd.DataFrame(out)
 
 

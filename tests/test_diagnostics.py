@@ -3,6 +3,9 @@ the first-non-finite locator against planted faults, and the measured demonstrat
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
+import subprocess
 import math
 
 import ml_dtypes  # noqa: F401  (numpy float16 is IEEE binary16 already; imported as a check)
@@ -323,6 +326,16 @@ def test_overhead_summary_reads_rows():
             for v, ms, pct in (("hooks off", 10.0, 0.0), ("hooks on", 10.5, 5.0))]
     t = d.overhead_summary({"meta": {}, "rows": rows}).iloc[0]
     assert (t.off_ms, t.on_ms, t.overhead_pct) == (10.0, 10.5, 5.0)
+    # one row per backend where several were timed against the same "hooks off" blocks
+    rows = [{"device": "cuda", "device_name": "H", "model": "m", "batch": 2, "amp": True,
+             "variant": v, "median_ms": ms, "overhead_pct": pct, "torch": "2",
+             "monitor_backend": b}
+            for v, ms, pct, b in (("hooks off", 10.0, 0.0, None),
+                                  ("hooks on (cupy)", 10.1, 1.0, "cupy"),
+                                  ("hooks on (histc)", 10.7, 7.0, "histc"))]
+    t = d.overhead_summary({"meta": {}, "rows": rows}).set_index("backend")
+    assert t.loc["cupy", "on_ms"] == 10.1 and t.loc["histc", "overhead_pct"] == 7.0
+    assert (t.off_ms == 10.0).all()
 
 
 def test_monitor_detach_and_reattach():
@@ -440,15 +453,70 @@ def test_monitor_cuda_histc_float64_keys_and_half_grads_match_cpu():
     grads = [big, torch.from_numpy(rng.standard_normal(700).astype(np.float32)),
              torch.tensor([0.0, math.inf, math.nan, 2.0**-130])]
     mon = d.GradientMonitor(nn.Linear(1, 1))
-    h_gpu, m_gpu = mon.statistics([g.cuda() for g in grads])
-    h_cpu, m_cpu = mon.statistics(grads)
-    assert torch.equal(h_gpu.cpu(), h_cpu) and h_cpu[0].sum() == big.numel()
-    assert h_cpu[2].tolist() == _numpy_bins_hist(grads[2].numpy())
-    np.testing.assert_array_equal(m_gpu[:2].cpu().numpy(), m_cpu[:2].numpy())  # NaN-free ones
-    # float16 gradients (a model in .half()) widen exactly
     halves = [torch.from_numpy((rng.standard_normal(n) * 2.0 ** rng.uniform(-30, 15, n))
                                .astype(np.float16)) for n in (50, 3000, 7)]
-    h_gpu, m_gpu = mon.statistics([g.cuda() for g in halves])
-    h_cpu, m_cpu = mon.statistics(halves)
-    assert torch.equal(h_gpu.cpu(), h_cpu)
-    np.testing.assert_array_equal(m_gpu.cpu().numpy(), m_cpu.numpy())
+    backends = ["histc"] + (["cupy"] if importlib.util.find_spec("cupy") else [])
+    for backend in backends:
+        h_gpu, m_gpu = mon.statistics([g.cuda() for g in grads], backend=backend)
+        h_cpu, m_cpu = mon.statistics(grads)
+        assert torch.equal(h_gpu.cpu(), h_cpu) and h_cpu[0].sum() == big.numel(), backend
+        assert h_cpu[2].tolist() == _numpy_bins_hist(grads[2].numpy())
+        np.testing.assert_array_equal(m_gpu[:2].cpu().numpy(), m_cpu[:2].numpy())  # NaN-free
+        # float16 gradients (a model in .half()) widen exactly
+        h_gpu, m_gpu = mon.statistics([g.cuda() for g in halves], backend=backend)
+        h_cpu, m_cpu = mon.statistics(halves)
+        assert torch.equal(h_gpu.cpu(), h_cpu), backend
+        np.testing.assert_array_equal(m_gpu.cpu().numpy(), m_cpu.numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_monitor_cupy_kernel_matches_cpu_bincount(dtype):
+    pytest.importorskip("cupy")
+    rng = np.random.default_rng(13)
+    lo = -40 if dtype == torch.float16 else -140
+    hi = 15 if dtype == torch.float16 else 120
+    # sizes around the kernel's chunk (16384) and its unrolled trip (2048), views that start at
+    # odd offsets, specials of both signs, and a channels_last gradient
+    sizes = [1, 7, 2047, 2048, 2049, 16383, 16384, 16385, 3 * 16384 + 5, 100_003]
+    grads = []
+    for n in sizes:
+        v = rng.standard_normal(n) * 2.0 ** rng.uniform(lo, hi, n)
+        grads.append(torch.from_numpy(v.astype(np.float32)).to(dtype))
+    grads[2][:6] = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan])
+    cuda = [g.cuda() for g in grads]
+    full = torch.from_numpy(rng.standard_normal(5000).astype(np.float32)).to(dtype)
+    grads.append(full[3:])
+    cuda.append(full.cuda()[3:])  # a view 3 elements into its storage
+    cl = torch.randn(4, 6, 5, 5).to(dtype).contiguous(memory_format=torch.channels_last)
+    grads.append(cl)
+    cuda.append(cl.cuda())  # .cuda() keeps the memory format
+    assert cuda[-1].is_contiguous(memory_format=torch.channels_last) and cuda[-2].storage_offset()
+    mon = d.GradientMonitor(nn.Linear(1, 1))
+    want_h, want_m = mon.statistics(grads, backend="bincount")
+    got_h, got_m = mon.statistics(cuda, backend="cupy")
+    assert got_h.dtype == torch.int64 and torch.equal(got_h.cpu(), want_h)
+    np.testing.assert_array_equal(got_m.cpu().numpy(), want_m.numpy())  # NaN rows too
+    assert got_h.sum(dim=1).tolist() == [g.numel() for g in grads]
+    # on a side stream, twice (the second call reuses the uploaded addresses)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            h2, m2 = mon.statistics(cuda, backend="cupy")
+    s.synchronize()
+    assert torch.equal(h2.cpu(), want_h)
+    with pytest.raises(ValueError, match="float32, float16 and bfloat16"):
+        mon.statistics([torch.zeros(3, dtype=torch.float64, device="cuda")], backend="cupy")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_monitor_kernel_compiles_without_spills(tmp_path, arch):
+    src = tmp_path / "grad_stats.cu"
+    src.write_text(d._STATS_SRC % {"n_bins": d.N_BINS, "threads": d._STATS_THREADS})
+    out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o",
+                          str(tmp_path / "g.cubin"), str(src)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "Compiling entry function 'grad_stats'" in out.stderr
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in out.stderr
