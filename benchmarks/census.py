@@ -8,8 +8,9 @@ counts bytes read plus written, as bench.copy_bandwidth_gbs does).
 
 Rows: CPU (numpy, chunked) for fp32 and fp16 input; on a GPU, the one-pass CuPy kernel alone
 ("kernel": one launch, no synchronisation), the full census() call including everything a caller
-pays (Python, the launch, the copy of the counts to the host, the result object: "census()"),
-and the torch fallback (several torch passes), for fp32, fp16 and bf16 input. With --gpu-only
+pays (Python, the launch, the wait for the counts in host memory, the result object), timed by
+CUDA events around it ("census()") and by the host clock ("census() wall clock": the time the
+caller waits, without the events' own latency), and the torch fallback (several torch passes), for fp32, fp16 and bf16 input. With --gpu-only
 (or --cpu-only) the rows of the other device already in the result file are kept.
 
     PYTHONPATH=. python3 benchmarks/census.py             # 1e8 elements, CPU and GPU if present
@@ -127,6 +128,11 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
             t = bench.time_cuda(lambda: census(x, fmt, backend="cupy"), warmup=3, repeat=repeat)
             rows.append(row("cuda", "cupy", "census()", name, n, x.element_size(), t, copy, fmt,
                             ok))
+            # census() returns only when its result is on the host: the time its caller waits,
+            # by the host's clock (the events above also count their own records' latency)
+            t = bench.time_cpu(lambda: census(x, fmt, backend="cupy"), warmup=3, repeat=repeat)
+            rows.append(row("cuda", "cupy", "census() wall clock", name, n, x.element_size(), t,
+                            copy, fmt, ok))
         else:
             print("CuPy kernel unavailable (no CuPy?): torch fallback only", flush=True)
         check = census(x[: 2**24], fmt, backend="torch")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import subprocess
+import time
 
 import ml_dtypes
 import numpy as np
@@ -282,6 +284,39 @@ def test_cuda_kernel_raw_output_and_reuse(dtype):
 
     states = importlib.import_module("fp16lab.census")._STATES
     assert states and all(st.direct for st in states.values()), "fell back to CuPy's launch path"
+    assert all(st.host is not None for st in states.values()), "no mapped host result"
+
+
+@pytest.mark.gpu
+def test_cuda_result_paths_agree(monkeypatch):
+    """The three ways census() gets its result to the host - polling the done flag in mapped
+    memory, cudaStreamSynchronize on it, and a copy from the device - give the same counts,
+    also when the flag's poll gives up early (a long kernel) and synchronize takes over."""
+    pytest.importorskip("cupy")
+    import importlib
+
+    mod = importlib.import_module("fp16lab.census")
+    x = torch.from_numpy(wide_sample(3_000_001, 11, -40, 20))
+    want = census(x, "fp16")
+    xg = x.cuda()
+    st = mod._state(xg.device)
+    results = [census(xg, "fp16")]
+    monkeypatch.setattr(st, "poll", False)
+    results.append(census(xg, "fp16"))
+    monkeypatch.setattr(st, "poll", True)
+    clock = itertools.count(0.0, 1.0)  # each reading a second later: the poll gives up
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    results.append(census(xg, "fp16"))
+    monkeypatch.undo()
+    host = st.host
+    monkeypatch.setattr(st, "host", None)
+    monkeypatch.setattr(st, "host_pinned", torch.empty(st.out_len, dtype=torch.int64,
+                                                       pin_memory=True), raising=False)
+    results.append(census(xg, "fp16"))
+    monkeypatch.undo()
+    assert st.host is host
+    for got in results:
+        assert got.counts == want.counts and np.array_equal(got.hist, want.hist)
 
 
 @pytest.mark.gpu
