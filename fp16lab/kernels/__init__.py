@@ -95,6 +95,10 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     _wmma("wmma_pipeline_256_lb", 128, 256, 64, 256, 4, ", warps of 64x64, late barrier"),
     _wmma("wmma_pipeline_256x128_lb", 256, 128, 64, 256, 4, ", warps of 64x64, late barrier"),
     _wmma("wmma_pipeline_128w_lb", 128, 128, 32, 128, 4, ", 4 warps of 64x64, late barrier"),
+    _wmma("wmma_pipeline_256_mb", 128, 256, 64, 256, 3, ", warps of 64x64, mma_sync's schedule"),
+    _wmma("wmma_pipeline_256x128_mb", 256, 128, 64, 256, 3, ", warps of 64x64, mma_sync's schedule"),
+    _wmma("wmma_pipeline_256_mbs4", 128, 256, 64, 256, 4, ", warps of 64x64, mma_sync's schedule"),
+    _wmma("wmma_pipeline_256x128_mbs4", 256, 128, 64, 256, 4, ", warps of 64x64, mma_sync's schedule"),
     _mma("mma_sync", 128, 256, 32, 256, 4),
     _mma("mma_sync_k64", 128, 256, 64, 256, 3),
     _mma("mma_sync_k64s4", 128, 256, 64, 256, 4),
@@ -102,6 +106,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     _mma("mma_sync_k64_pf", 128, 256, 64, 256, 3, ", L2::256B prefetch hint"),
     _mma("mma_sync_256x128", 256, 128, 64, 256, 3),
     _mma("mma_sync_128", 128, 128, 32, 128, 4),
+    _mma("mma_sync_256x128s4", 256, 128, 64, 256, 4),
 )}
 
 _OUT_DTYPES = ("float32", "float16")

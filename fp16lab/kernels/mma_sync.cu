@@ -235,3 +235,4 @@ INSTANTIATE(mma_sync_k64_g16,  128, 256, 64, 2, 4, 3, 16, false)   // as mma_syn
 INSTANTIATE(mma_sync_k64_pf,   128, 256, 64, 2, 4, 3,  8, true)    // as mma_sync_k64, with the L2::256B hint
 INSTANTIATE(mma_sync_256x128,  256, 128, 64, 4, 2, 3,  8, false)   // 3 x (256x64 + 64x128) x 2 B = 144 KB
 INSTANTIATE(mma_sync_128,      128, 128, 32, 2, 2, 4,  8, false)   // 4 x (128x32 + 32x128) x 2 B =  64 KB, 4 warps
+INSTANTIATE(mma_sync_256x128s4,256, 128, 64, 4, 2, 4,  8, false)   // 4 x (256x64 + 64x128) x 2 B = 192 KB
