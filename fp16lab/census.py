@@ -457,11 +457,17 @@ __device__ __forceinline__ void census_body(const U* __restrict__ x, long long n
                     const unsigned int flo_ = lo_ >> MBITS, fhi_ = hi_ >> MBITS;
                     mine[flo_ * THREADS] += 1;
                     mine[fhi_ * THREADS] += 1;
-                    rare |= ((flo_ == 0u) & (lo_ != 0u)) | ((fhi_ == 0u) & (hi_ != 0u));
+                    if constexpr (EBITS >= 8) {  /* bf16: subnormals below 1.2e-38, rare */
+                        rare |= ((flo_ == 0u) & (lo_ != 0u)) | ((fhi_ == 0u) & (hi_ != 0u));
+                    } else if (flo_ == 0u || fhi_ == 0u) {  /* fp16's start at 6.1e-5: common */
+                        if (flo_ == 0u && lo_ != 0u) atomicAdd(&sub[31 - __clz(lo_)], 1u);
+                        if (fhi_ == 0u && hi_ != 0u) atomicAdd(&sub[31 - __clz(hi_)], 1u);
+                    }
                 }
             }
         }
-        if (rare) {  /* a subnormal of the data's type in this trip: bin it by its leading one */
+        if (EBITS >= 8 && rare) {  /* a subnormal of the data's type in this trip: bin it by
+                                      its leading one */
 #pragma unroll
             for (int k = 0; k < LOADS; ++k) {
                 const unsigned int w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
