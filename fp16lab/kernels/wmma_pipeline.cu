@@ -60,16 +60,39 @@ __device__ __forceinline__ void block_tile(int M, int N, int BMv, int BNv, int& 
 }
 
 // Writes one 16x16 fp32 accumulator tile to C through a per-warp staging buffer, so that
-// edge tiles (partly outside M x N) and fp16 outputs are plain, bounds-checked stores.
+// edge tiles (partly outside M x N) and fp16 outputs are plain, bounds-checked stores. N is a
+// multiple of 8 here (the launcher pads it), so each lane writes 8 consecutive outputs of one
+// row as 16-byte vectors where C is 16-byte aligned: 8x fewer store instructions.
+__device__ __forceinline__ void store8(float* p, const float* v) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(__half* p, const float* v) {
+    __half2 h[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(h);
+}
+
 template <typename OutT>
 __device__ __forceinline__ void store_tile(float* stage,
                                            const wmma::fragment<wmma::accumulator, 16, 16, 16, float>& acc,
                                            OutT* C, int row0, int col0, int M, int N, int lane) {
     wmma::store_matrix_sync(stage, acc, 16, wmma::mem_row_major);
     __syncwarp();
-    for (int i = lane; i < 256; i += 32) {
-        const int r = row0 + i / 16, c = col0 + i % 16;
-        if (r < M && c < N) C[(size_t)r * N + c] = to_out<OutT>(stage[i]);
+    if ((reinterpret_cast<unsigned long long>(C) & 15ull) == 0ull) {
+        const int r = row0 + lane / 2, c = col0 + (lane % 2) * 8;
+        if (r < M && c < N) {  // c + 8 <= N too
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = stage[(lane / 2) * 16 + (lane % 2) * 8 + e];
+            store8(C + (size_t)r * N + c, v);
+        }
+    } else {
+        for (int i = lane; i < 256; i += 32) {
+            const int r = row0 + i / 16, c = col0 + i % 16;
+            if (r < M && c < N) C[(size_t)r * N + c] = to_out<OutT>(stage[i]);
+        }
     }
     __syncwarp();
 }
