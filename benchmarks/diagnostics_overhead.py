@@ -34,19 +34,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from fp16lab import bench  # noqa: E402
-from fp16lab.diagnostics import GradientMonitor  # noqa: E402
+from fp16lab.diagnostics import GradientMonitor, auto_backend  # noqa: E402
 from fp16lab.models import build_model, input_shape  # noqa: E402
 
 NAME = "diagnostics_overhead"
-
-
-def monitor_backend(device: str) -> str:
-    """Returns the statistics backend GradientMonitor picks on this device ("auto")."""
-    if device != "cuda":
-        return "bincount"
-    from fp16lab._cupy import cupy_or_none
-
-    return "cupy" if cupy_or_none() is not None else "histc"
 
 
 def make_step(model_name: str, device: str, batch: int, amp: bool):
@@ -107,7 +98,7 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
         mon = GradientMonitor(model, backend=b)
         step()
         mon.remove()
-        name = b if b != "auto" else monitor_backend(device)
+        name = b if b != "auto" else auto_backend(device)
         monitors[f"hooks on ({name})" if len(backends) > 1 else "hooks on"] = (mon, name)
     if device == "cuda":
         torch.cuda.synchronize()

@@ -292,6 +292,16 @@ grad_stats(const unsigned long long* __restrict__ ptrs, const int* __restrict__ 
 _STATS_MODULES: dict[int, Any] = {}
 
 
+def auto_backend(device_type: str) -> str:
+    """Returns the statistics backend ``"auto"`` picks for gradients on this kind of device:
+    ``"bincount"`` off CUDA, ``"cupy"`` on CUDA where CuPy is installed, else ``"histc"``."""
+    if device_type != "cuda":
+        return "bincount"
+    from ._cupy import cupy_or_none
+
+    return "cupy" if cupy_or_none() is not None else "histc"
+
+
 def _stats_function(device_index: int):
     """Returns the compiled ``grad_stats`` kernel for a device (compiled once per device)."""
     fn = _STATS_MODULES.get(device_index)
@@ -450,12 +460,7 @@ class GradientMonitor:
             raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
         device = grads[0].device
         if backend == "auto":
-            if device.type != "cuda":
-                backend = "bincount"
-            else:
-                from ._cupy import cupy_or_none
-
-                backend = "cupy" if cupy_or_none() is not None else "histc"
+            backend = auto_backend(device.type)
         if backend == "cupy" and device.type != "cuda":
             raise ValueError(f"backend {backend!r} needs CUDA tensors, got {device.type}")
         sizes = [g.numel() for g in grads]
