@@ -78,8 +78,10 @@ def _with_launch_path(rows: list[dict]) -> list[dict]:
     """Returns rows stamped with whether the CUDA kernel went through the direct cuLaunchKernel path."""
     import importlib
 
-    states = importlib.import_module("fp16lab.census")._STATES
-    direct = all(st.direct for st in states.values()) if states else None
+    from fp16lab._cupy import direct_launches
+
+    launched = bool(importlib.import_module("fp16lab.census")._STATES)
+    direct = direct_launches() if launched else None
     print(f"kernel launched by one cuLaunchKernel call (not CuPy's argument path): {direct}",
           flush=True)
     for r in rows:

@@ -61,27 +61,61 @@ def external_stream(ptr: int, device_index: int):
 _DIRECT: list[bool] = [True]  # cleared when the driver call is missing or refuses
 
 
-def enqueue(kernel, blocks: int, threads: int, pointers: tuple[int, ...], stream_ptr: int,
-            device_index: int) -> None:
-    """Launches a CuPy RawKernel whose parameters are all 8-byte values (pointers, int64) on the
-    CUDA stream ``stream_ptr``: one cuLaunchKernel call where CuPy offers it (no per-argument
-    conversions, no stream object), else CuPy's own launch."""
-    import numpy as np
+def direct_launches() -> bool:
+    """Returns whether launches still go through one cuLaunchKernel call (not CuPy's own)."""
+    cupy = cupy_or_none()
+    return _DIRECT[0] and cupy is not None and hasattr(cupy.cuda.driver, "launchKernel")
 
+
+class ParamBlock:
+    """A kernel's parameters for cuLaunchKernel: one 8-byte slot each (a value narrower than 8
+    bytes sits in the low bytes, as little-endian x86 / ARM hosts store it) and the array of
+    the slots' addresses. cuLaunchKernel copies the parameters, so a caller that launches from
+    one thread at a time may keep one block and refill it for every launch."""
+
+    def __init__(self, n: int):
+        import numpy as np
+
+        self.values = np.zeros(n, dtype=np.uint64)
+        self.addresses = (np.arange(n, dtype=np.uint64) * np.uint64(8)
+                          + np.uint64(self.values.__array_interface__["data"][0]))
+        self.ptr = self.addresses.__array_interface__["data"][0]
+
+    def fill(self, args: tuple) -> int:
+        v = self.values
+        for i, a in enumerate(args):
+            v[i] = a
+        return self.ptr
+
+
+def enqueue(kernel, blocks: int, threads: int, args: tuple, stream_ptr: int,
+            device_index: int, params: ParamBlock | None = None) -> None:
+    """Launches a CuPy RawKernel on the CUDA stream ``stream_ptr`` of device ``device_index``:
+    one cuLaunchKernel call where CuPy offers it (no per-argument conversions, no stream
+    object), else CuPy's own launch.
+
+    ``args``: numpy scalars of the kernel's parameter types (``np.uint64`` for a pointer,
+    ``np.uint32`` for an ``unsigned int``...), none wider than 8 bytes. ``params``: a block to
+    fill for the direct launch (a new one per call when None)."""
     cupy = cupy_or_none()
     fn = getattr(kernel, "kernel", kernel)  # CuPy's RawKernel wraps a Function
-    if _DIRECT[0] and hasattr(cupy.cuda.driver, "launchKernel"):
-        values = np.array(pointers, dtype=np.uint64)
-        params = (np.arange(len(pointers), dtype=np.uint64) * np.uint64(8)
-                  + np.uint64(values.__array_interface__["data"][0]))
-        try:  # cuLaunchKernel copies the parameters: the arrays may go when it returns
-            cupy.cuda.driver.launchKernel(fn.ptr, blocks, 1, 1, threads, 1, 1, 0, stream_ptr,
-                                          params.__array_interface__["data"][0], 0)
-            return
-        except Exception:  # e.g. no current context in this thread yet: let CuPy do it
-            _DIRECT[0] = False
-    launch(kernel, blocks, threads, tuple(np.uint64(p) for p in pointers),
-           external_stream(stream_ptr, device_index))
+    rt = cupy.cuda.runtime
+    prev = rt.getDevice()
+    if prev != device_index:
+        rt.setDevice(device_index)
+    try:
+        if direct_launches():
+            block = params if params is not None else ParamBlock(len(args))
+            try:
+                cupy.cuda.driver.launchKernel(fn.ptr, blocks, 1, 1, threads, 1, 1, 0, stream_ptr,
+                                              block.fill(args), 0)
+                return
+            except Exception:  # e.g. no current context in this thread yet: let CuPy do it
+                _DIRECT[0] = False
+        launch(kernel, blocks, threads, args, external_stream(stream_ptr, device_index))
+    finally:
+        if prev != device_index:
+            rt.setDevice(prev)
 
 
 def launch(fn, blocks: int, threads: int, args: tuple, stream) -> None:

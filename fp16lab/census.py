@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ._cupy import cupy_or_none, current_stream_ptr, external_stream, launch
+from ._cupy import ParamBlock, cupy_or_none, current_stream_ptr, enqueue
 from .formats import FormatInfo, format_info
 
 #: Classes, in order of magnitude.
@@ -634,7 +634,7 @@ def _kernel_limits(fmt_name: str, dtype_name: str) -> tuple[Any, Any, Any]:
 
 class _DeviceState:
     """What one GPU's census launches reuse: kernels, grid sizes, buffers, a lock, and the
-    parameter block of the launch (filled in place: the lock covers launch to read-back)."""
+    parameter block of the launch (refilled in place: the lock covers launch to read-back)."""
 
     def __init__(self, device):
         import ctypes
@@ -658,7 +658,6 @@ class _DeviceState:
         self.out = self.buf[_ACC_SIZE:]
         self.acc_ptr = self.acc.data_ptr()
         self.out_ptr = self.out.data_ptr()
-        self.direct = hasattr(cupy.cuda.driver, "launchKernel")
         # census() has the last block write its result straight into mapped, pinned host memory:
         # no copy to launch, and the one wait is for the kernel itself
         self.host = self.host_dev_ptr = None
@@ -681,13 +680,7 @@ class _DeviceState:
                 self.host, self.host_error = None, f"{type(e).__name__}: {e}"
         if self.host is None:
             self.host_pinned = torch.empty(self.out_len, dtype=torch.int64, pin_memory=True)
-        # the kernel's parameters, each in its own 8-byte slot (32-bit ones in the low half, as
-        # little-endian x86 / ARM hosts store them), and the array of their addresses for
-        # cuLaunchKernel, which copies them at launch
-        self.values = np.zeros(8, dtype=np.uint64)
-        self.params = (np.arange(8, dtype=np.uint64) * np.uint64(8)
-                       + np.uint64(self.values.__array_interface__["data"][0]))
-        self.params_ptr = self.params.__array_interface__["data"][0]
+        self.params = ParamBlock(8)  # the launch's parameters, refilled under the lock
         sms = torch.cuda.get_device_properties(self.index).multi_processor_count
         self.kernels: dict[str, tuple[Any, int, int]] = {}
         with cupy.cuda.Device(self.index):
@@ -717,19 +710,23 @@ def _state(device) -> _DeviceState:
     return st
 
 
-def _enqueue(x, f: FormatInfo, to_host: bool):
-    """Enqueues the census of ``x`` on torch's current stream and returns
-    ``(state, stream_ptr, x as launched)``, or None where the kernel cannot run. The result lands in
-    ``state.host`` (mapped host memory) when ``to_host`` and the state has it, else in
-    ``state.out`` on the device. The caller holds ``state.lock`` until it has read the result."""
-    if not x.is_cuda or x.numel() == 0:
+def _kernel_dtype(x) -> str | None:
+    """Returns the dtype name of ``x`` ("float32", ...) where the census kernel can count it (a
+    non-empty CUDA tensor of a dtype it knows, CuPy installed), else None."""
+    if not x.is_cuda or x.numel() == 0 or cupy_or_none() is None:
         return None
     dtype_name = str(x.dtype)[6:]  # "torch.float16" -> "float16"
-    if dtype_name not in _KERNELS:
-        return None
-    cupy = cupy_or_none()
-    if cupy is None:
-        return None
+    return dtype_name if dtype_name in _KERNELS else None
+
+
+def _enqueue(x, dtype_name: str, f: FormatInfo, to_host: bool):
+    """Enqueues the census of ``x`` (whose :func:`_kernel_dtype` is ``dtype_name``) on torch's
+    current stream and returns ``(state, stream_ptr)``, or None where the kernel cannot run (a
+    misaligned start). The result lands in
+    ``state.host`` (mapped host memory) when ``to_host`` and the state has it, else in
+    ``state.out`` on the device. The caller holds ``state.lock`` until it has read the result.
+    (A contiguous copy of ``x`` made here may be freed on return: torch's allocator reuses its
+    memory in stream order, after the kernel.)"""
     if x.dim() != 1 or not x.is_contiguous():
         x = x.detach().reshape(-1).contiguous()  # a copy only if x was not contiguous
     ptr = x.data_ptr()
@@ -747,29 +744,10 @@ def _enqueue(x, f: FormatInfo, to_host: bool):
     out_ptr = st.host_dev_ptr if (to_host and st.host is not None) else st.out_ptr
     st.seq += 1
     stream_ptr = current_stream_ptr(st.index)
-    rt = cupy.cuda.runtime
-    switch = rt.getDevice() != st.index
-    if switch:
-        prev = rt.getDevice()
-        rt.setDevice(st.index)
-    try:
-        if st.direct:
-            v = st.values
-            v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7] = (ptr, n, t1, t2, t3, st.acc_ptr,
-                                                              out_ptr, st.seq)
-            try:  # one driver call: no per-argument conversions, no stream object
-                cupy.cuda.driver.launchKernel(fn.ptr, blocks, 1, 1, threads, 1, 1, 0,
-                                              stream_ptr, st.params_ptr, 0)
-                return st, stream_ptr, x
-            except Exception:  # e.g. no current context in this thread yet: let CuPy do it
-                st.direct = False
-        args = (np.uint64(ptr), np.int64(n), t1, t2, t3, np.uint64(st.acc_ptr),
-                np.uint64(out_ptr), np.uint64(st.seq))
-        launch(fn, blocks, threads, args, external_stream(stream_ptr, st.index))
-        return st, stream_ptr, x
-    finally:
-        if switch:
-            rt.setDevice(prev)
+    args = (np.uint64(ptr), np.int64(n), t1, t2, t3, np.uint64(st.acc_ptr), np.uint64(out_ptr),
+            np.uint64(st.seq))
+    enqueue(fn, blocks, threads, args, stream_ptr, st.index, st.params)
+    return st, stream_ptr
 
 
 def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
@@ -785,8 +763,8 @@ def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
     import torch
 
     f = format_info(fmt)
-    if not (isinstance(x, torch.Tensor) and x.is_cuda and x.numel()
-            and str(x.dtype)[6:] in _KERNELS and cupy_or_none() is not None):
+    dtype_name = _kernel_dtype(x) if isinstance(x, torch.Tensor) else None
+    if dtype_name is None:
         return None
     x = x.detach().reshape(-1).contiguous()
     st = _state(x.device)
@@ -794,7 +772,7 @@ def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
     out = st.out[:-1]  # the result without the done flag
 
     def launch():
-        _enqueue(x, f, to_host=False)
+        _enqueue(x, dtype_name, f, to_host=False)
         return out
 
     launch.tensor = x
@@ -803,14 +781,15 @@ def cupy_kernel_launcher(x, fmt: str | FormatInfo = "fp16"):
 
 def _cupy_census(x, f: FormatInfo):
     """Returns (counts, hist) computed by the one-pass kernel, or None where it cannot run."""
-    if not x.is_cuda or cupy_or_none() is None:
+    dtype_name = _kernel_dtype(x)
+    if dtype_name is None:
         return None
     st = _state(x.device)
     with st.lock:  # the scratch, the result and the parameter block are the device's
-        got = _enqueue(x, f, to_host=True)
+        got = _enqueue(x, dtype_name, f, to_host=True)
         if got is None:
             return None
-        _, stream_ptr, x = got
+        _, stream_ptr = got
         rt = cupy_or_none().cuda.runtime
         if st.host is not None:  # the kernel writes the host memory: wait for it, read it
             _wait_for_flag(st, stream_ptr, x.numel() * x.element_size())

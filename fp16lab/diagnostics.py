@@ -334,6 +334,8 @@ def _stats_plan(sizes: list[int], kinds: list[int], device: torch.device) -> dic
 def _cupy_statistics(grads: list[torch.Tensor], plan: dict[str, Any]):
     """Returns (int64 histogram [n, N_BINS], float32 max|g| [n]) from one ``grad_stats`` launch
     on torch's current stream (no host sync)."""
+    import numpy as np
+
     from ._cupy import current_stream_ptr, enqueue
 
     device = grads[0].device
@@ -349,14 +351,13 @@ def _cupy_statistics(grads: list[torch.Tensor], plan: dict[str, Any]):
     out = torch.zeros(n * N_BINS + (n + 1) // 2, dtype=torch.int64, device=device)
     hist = out[:n * N_BINS].view(n, N_BINS)
     maxbits = out[n * N_BINS:].view(torch.int32)[:n]
-    args = tuple(t.data_ptr() for t in (
+    args = tuple(np.uint64(t.data_ptr()) for t in (
         plan["ptrs_dev"], plan["kinds"], plan["chunk_grad"], plan["chunk_start"],
         plan["chunk_end"], hist, maxbits))
     # (a copy made by _flat_view may be freed on return: torch's allocator reuses memory in
     # stream order, after the kernel that reads it)
-    with torch.cuda.device(index):
-        enqueue(_stats_function(index), plan["blocks"], _STATS_THREADS, args,
-                current_stream_ptr(index), index)
+    enqueue(_stats_function(index), plan["blocks"], _STATS_THREADS, args,
+            current_stream_ptr(index), index)
     return hist, maxbits.view(torch.float32)
 
 
