@@ -99,9 +99,6 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     _wmma("wmma_pipeline_256x128_mb", 256, 128, 64, 256, 3, ", warps of 64x64, mma_sync's schedule"),
     _wmma("wmma_pipeline_256_mbs4", 128, 256, 64, 256, 4, ", warps of 64x64, mma_sync's schedule"),
     _wmma("wmma_pipeline_256x128_mbs4", 256, 128, 64, 256, 4, ", warps of 64x64, mma_sync's schedule"),
-    _wmma("wmma_pipeline_256x128_sb1", 256, 128, 64, 256, 4, ", warps of 64x64, split barriers"),
-    _wmma("wmma_pipeline_256x128_sb3", 256, 128, 64, 256, 4, ", warps of 64x64, split barriers, late refill"),
-    _wmma("wmma_pipeline_256_sb1", 128, 256, 64, 256, 4, ", warps of 64x64, split barriers"),
     _mma("mma_sync", 128, 256, 32, 256, 4),
     _mma("mma_sync_k64", 128, 256, 64, 256, 3),
     _mma("mma_sync_k64s4", 128, 256, 64, 256, 4),
@@ -110,10 +107,6 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     _mma("mma_sync_256x128", 256, 128, 64, 256, 3),
     _mma("mma_sync_128", 128, 128, 32, 128, 4),
     _mma("mma_sync_256x128s4", 256, 128, 64, 256, 4),
-    _mma("mma_sync_256x128sb1", 256, 128, 64, 256, 4, ", split barriers"),
-    _mma("mma_sync_256x128sb3", 256, 128, 64, 256, 4, ", split barriers, late refill"),
-    _mma("mma_sync_k64sb1", 128, 256, 64, 256, 4, ", split barriers"),
-    _mma("mma_sync_k64sb3", 128, 256, 64, 256, 4, ", split barriers, late refill"),
 )}
 
 _OUT_DTYPES = ("float32", "float16")

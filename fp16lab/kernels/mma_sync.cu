@@ -57,31 +57,6 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// mbarriers: a counter in shared memory whose phase completes when the expected number of
-// arrivals has come in; a waiter names the phase's parity (0, 1, 0, ... for successive phases).
-// Unlike __syncthreads, the arriving and the waiting are separate: a warp arrives when it is done
-// with something and only waits, later, where it needs what others have done.
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-// Arrives on `bar` once every cp.async this thread issued so far has landed (.noinc: this async
-// arrival is the thread's one arrival of the phase).
-__device__ __forceinline__ void mbar_arrive_on_copies(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
-                 " @!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-#else
-    asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n"
-                 " @!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-#endif
-}
-
 // Offset (in halfs) of 16-byte chunk c of row r in a swizzled tile whose rows are COLS halfs.
 // The 8 rows that one ldmatrix phase reads sit at the same logical chunk; unswizzled they
 // would share banks (rows 128 bytes or more apart map to the same banks, 64-byte rows pair
@@ -110,8 +85,7 @@ __device__ __forceinline__ void block_tile(int M, int N, int BMv, int BNv, int& 
 __device__ __forceinline__ void store2(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
 __device__ __forceinline__ void store2(__half* p, float x, float y) { *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y); }
 
-template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int GROUP_M, bool PF, int REFILL,
-          typename OutT>
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int GROUP_M, bool PF, typename OutT>
 __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __half* __restrict__ B,
                                          OutT* __restrict__ C, int M, int N, int K) {
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
@@ -188,97 +162,45 @@ __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __h
         for (int j = 0; j < NT; j += 2) ldmatrix_x4_trans(&bf[buf][j][0], bs + b_off[j / 2] + kk * 16 * BN * 2);
     };
 
-    if constexpr (REFILL < 0) {
-        // Prologue: STAGES-1 slices in flight, one commit group each (empty ones included, so
-        // that "at most STAGES-2 groups pending" always means "the next slice has landed").
-    #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < KT) load_slice(s, s);
-            cp_async_commit();
-        }
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        int read_stage = 0, write_stage = STAGES - 1;
-        load_frags(0, 0, 0);
+    // Prologue: STAGES-1 slices in flight, one commit group each (empty ones included, so
+    // that "at most STAGES-2 groups pending" always means "the next slice has landed").
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_slice(s, s);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int read_stage = 0, write_stage = STAGES - 1;
+    load_frags(0, 0, 0);
 
-        // Main loop. The fragments of step kk+1 are loaded while the tensor cores work on step kk
-        // (two register buffers); at the last step of a slice the next slice's first fragments
-        // are loaded, after waiting for its copies and a barrier.
-        for (int kt = 0; kt < KT; ++kt) {
-    #pragma unroll
-            for (int kk = 0; kk < KK; ++kk) {
-                if (kk == KK - 1) {
-                    cp_async_wait<STAGES - 2>();
-                    __syncthreads();  // slice kt+1 visible; every warp is past its reads of slice kt-1
-                    read_stage = (read_stage + 1) % STAGES;
-                }
-                load_frags((kk + 1) % 2, read_stage, (kk + 1) % KK);
-                if (kk == 0) {  // refill the buffer that slice kt-1 used
-                    if (kt + STAGES - 1 < KT) load_slice(write_stage, kt + STAGES - 1);
-                    cp_async_commit();
-                    write_stage = (write_stage + 1) % STAGES;
-                }
-    #pragma unroll
-                for (int i = 0; i < MT; ++i)
-    #pragma unroll
-                    for (int jj = 0; jj < NT; ++jj) {
-                        const int j = (i % 2) ? NT - 1 - jj : jj;  // serpentine: reuse the last B fragment
-                        mma_16816(acc[i][j], af[kk % 2][i], bf[kk % 2][j]);
-                    }
+    // Main loop. The fragments of step kk+1 are loaded while the tensor cores work on step kk
+    // (two register buffers); at the last step of a slice the next slice's first fragments
+    // are loaded, after waiting for its copies and a barrier.
+    for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+        for (int kk = 0; kk < KK; ++kk) {
+            if (kk == KK - 1) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();  // slice kt+1 visible; every warp is past its reads of slice kt-1
+                read_stage = (read_stage + 1) % STAGES;
             }
-        }
-        cp_async_wait<0>();
-    } else {
-        // Split barriers (REFILL >= 0): no __syncthreads in the loop. full[s] completes when every
-        // thread's copies into stage s have landed (cp.async arrives on it); empty[s] completes
-        // when all warps have multiplied the slice in stage s. A warp waits on full only for
-        // the data it is about to read, and on empty only before refilling that stage, at k16
-        // step REFILL of the next slice: a warp may run ahead of the slowest one by up to
-        // REFILL steps instead of meeting it at a barrier every slice.
-        static_assert(REFILL < KK, "REFILL is a k16 step of a slice");
-        constexpr int WARPS = WARPS_M * WARPS_N;
-        __shared__ __align__(8) unsigned long long bars[2 * STAGES];
-        const unsigned full0 = smem_addr(bars), empty0 = full0 + 8 * STAGES;
-        if (tid == 0) {
-            for (int s = 0; s < STAGES; ++s) {
-                mbar_init(full0 + 8 * s, THREADS);
-                mbar_init(empty0 + 8 * s, WARPS);
+            load_frags((kk + 1) % 2, read_stage, (kk + 1) % KK);
+            if (kk == 0) {  // refill the buffer that slice kt-1 used
+                if (kt + STAGES - 1 < KT) load_slice(write_stage, kt + STAGES - 1);
+                cp_async_commit();
+                write_stage = (write_stage + 1) % STAGES;
             }
-        }
-        __syncthreads();
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < KT) load_slice(s, s);
-            mbar_arrive_on_copies(full0 + 8 * s);  // every thread arrives each phase, copies or not
-        }
-        mbar_wait(full0, 0);
-        load_frags(0, 0, 0);
-        for (int kt = 0; kt < KT; ++kt) {
-            const int stage = kt % STAGES;
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
-            for (int kk = 0; kk < KK; ++kk) {
-                const int next = kt + 1;  // the slice whose first fragments load at step KK-1
-                if (kk == KK - 1 && next < KT) mbar_wait(full0 + 8 * (next % STAGES), (next / STAGES) & 1);
-                load_frags((kk + 1) % 2, kk == KK - 1 ? next % STAGES : stage, (kk + 1) % KK);
-                if (kk == REFILL) {  // refill the stage of slice kt-1 with slice kt+STAGES-1
-                    const int prev = kt - 1, fill = kt + STAGES - 1, w = (kt + STAGES - 1) % STAGES;
-                    if (prev >= 0) mbar_wait(empty0 + 8 * w, (prev / STAGES) & 1);
-                    if (fill < KT) load_slice(w, fill);
-                    mbar_arrive_on_copies(full0 + 8 * w);
+                for (int jj = 0; jj < NT; ++jj) {
+                    const int j = (i % 2) ? NT - 1 - jj : jj;  // serpentine: reuse the last B fragment
+                    mma_16816(acc[i][j], af[kk % 2][i], bf[kk % 2][j]);
                 }
-#pragma unroll
-                for (int i = 0; i < MT; ++i)
-#pragma unroll
-                    for (int jj = 0; jj < NT; ++jj) {
-                        const int j = (i % 2) ? NT - 1 - jj : jj;
-                        mma_16816(acc[i][j], af[kk % 2][i], bf[kk % 2][j]);
-                    }
-            }
-            // The last multiplies consumed the last fragments read from this stage.
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * stage);
         }
     }
+    cp_async_wait<0>();
 
     // Accumulator layout of m16n8: lane holds rows lane/4 and lane/4 + 8, columns 2*(lane%4) + {0,1}.
 #pragma unroll
@@ -295,27 +217,22 @@ __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __h
     }
 }
 
-#define INSTANTIATE(NAME, BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, REFILL)                       \
+#define INSTANTIATE(NAME, BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF)                          \
     extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
     NAME##_f32(const __half* A, const __half* B, float* C, int M, int N, int K) {                     \
-        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, REFILL, float>(A, B, C, M, N, K);    \
+        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, float>(A, B, C, M, N, K);         \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
     NAME##_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {                    \
-        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, REFILL, __half>(A, B, C, M, N, K);    \
+        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, __half>(A, B, C, M, N, K);        \
     }
 
-// name                        BM   BN   BK  warps stages group L2 hint refill  dynamic shared memory
-// (refill -1: one __syncthreads per slice; >= 0: split mbarriers, stage refilled at that k16 step)
-INSTANTIATE(mma_sync,           128, 256, 32, 2, 4, 4,  8, false, -1)   // 4 x (128x32 + 32x256) x 2 B =  96 KB
-INSTANTIATE(mma_sync_k64,       128, 256, 64, 2, 4, 3,  8, false, -1)   // 3 x (128x64 + 64x256) x 2 B = 144 KB
-INSTANTIATE(mma_sync_k64s4,     128, 256, 64, 2, 4, 4,  8, false, -1)   // 4 x (128x64 + 64x256) x 2 B = 192 KB
-INSTANTIATE(mma_sync_k64_g16,   128, 256, 64, 2, 4, 3, 16, false, -1)   // as mma_sync_k64, 16 block-rows per L2 group
-INSTANTIATE(mma_sync_k64_pf,    128, 256, 64, 2, 4, 3,  8, true, -1)    // as mma_sync_k64, with the L2::256B hint
-INSTANTIATE(mma_sync_256x128,   256, 128, 64, 4, 2, 3,  8, false, -1)   // 3 x (256x64 + 64x128) x 2 B = 144 KB
-INSTANTIATE(mma_sync_128,       128, 128, 32, 2, 2, 4,  8, false, -1)   // 4 x (128x32 + 32x128) x 2 B =  64 KB, 4 warps
-INSTANTIATE(mma_sync_256x128s4, 256, 128, 64, 4, 2, 4,  8, false, -1)   // 4 x (256x64 + 64x128) x 2 B = 192 KB
-INSTANTIATE(mma_sync_256x128sb1,  256, 128, 64, 4, 2, 4,  8, false, 1)   // as mma_sync_256x128s4, split barriers
-INSTANTIATE(mma_sync_256x128sb3,  256, 128, 64, 4, 2, 4,  8, false, 3)   // as mma_sync_256x128s4, split barriers, late refill
-INSTANTIATE(mma_sync_k64sb1,      128, 256, 64, 2, 4, 4,  8, false, 1)   // as mma_sync_k64s4, split barriers
-INSTANTIATE(mma_sync_k64sb3,      128, 256, 64, 2, 4, 4,  8, false, 3)   // as mma_sync_k64s4, split barriers, late refill
+// name                        BM   BN   BK  warps stages group L2 hint   dynamic shared memory
+INSTANTIATE(mma_sync,          128, 256, 32, 2, 4, 4,  8, false)   // 4 x (128x32 + 32x256) x 2 B =  96 KB
+INSTANTIATE(mma_sync_k64,      128, 256, 64, 2, 4, 3,  8, false)   // 3 x (128x64 + 64x256) x 2 B = 144 KB
+INSTANTIATE(mma_sync_k64s4,    128, 256, 64, 2, 4, 4,  8, false)   // 4 x (128x64 + 64x256) x 2 B = 192 KB
+INSTANTIATE(mma_sync_k64_g16,  128, 256, 64, 2, 4, 3, 16, false)   // as mma_sync_k64, 16 block-rows per L2 group
+INSTANTIATE(mma_sync_k64_pf,   128, 256, 64, 2, 4, 3,  8, true)    // as mma_sync_k64, with the L2::256B hint
+INSTANTIATE(mma_sync_256x128,  256, 128, 64, 4, 2, 3,  8, false)   // 3 x (256x64 + 64x128) x 2 B = 144 KB
+INSTANTIATE(mma_sync_128,      128, 128, 32, 2, 2, 4,  8, false)   // 4 x (128x32 + 32x128) x 2 B =  64 KB, 4 warps
+INSTANTIATE(mma_sync_256x128s4,256, 128, 64, 4, 2, 4,  8, false)   // 4 x (256x64 + 64x128) x 2 B = 192 KB

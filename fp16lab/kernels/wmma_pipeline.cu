@@ -48,26 +48,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// mbarriers (PIPE >= 4), as in step 5's mma_sync.cu: arriving and waiting are separate steps.
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive_on_copies(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
-                 " @!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-#else
-    asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n"
-                 " @!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-#endif
-}
-
 // Maps the linear block index to a (block-row, block-column) so that GROUP_M block-rows
 // are swept together: the blocks resident at one time reuse each other's tiles from L2.
 __device__ __forceinline__ void block_tile(int M, int N, int BMv, int BNv, int& bm, int& bn) {
@@ -251,56 +231,6 @@ __device__ __forceinline__ void gemm_pipeline(const __half* __restrict__ A, cons
                     }
             }
         }
-    } else if (PIPE >= 4) {
-        // PIPE 3's schedule with split barriers instead of __syncthreads (see mma_sync.cu):
-        // full[s] completes when all copies into stage s have landed, empty[s] when every warp
-        // has multiplied the slice in it; the refill waits on empty at k16 step REFILL.
-        constexpr int REFILL = PIPE == 4 ? 1 : KK - 1, WARPS = WARPS_M * WARPS_N;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> bb[2][FN];
-        auto load_b = [&](int buf, const __half* bs, int kk) {
-#pragma unroll
-            for (int j = 0; j < FN; ++j)
-                wmma::load_matrix_sync(bb[buf][j], bs + kk * 16 * LDB_S + wn * WN + j * 16, LDB_S);
-        };
-        __shared__ __align__(8) unsigned long long bars[2 * STAGES];
-        const unsigned full0 = smem_addr(bars), empty0 = full0 + 8 * STAGES;
-        if (tid == 0) {
-            for (int s = 0; s < STAGES; ++s) {
-                mbar_init(full0 + 8 * s, THREADS);
-                mbar_init(empty0 + 8 * s, WARPS);
-            }
-        }
-        __syncthreads();
-        // the prologue above issued slices 0 .. STAGES-2; each thread arrives once per phase
-        for (int s = 0; s < STAGES - 1; ++s) mbar_arrive_on_copies(full0 + 8 * s);
-        mbar_wait(full0, 0);
-        load_a(0, As, 0);
-        load_b(0, Bs, 0);
-        for (int kt = 0; kt < KT; ++kt) {
-            const int stage = kt % STAGES, next = kt + 1;
-#pragma unroll
-            for (int kk = 0; kk < KK; ++kk) {
-                if (kk == KK - 1 && next < KT) mbar_wait(full0 + 8 * (next % STAGES), (next / STAGES) & 1);
-                const int rs = kk == KK - 1 ? next % STAGES : stage;
-                load_a((kk + 1) % 2, As + rs * A_STAGE, (kk + 1) % KK);
-                load_b((kk + 1) % 2, Bs + rs * B_STAGE, (kk + 1) % KK);
-                if (kk == REFILL) {
-                    const int prev = kt - 1, fill = kt + STAGES - 1, w = fill % STAGES;
-                    if (prev >= 0) mbar_wait(empty0 + 8 * w, (prev / STAGES) & 1);
-                    if (fill < KT) load_slice(w, fill);
-                    mbar_arrive_on_copies(full0 + 8 * w);
-                }
-#pragma unroll
-                for (int i = 0; i < FM; ++i)
-#pragma unroll
-                    for (int jj = 0; jj < FN; ++jj) {
-                        const int j = (i % 2) ? FN - 1 - jj : jj;
-                        wmma::mma_sync(acc[i][j], a[kk % 2][i], bb[kk % 2][j], acc[i][j]);
-                    }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * stage);
-        }
     } else {
         static_assert(PIPE < 2 || STAGES >= 3, "the late refill needs 3 or more stages");
         cp_async_wait<STAGES - 2>();
@@ -369,6 +299,3 @@ INSTANTIATE(wmma_pipeline_256_mb,    128, 256, 64, 2, 4, 3, 3)  // 3 x (128x72 +
 INSTANTIATE(wmma_pipeline_256x128_mb,256, 128, 64, 4, 2, 3, 3)  // 3 x (256x72 + 64x136) x 2 B = 159 KB, mma_sync's schedule
 INSTANTIATE(wmma_pipeline_256_mbs4,  128, 256, 64, 2, 4, 4, 3)  // 4 x (128x72 + 64x264) x 2 B = 204 KB, mma_sync's schedule
 INSTANTIATE(wmma_pipeline_256x128_mbs4,256,128,64, 4, 2, 4, 3)  // 4 x (256x72 + 64x136) x 2 B = 212 KB, mma_sync's schedule
-INSTANTIATE(wmma_pipeline_256x128_sb1,256,128,64, 4, 2, 4, 4)  // as _256x128_mbs4, split barriers, refill at step 1
-INSTANTIATE(wmma_pipeline_256x128_sb3,256,128,64, 4, 2, 4, 5)  // as _256x128_mbs4, split barriers, refill at step 3
-INSTANTIATE(wmma_pipeline_256_sb1,  128, 256, 64, 2, 4, 4, 4)  // as _256_mbs4, split barriers, refill at step 1
