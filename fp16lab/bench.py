@@ -84,6 +84,33 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 3, repeat: int = 20,
         backend: ``"torch"`` or ``"cupy"``: whose events and stream to use.
     """
     _check_counts(warmup, repeat)
+    return summarize(_cuda_samples(fn, warmup, repeat, backend))
+
+
+def time_cuda_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, warmup: int = 3,
+                          repeat: int = 10, backend: str = "torch") -> dict[str, Timing]:
+    """Returns {name: timing} of several GPU functions timed in alternating blocks.
+
+    Round r times ``repeat`` calls of every function in turn (after ``warmup`` calls each), the
+    order rotated by one each round; each function's timing pools its samples of all rounds. A
+    GPU's clock drifts within seconds as it heats and meets its power limit, so functions timed
+    one after the other would each see a different clock; interleaved, their ratio does not
+    depend on which ran first.
+    """
+    _check_counts(warmup, repeat)
+    if rounds < 1 or not fns:
+        raise ValueError(f"need rounds >= 1 and at least one function, got rounds={rounds}, "
+                         f"{len(fns)} functions")
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name] += _cuda_samples(fns[name], warmup, repeat, backend)
+    return {n: summarize(samples[n]) for n in names}
+
+
+def _cuda_samples(fn: Callable[[], Any], warmup: int, repeat: int, backend: str) -> list[float]:
+    """Returns the CUDA-event times (ms) of ``repeat`` calls of ``fn`` after ``warmup`` calls."""
     if backend == "torch":
         import torch
 
@@ -115,11 +142,9 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 3, repeat: int = 20,
         pairs.append((start, stop))
     sync()
     if backend == "torch":
-        samples = [a.elapsed_time(b) for a, b in pairs]
-    else:
-        import cupy
-        samples = [cupy.cuda.get_elapsed_time(a, b) for a, b in pairs]
-    return summarize(samples)
+        return [a.elapsed_time(b) for a, b in pairs]
+    import cupy
+    return [cupy.cuda.get_elapsed_time(a, b) for a, b in pairs]
 
 
 def copy_bandwidth_gbs(nbytes: int = 2**30, *, repeat: int = 20) -> float:

@@ -37,6 +37,29 @@ def test_bad_counts_and_backend():
         bench.time_cuda(lambda: None, backend="opencl")
 
 
+def test_interleaved_timing_rotates_the_order_and_pools_the_rounds(monkeypatch):
+    calls = []
+
+    def fake_samples(fn, warmup, repeat, backend):
+        name = fn()
+        calls.append(name)
+        base = {"a": 1.0, "b": 2.0, "c": 4.0}[name]
+        return [base * (1 + 0.1 * len(calls)) for _ in range(repeat)]  # a clock drifting upwards
+
+    monkeypatch.setattr(bench, "_cuda_samples", fake_samples)
+    out = bench.time_cuda_interleaved({n: (lambda n=n: n) for n in "abc"}, rounds=3, repeat=2,
+                                      backend="cupy")
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert {n: t.n for n, t in out.items()} == {"a": 6, "b": 6, "c": 6}
+    # each function's samples are the ones it got in its three rounds
+    assert out["a"].median_ms == pytest.approx(np.median([1.1, 1.6, 1.8]))
+    assert out["c"].median_ms == pytest.approx(4 * np.median([1.3, 1.5, 1.7]))
+    with pytest.raises(ValueError, match="rounds"):
+        bench.time_cuda_interleaved({"a": lambda: "a"}, rounds=0)
+    with pytest.raises(ValueError, match="at least one function"):
+        bench.time_cuda_interleaved({})
+
+
 def test_result_roundtrip(tmp_path):
     rows = [{"size": 4096, "tflops": np.float32(1.5)}]
     path = bench.write_result("demo", rows, meta={"note": "x"}, data_dir=tmp_path)
@@ -61,6 +84,10 @@ def test_cuda_timing_and_copy_bandwidth():
     t = bench.time_cuda(lambda: x @ x, warmup=2, repeat=5)
     assert t.median_ms > 0
     assert bench.copy_bandwidth_gbs(2**28, repeat=5) > 100
+    # twice the work takes about twice the time, whichever of the two runs first
+    both = bench.time_cuda_interleaved({"one": lambda: x @ x, "two": lambda: (x @ x, x @ x)},
+                                       rounds=3, repeat=5)
+    assert 1.6 < both["two"].median_ms / both["one"].median_ms < 2.4
 
 
 def test_merge_keeps_other_devices_with_their_source(tmp_path):
