@@ -2,8 +2,11 @@
 
 For each shape: fresh random fp16 inputs (several sets, rotated, when they would fit in L2), each
 result checked against a float64 reference, CUDA-event medians after a warm-up, TFLOP/s and the
-ratio to cupy.matmul's cuBLAS taken in the same run. The device-to-device copy rate is measured
-too, for the roofline. Results go to data/<name>.json with device, driver and versions.
+ratio to cupy.matmul's cuBLAS taken in the same run. Each implementation is timed in alternating
+blocks with cuBLAS (``bench.time_cuda_interleaved``): the H200's clock drifts by 10% within
+seconds as it meets its power limit, so a ratio of two timings taken seconds apart would measure
+the drift as much as the kernels. The device-to-device copy rate is measured too, for the
+roofline. Results go to data/<name>.json with device, driver and versions.
 
     PYTHONPATH=. python3 benchmarks/gemm.py                      # full: 1024..8192 cubed + odd shapes
     PYTHONPATH=. python3 benchmarks/gemm.py --quick              # 1024 and one odd shape
@@ -34,8 +37,13 @@ def _rel_err(cupy, out, ref) -> float:
 
 
 def bench_shape(m: int, n: int, k: int, kernels: list[str], *, warmup: int, repeat: int,
-                out_dtype: str, with_torch: bool) -> list[dict]:
-    """Returns one row per implementation for an M x N x K product."""
+                rounds: int, out_dtype: str, with_torch: bool) -> list[dict]:
+    """Returns one row per implementation for an M x N x K product.
+
+    ``pct_cublas`` is the row's TFLOP/s over cupy.matmul's timed in alternating blocks with it
+    (``rounds`` rounds of ``repeat`` calls each); ``pct_cublas_first`` is over the shape's own
+    cupy.matmul row.
+    """
     cupy = require_cupy()
     set_bytes = 2 * (m * k + k * n)
     n_sets = max(1, min(8, math.ceil(3 * L2_BYTES / set_bytes)))
@@ -47,42 +55,53 @@ def bench_shape(m: int, n: int, k: int, kernels: list[str], *, warmup: int, repe
     flops = gemm_flops(m, n, k)
     rows = []
 
-    def record(impl, kind, step, fn, backend, out):
-        out.fill(cupy.nan) if hasattr(out, "fill") else out.fill_(float("nan"))
-        it = iter(range(10**9))
+    c_out = cupy.empty((m, n), dtype=cupy.float16)
 
-        def call():
-            a, b = sets[next(it) % n_sets]
-            return fn(a, b)
-        # correctness on set 0 (the first call uses set 0), then timing
-        fn(*sets[0])
+    def cycled(fn):
+        it = iter(range(10**9))
+        return lambda: fn(*sets[next(it) % n_sets])
+
+    cublas = cycled(lambda a, b: cupy.matmul(a, b, out=c_out))
+
+    def record(impl, kind, step, fn, out):
+        out.fill(cupy.nan) if hasattr(out, "fill") else out.fill_(float("nan"))
+        fn(*sets[0])  # correctness on set 0, then timing against cuBLAS in alternating blocks
         cupy.cuda.runtime.deviceSynchronize()
         err = _rel_err(cupy, cupy.asarray(out), ref)
-        t = bench.time_cuda(call, warmup=warmup, repeat=repeat, backend=backend)
+        fns = {"impl": cycled(fn)} if impl == "cupy.matmul" else {"impl": cycled(fn), "cublas": cublas}
+        ts = bench.time_cuda_interleaved(fns, rounds=rounds, warmup=warmup, repeat=repeat,
+                                         backend="cupy")  # CuPy's events see torch's work too
+        t = ts["impl"]
         timing = t.as_dict()
         timing["repeats"] = timing.pop("n")  # not to be confused with the matrix size n
-        rows.append({**timing, "shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "impl": impl,
-                     "kind": kind, "step": step, "out_dtype": out_dtype, "rel_err": err,
-                     "tflops": flops / (t.median_ms * 1e-3) / 1e12, "n_input_sets": n_sets})
-        print(f"  {impl:20s} {rows[-1]['tflops']:7.1f} TFLOP/s  {t.median_ms:8.3f} ms  "
+        row = {**timing, "shape": f"{m}x{n}x{k}", "m": m, "n": n, "k": k, "impl": impl,
+               "kind": kind, "step": step, "out_dtype": out_dtype, "rel_err": err,
+               "tflops": flops / (t.median_ms * 1e-3) / 1e12, "n_input_sets": n_sets}
+        paired = ts.get("cublas", t)
+        row["cublas_paired_tflops"] = flops / (paired.median_ms * 1e-3) / 1e12
+        row["pct_cublas"] = 100.0 * paired.median_ms / t.median_ms
+        rows.append(row)
+        print(f"  {impl:26s} {row['tflops']:7.1f} TFLOP/s  {row['pct_cublas']:5.1f}% of cuBLAS "
+              f"({row['cublas_paired_tflops']:.0f} alongside)  {t.median_ms:8.3f} ms  "
               f"spread {t.spread:.2f}  rel_err {err:.1e}", flush=True)
 
-    c_out = cupy.empty((m, n), dtype=cupy.float16)
-    record("cupy.matmul", "cublas", 0, lambda a, b: cupy.matmul(a, b, out=c_out), "cupy", c_out)
+    record("cupy.matmul", "cublas", 0, lambda a, b: cupy.matmul(a, b, out=c_out), c_out)
     if with_torch:
         import torch
+        # one stream for both libraries, so that CuPy's events time torch's launches as well
+        assert torch.cuda.current_stream().cuda_stream == cupy.cuda.get_current_stream().ptr
         tsets = {id(a): (torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in sets}
         t_out = torch.empty((m, n), dtype=torch.float16, device="cuda")
         record("torch.matmul", "cublas", 0,
-               lambda a, b: torch.matmul(*tsets[id(a)], out=t_out), "torch", t_out)
+               lambda a, b: torch.matmul(*tsets[id(a)], out=t_out), t_out)
     for name in kernels:
         out = cupy.empty((m, n), dtype=out_dtype)
         record(name, "kernel", KERNELS[name].step,
                lambda a, b, name=name, out=out: gemm(a, b, kernel=name, out_dtype=out_dtype, out=out),
-               "cupy", out)
+               out)
     base = next(r["tflops"] for r in rows if r["impl"] == "cupy.matmul")
-    for r in rows:
-        r["pct_cublas"] = 100.0 * r["tflops"] / base
+    for r in rows:  # against the shape's own cuBLAS row, timed first: the drift included
+        r["pct_cublas_first"] = 100.0 * r["tflops"] / base
     del sets, ref
     cupy.get_default_memory_pool().free_all_blocks()
     return rows
@@ -106,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="*", default=list(SIZES), help="square sizes")
     p.add_argument("--no-odd", action="store_true", help="skip the odd shapes")
     p.add_argument("--kernels", nargs="*", default=list(KERNELS), choices=list(KERNELS))
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls before each block")
+    p.add_argument("--repeat", type=int, default=10, help="timed calls per block")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="alternating blocks of each implementation and cuBLAS")
     p.add_argument("--out-dtype", default="float16", choices=["float16", "float32"],
                    help="output dtype of our kernels (cuBLAS writes fp16)")
     p.add_argument("--name", default="gemm", help="result file stem under the data directory")
@@ -126,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         with_torch = False
     shapes = [(s, s, s) for s in args.sizes] + ([] if args.no_odd else list(ODD_SHAPES))
     if args.quick:
-        shapes, args.repeat = [(1024, 1024, 1024), (1000, 1001, 1003)], 5
+        shapes, args.repeat, args.rounds = [(1024, 1024, 1024), (1000, 1001, 1003)], 5, 2
     copy_gbs = bench.copy_bandwidth_gbs() if with_torch else None
     print(f"device-to-device copy: {copy_gbs and round(copy_gbs)} GB/s", flush=True)
     peak = mma_sync_peak(repeat=5 if args.quick else 10)
@@ -136,18 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, k in shapes:
         print(f"{m}x{n}x{k}:", flush=True)
         rows += bench_shape(m, n, k, args.kernels, warmup=args.warmup, repeat=args.repeat,
-                            out_dtype=args.out_dtype, with_torch=with_torch)
+                            rounds=args.rounds, out_dtype=args.out_dtype, with_torch=with_torch)
     meta = {"benchmark": "benchmarks/gemm.py", "copy_gbs": copy_gbs, "mma_sync_peak": peak,
-            "repeat": args.repeat,
+            "repeat": args.repeat, "rounds": args.rounds, "timing": "interleaved with cupy.matmul",
             "warmup": args.warmup, "out_dtype": args.out_dtype, **versions(cupy)}
     path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir)
     print(f"\nwrote {path}\n")
     print("mma.sync peak: " + ", ".join(f"{p_['tflops']:.0f} TFLOP/s at {p_['warps_per_sm']} warps/SM"
                                         for p_ in peak))
-    print(f"{'shape':>16s} {'implementation':20s} {'TFLOP/s':>8s} {'% cuBLAS':>9s} {'rel err':>8s}")
+    print(f"{'shape':>16s} {'implementation':26s} {'TFLOP/s':>8s} {'% cuBLAS':>9s} "
+          f"{'(first)':>8s} {'rel err':>8s}")
     for r in rows:
-        print(f"{r['shape']:>16s} {r['impl']:20s} {r['tflops']:8.1f} {r['pct_cublas']:8.1f}% "
-              f"{r['rel_err']:8.1e}")
+        print(f"{r['shape']:>16s} {r['impl']:26s} {r['tflops']:8.1f} {r['pct_cublas']:8.1f}% "
+              f"{r['pct_cublas_first']:7.1f}% {r['rel_err']:8.1e}")
     return 0
 
 

@@ -67,11 +67,16 @@ def largest_square(payload: dict[str, Any]) -> int:
 
 
 def best_per_step(payload: dict[str, Any], size: int | None = None) -> dict[int, str]:
-    """Returns {step: the fastest kernel of that step at size^3} (default: the largest size)."""
+    """Returns {step: the best kernel of that step at size^3} (default: the largest size).
+
+    Best means the highest % of cuBLAS: each kernel's ratio comes from blocks timed alternately
+    with cuBLAS, so, unlike TFLOP/s taken seconds apart, it does not depend on how warm the card
+    was when that kernel's turn came.
+    """
     size = size or largest_square(payload)
     df = _rows(payload)
     df = df[(df["shape"] == f"{size}x{size}x{size}") & (df["kind"] == "kernel")]
-    return {int(step): g.sort_values("tflops")["impl"].iloc[-1] for step, g in df.groupby("step")}
+    return {int(step): g.sort_values("pct_cublas")["impl"].iloc[-1] for step, g in df.groupby("step")}
 
 
 def mma_sync_peak(payload: dict[str, Any]) -> float | None:
@@ -84,7 +89,7 @@ def ladder_summary(payload: dict[str, Any], size: int | None = None):
     """Returns the ladder at size^3 (default: the largest size measured): the best kernel of each
     step with TFLOP/s and its ratios.
 
-    Columns: the kernel, TFLOP/s, % of cuBLAS (cupy.matmul in the same run), % of the measured
+    Columns: the kernel, TFLOP/s, % of cuBLAS (cupy.matmul timed alongside), % of the measured
     mma.sync peak (the ceiling of any kernel built on that instruction), and the speed-up over
     the step before.
     """
@@ -123,7 +128,7 @@ def targets(payload: dict[str, Any], size: int = 8192):
     out = []
     for label, steps, goal in (("best WMMA-API kernel (steps 1-4)", (1, 2, 3, 4), 50.0),
                                ("best mma.sync kernel (step 5)", (5,), 70.0)):
-        g = df[df["step"].isin(steps)].sort_values("tflops")
+        g = df[df["step"].isin(steps)].sort_values("pct_cublas")
         if g.empty:
             continue
         best = g.iloc[-1]
@@ -131,6 +136,23 @@ def targets(payload: dict[str, Any], size: int = 8192):
                     "TFLOP/s": best["tflops"], "% of cuBLAS": best["pct_cublas"],
                     "met": bool(best["pct_cublas"] >= goal)})
     return pd.DataFrame(out).set_index("target")
+
+
+def ceiling_table(payload: dict[str, Any]):
+    """Returns the rows of ``benchmarks/gemm_ceiling.py``: what limits the mma.sync kernels.
+
+    Columns: the instruction, burst TFLOP/s and % of cuBLAS (timed alongside it), sustained
+    TFLOP/s with the median SM clock and board power over about a second, and for Triton rows
+    the tile configuration that did best.
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(payload["rows"])
+    cols = {"what": "what", "instruction": "instruction", "tflops": "TFLOP/s",
+            "pct_cublas": "% of cuBLAS", "sustained_tflops": "sustained TFLOP/s",
+            "sm_clock_mhz": "SM clock (MHz)", "power_w": "power (W)", "config": "config"}
+    df = df[[c for c in cols if c in df.columns]].rename(columns=cols)
+    return df.set_index("what")
 
 
 def sizes_table(payload: dict[str, Any], kernels: list[str] | None = None, value: str = "tflops"):
