@@ -130,6 +130,19 @@ def test_ladder_summary_takes_the_best_kernel_of_each_step():
     assert sizes.loc["mma_sync", "4096x4096x4096"] == 500.0
 
 
+def test_ceiling_table_reads_the_ceiling_benchmark():
+    rows = [{"what": "cuBLAS (cupy.matmul)", "instruction": "wgmma", "tflops": 750.0,
+             "pct_cublas": 100.0, "sustained_tflops": 650.0, "sm_clock_mhz": 1500.0,
+             "power_w": 690.0, "gemm": True},
+            {"what": "Triton GEMM, forced to mma.sync", "instruction": "mma.sync", "tflops": 380.0,
+             "pct_cublas": 50.7, "config": "256x128x64, 4 stages, 8 warps", "rel_err": 2e-4}]
+    t = report.ceiling_table({"meta": {}, "rows": rows})
+    assert list(t.index) == ["cuBLAS (cupy.matmul)", "Triton GEMM, forced to mma.sync"]
+    assert t.loc["cuBLAS (cupy.matmul)", "SM clock (MHz)"] == 1500.0
+    assert t.loc["Triton GEMM, forced to mma.sync", "config"].startswith("256x128")
+    assert np.isnan(t.loc["Triton GEMM, forced to mma.sync", "sustained TFLOP/s"])
+
+
 def test_alignment_classes_group_by_divisibility():
     rows = []
     for d in range(17):
@@ -285,10 +298,47 @@ def test_device_printf_prints_the_fp16_bits():
 def test_mma_sync_peak_is_measured():
     pytest.importorskip("cupy")
     from fp16lab.kernels.peak import mma_sync_peak
-    rows = mma_sync_peak(warps_per_sm=(8,), iters=2000, repeat=3)
-    assert rows[0]["finite"]
-    # between a tenth of and twice the datasheet's dense fp16 tensor rate (989 TFLOP/s)
-    assert 100 < rows[0]["tflops"] < 2000
+    for operands in ("constant", "random"):
+        rows = mma_sync_peak(warps_per_sm=(8,), iters=2000, repeat=3, operands=operands)
+        assert rows[0]["finite"] and rows[0]["operands"] == operands
+        # between a tenth of and twice the datasheet's dense fp16 tensor rate (989 TFLOP/s)
+        assert 100 < rows[0]["tflops"] < 2000
+
+
+def test_mma_sync_peak_rejects_unknown_operands():
+    from fp16lab.kernels.peak import mma_sync_peak
+    with pytest.raises(ValueError, match="'constant' or 'random'"):
+        mma_sync_peak(operands="zeros")
+
+
+@pytest.mark.gpu
+def test_ceiling_ablation_switches():
+    # benchmarks/gemm_ceiling.py times mma_sync.cu compiled with its main-loop copies or ldmatrix
+    # loads switched off: with both on it must be the ladder's kernel, bit for bit
+    cupy = pytest.importorskip("cupy")
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gemm_ceiling.py"
+    spec_ = importlib.util.spec_from_file_location("gemm_ceiling", path)
+    ceiling = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(ceiling)
+    spec = KERNELS["mma_sync_256x128s4"]
+    n = 1024
+    rng = cupy.random.default_rng()
+    a = rng.standard_normal((n, n), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((n, n), dtype=cupy.float32).astype(cupy.float16)
+    ladder = gemm(a, b, kernel=spec.name, out_dtype="float16")
+    grid = (-(-n // spec.bn) * -(-n // spec.bm),)
+    outs = {}
+    for copies, ldsm in ((True, True), (False, True), (True, False)):
+        out = cupy.full((n, n), cupy.nan, dtype=cupy.float16)
+        fn = ceiling._ablated(cupy, spec, copies, ldsm)
+        fn(grid, (spec.threads,), (a, b, out, np.int32(n), np.int32(n), np.int32(n)),
+           shared_mem=spec.dynamic_smem)
+        outs[copies, ldsm] = out
+    assert bool((outs[True, True] == ladder).all())
+    assert not bool((outs[False, True] == ladder).all())  # the switches do switch something off
+    assert not bool((outs[True, False] == ladder).all())
 
 
 @pytest.mark.gpu

@@ -37,3 +37,32 @@ extern "C" __global__ void mma_sync_peak(float* out, int iters) {
     for (int t = 0; t < ACC; ++t) s += acc[t][0] + acc[t][1] + acc[t][2] + acc[t][3];
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;  // keeps the work from being optimised away
 }
+
+// The same with operands that change on every instruction, as they do in a GEMM: 4 A and 4 B
+// fragments per lane from `bits` (random finite fp16 pairs, 24 words per lane), cycled. Toggling
+// operand bits costs the tensor cores power, so under a power limit this rate can sit below the
+// constant-operand one: it is the roof a GEMM on real data meets.
+extern "C" __global__ void mma_sync_peak_varied(const unsigned* __restrict__ bits, float* out, int iters) {
+    const unsigned* p = bits + (threadIdx.x % 32) * 24;
+    unsigned a[4][4], b[4][2];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[f][e] = p[4 * f + e];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) b[f][e] = p[16 + 2 * f + e];
+    }
+    float acc[ACC][4];
+#pragma unroll
+    for (int t = 0; t < ACC; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int t = 0; t < ACC; ++t) mma_16816(acc[t], a[t % 4], b[t / 4]);  // all 16 pairs
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < ACC; ++t) s += acc[t][0] + acc[t][1] + acc[t][2] + acc[t][3];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}

@@ -20,6 +20,16 @@
 // multiples of 8, padded by the launcher otherwise).
 #include <cuda_fp16.h>
 
+// Diagnostic switches for benchmarks/gemm_ceiling.py, which compiles this file with them set to 0
+// to see what the main loop costs without its global->shared copies or its ldmatrix loads (the
+// products are then wrong; only their timing means something). Both are on in the ladder.
+#ifndef LOOP_COPIES
+#define LOOP_COPIES 1
+#endif
+#ifndef LOOP_LDMATRIX
+#define LOOP_LDMATRIX 1
+#endif
+
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -185,9 +195,9 @@ __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __h
                 __syncthreads();  // slice kt+1 visible; every warp is past its reads of slice kt-1
                 read_stage = (read_stage + 1) % STAGES;
             }
-            load_frags((kk + 1) % 2, read_stage, (kk + 1) % KK);
+            if (LOOP_LDMATRIX || kt == 0) load_frags((kk + 1) % 2, read_stage, (kk + 1) % KK);
             if (kk == 0) {  // refill the buffer that slice kt-1 used
-                if (kt + STAGES - 1 < KT) load_slice(write_stage, kt + STAGES - 1);
+                if (LOOP_COPIES && kt + STAGES - 1 < KT) load_slice(write_stage, kt + STAGES - 1);
                 cp_async_commit();
                 write_stage = (write_stage + 1) % STAGES;
             }

@@ -18,23 +18,38 @@ _FLOP_PER_MMA = 2 * 16 * 8 * 16
 
 
 def mma_sync_peak(warps_per_sm: tuple[int, ...] = (4, 8, 16), iters: int = 20000,
-                  repeat: int = 10) -> list[dict[str, Any]]:
-    """Returns, per warps-per-SM setting, the median mma.sync rate in TFLOP/s over ``repeat`` runs."""
+                  repeat: int = 10, operands: str = "constant") -> list[dict[str, Any]]:
+    """Returns, per warps-per-SM setting, the median mma.sync rate in TFLOP/s over ``repeat`` runs.
+
+    ``operands="constant"`` multiplies the same fragments every time (the instruction's ceiling);
+    ``"random"`` cycles through 4 A and 4 B fragments of random finite fp16 values, so that the
+    operands change on every instruction as in a GEMM (the ceiling under the card's power limit).
+    """
     import numpy as np
 
     from .. import bench
 
+    if operands not in ("constant", "random"):
+        raise ValueError(f"operands must be 'constant' or 'random', got {operands!r}")
     cupy = require_cupy()
-    fn = get_function("mma_peak.cu", "mma_sync_peak")
     sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
+    if operands == "random":
+        fn = get_function("mma_peak.cu", "mma_sync_peak_varied")
+        halfs = np.random.default_rng(0).standard_normal(32 * 24 * 2).astype(np.float16)
+        bits = cupy.asarray(halfs.view(np.uint32))
+        extra: tuple = (bits,)
+    else:
+        fn = get_function("mma_peak.cu", "mma_sync_peak")
+        extra = ()
     rows = []
     for warps in warps_per_sm:
         threads = min(warps, 32) * 32
         blocks = sms * max(1, warps // 32)
         out = cupy.empty(blocks * threads, dtype=cupy.float32)
-        t = bench.time_cuda(lambda: fn((blocks,), (threads,), (out, np.int32(iters))),
+        t = bench.time_cuda(lambda: fn((blocks,), (threads,), (*extra, out, np.int32(iters))),
                             warmup=2, repeat=repeat, backend="cupy")
         flops = blocks * (threads // 32) * iters * _ACC * _FLOP_PER_MMA
-        rows.append({"warps_per_sm": warps, "tflops": flops / (t.median_ms * 1e-3) / 1e12,
+        rows.append({"warps_per_sm": warps, "operands": operands,
+                     "tflops": flops / (t.median_ms * 1e-3) / 1e12,
                      "median_ms": t.median_ms, "finite": bool(cupy.isfinite(out).all())})
     return rows
