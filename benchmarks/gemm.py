@@ -107,6 +107,47 @@ def bench_shape(m: int, n: int, k: int, kernels: list[str], *, warmup: int, repe
     return rows
 
 
+def sustained_best(size: int, rows: list[dict], *, seconds: float, out_dtype: str) -> None:
+    """Adds sustained figures to the rows of the best kernel of each step at size^3.
+
+    Each such kernel and cupy.matmul run back to back for about ``seconds`` each, one right after
+    the other, while nvidia-smi samples the SM clock and the power: the rates a training loop
+    would see once the card sits at its power limit. Rows gain ``sustained_tflops``,
+    ``sustained_cublas_tflops``, ``pct_cublas_sustained`` and both clocks and powers.
+    """
+    cupy = require_cupy()
+    shape = f"{size}x{size}x{size}"
+    best: dict[int, dict] = {}
+    for r in rows:
+        if r["shape"] == shape and r["kind"] == "kernel":
+            if r["step"] not in best or r["pct_cublas"] > best[r["step"]]["pct_cublas"]:
+                best[r["step"]] = r
+    if not best:
+        return
+    rng = cupy.random.default_rng()
+    a = rng.standard_normal((size, size), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((size, size), dtype=cupy.float32).astype(cupy.float16)
+    c = cupy.empty((size, size), dtype=cupy.float16)
+    out = cupy.empty((size, size), dtype=out_dtype)
+    flops = gemm_flops(size, size, size)
+    print(f"\nsustained, {shape}, about {seconds} s each (kernel right after cuBLAS):", flush=True)
+    for step, r in sorted(best.items()):
+        cb = bench.time_cuda_sustained(lambda: cupy.matmul(a, b, out=c), seconds=seconds)
+        k = bench.time_cuda_sustained(
+            lambda: gemm(a, b, kernel=r["impl"], out_dtype=out_dtype, out=out), seconds=seconds)
+        r.update({"sustained_tflops": flops / (k["ms_per_call"] * 1e-3) / 1e12,
+                  "sustained_cublas_tflops": flops / (cb["ms_per_call"] * 1e-3) / 1e12,
+                  "pct_cublas_sustained": 100.0 * cb["ms_per_call"] / k["ms_per_call"],
+                  "sm_clock_mhz": k["sm_clock_mhz"], "power_w": k["power_w"],
+                  "cublas_sm_clock_mhz": cb["sm_clock_mhz"], "cublas_power_w": cb["power_w"]})
+        print(f"  step {step} {r['impl']:26s} {r['sustained_tflops']:7.1f} TFLOP/s at "
+              f"{k['sm_clock_mhz']} MHz, {k['power_w']} W; cuBLAS {r['sustained_cublas_tflops']:.1f} "
+              f"at {cb['sm_clock_mhz']} MHz, {cb['power_w']} W: {r['pct_cublas_sustained']:.1f}%",
+              flush=True)
+    del a, b, c, out
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
 def versions(cupy) -> dict:
     """Returns the CUDA runtime/driver versions CuPy sees and the kernel specs."""
     rt = cupy.cuda.runtime.runtimeGetVersion()
@@ -129,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=10, help="timed calls per block")
     p.add_argument("--rounds", type=int, default=4,
                    help="alternating blocks of each implementation and cuBLAS")
+    p.add_argument("--sustained", type=float, default=1.0, metavar="SECONDS",
+                   help="seconds of back-to-back calls for the best kernel of each step and cuBLAS "
+                        "at the largest square size (0: skip)")
     p.add_argument("--out-dtype", default="float16", choices=["float16", "float32"],
                    help="output dtype of our kernels (cuBLAS writes fp16)")
     p.add_argument("--name", default="gemm", help="result file stem under the data directory")
@@ -147,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         with_torch = False
     shapes = [(s, s, s) for s in args.sizes] + ([] if args.no_odd else list(ODD_SHAPES))
     if args.quick:
-        shapes, args.repeat, args.rounds = [(1024, 1024, 1024), (1000, 1001, 1003)], 5, 2
+        shapes, args.repeat, args.rounds, args.sustained = [(1024, 1024, 1024), (1000, 1001, 1003)], 5, 2, 0
     copy_gbs = bench.copy_bandwidth_gbs() if with_torch else None
     print(f"device-to-device copy: {copy_gbs and round(copy_gbs)} GB/s", flush=True)
     peak = mma_sync_peak(repeat=5 if args.quick else 10)
@@ -158,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m}x{n}x{k}:", flush=True)
         rows += bench_shape(m, n, k, args.kernels, warmup=args.warmup, repeat=args.repeat,
                             rounds=args.rounds, out_dtype=args.out_dtype, with_torch=with_torch)
-    meta = {"benchmark": "benchmarks/gemm.py", "copy_gbs": copy_gbs, "mma_sync_peak": peak,
+    squares = [s for s, n_, k_ in shapes if s == n_ == k_]
+    if args.sustained > 0 and squares:
+        sustained_best(max(squares), rows, seconds=args.sustained, out_dtype=args.out_dtype)
+    meta = {"benchmark": "benchmarks/gemm.py", "sustained_seconds": args.sustained, "copy_gbs": copy_gbs, "mma_sync_peak": peak,
             "repeat": args.repeat, "rounds": args.rounds, "timing": "interleaved with cupy.matmul",
             "warmup": args.warmup, "out_dtype": args.out_dtype, **versions(cupy)}
     path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir)

@@ -147,6 +147,60 @@ def _cuda_samples(fn: Callable[[], Any], warmup: int, repeat: int, backend: str)
     return [cupy.cuda.get_elapsed_time(a, b) for a, b in pairs]
 
 
+def time_cuda_sustained(fn: Callable[[], Any], *, seconds: float = 1.0,
+                        sample_ms: int = 50) -> dict[str, Any]:
+    """Returns the mean time per call of ``fn()`` over about ``seconds`` of back-to-back calls
+    on CuPy's current stream, with the median SM clock and board power that nvidia-smi reported
+    meanwhile (None where it could not be read).
+
+    A burst of a few calls runs at whatever clock the card had; a second of calls runs at the
+    clock its power limit allows, which is what a training loop sees.
+    """
+    if seconds <= 0 or sample_ms < 1:
+        raise ValueError(f"need seconds > 0 and sample_ms >= 1, got {seconds}, {sample_ms}")
+    import shutil
+    import subprocess
+    import time
+
+    import cupy
+
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    fn()
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    calls = max(3, int(seconds * 1e3 / max(cupy.cuda.get_elapsed_time(start, stop), 1e-3)))
+    smi = None
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.Popen(["nvidia-smi", f"--id={cupy.cuda.Device().id}",
+                                "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                f"-lms={sample_ms}"], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+        time.sleep(0.2)  # let it start sampling
+    start.record()
+    for _ in range(calls):
+        fn()
+    stop.record()
+    stop.synchronize()
+    ms = cupy.cuda.get_elapsed_time(start, stop)
+    clock = power = None
+    if smi is not None:
+        smi.terminate()
+        vals = []
+        for line in smi.communicate()[0].splitlines():
+            try:
+                vals.append(tuple(float(v) for v in line.split(",")))
+            except ValueError:  # "[N/A]" and the like
+                continue
+        busy = [v for v in vals[len(vals) // 4:-1] if len(v) == 2] or vals  # skip the ramp-up
+        if busy:
+            clock = statistics.median(v[0] for v in busy)
+            power = statistics.median(v[1] for v in busy)
+    return {"ms_per_call": ms / calls, "calls": calls, "seconds": ms / 1e3,
+            "sm_clock_mhz": clock, "power_w": power}
+
+
 def copy_bandwidth_gbs(nbytes: int = 2**30, *, repeat: int = 20) -> float:
     """Returns the device-to-device copy rate in GB/s (bytes read plus bytes written).
 

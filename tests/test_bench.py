@@ -60,6 +60,23 @@ def test_interleaved_timing_rotates_the_order_and_pools_the_rounds(monkeypatch):
         bench.time_cuda_interleaved({})
 
 
+def test_sustained_timing_rejects_bad_lengths():
+    with pytest.raises(ValueError, match="seconds > 0"):
+        bench.time_cuda_sustained(lambda: None, seconds=0)
+
+
+@pytest.mark.gpu
+def test_sustained_timing_scales_with_the_work():
+    cupy = pytest.importorskip("cupy")
+    x = cupy.ones((4096, 4096), dtype=cupy.float16)
+    one = bench.time_cuda_sustained(lambda: x @ x, seconds=0.3)
+    two = bench.time_cuda_sustained(lambda: (x @ x, x @ x), seconds=0.3)
+    assert one["calls"] >= 3 and 0.2 < one["seconds"] < 3
+    assert 1.6 < two["ms_per_call"] / one["ms_per_call"] < 2.4
+    if one["sm_clock_mhz"] is not None:  # nvidia-smi was there
+        assert 100 < one["sm_clock_mhz"] < 5000 and one["power_w"] > 0
+
+
 def test_result_roundtrip(tmp_path):
     rows = [{"size": 4096, "tflops": np.float32(1.5)}]
     path = bench.write_result("demo", rows, meta={"note": "x"}, data_dir=tmp_path)

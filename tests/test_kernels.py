@@ -108,7 +108,7 @@ def _payload():
             _row("wmma_pipeline_256", "kernel", 4, s, 420.0, 52.5),
             # faster in TFLOP/s but timed while cuBLAS ran faster too: a lower ratio
             _row("wmma_pipeline_k64", "kernel", 4, s, 430.0, 50.0),
-            _row("mma_sync", "kernel", 5, s, 560.0, 70.0),
+            {**_row("mma_sync", "kernel", 5, s, 560.0, 70.0), "pct_cublas_sustained": 66.0},
             _row("not_a_kernel_any_more", "kernel", 5, s, 900.0, 112.5),
             _row("mma_sync", "kernel", 5, "4096x4096x4096", 500.0, 66.0)]
     return {"meta": {"mma_sync_peak": [{"warps_per_sm": 8, "tflops": 700.0}], "copy_gbs": 4000.0},
@@ -124,8 +124,11 @@ def test_ladder_summary_takes_the_best_kernel_of_each_step():
     assert t.loc[4, "x previous step"] == pytest.approx(420 / 20)
     assert t.loc[5, "x previous step"] == pytest.approx(560 / 420)
     assert t.loc["cuBLAS (cupy.matmul)", "TFLOP/s"] == 800.0
-    met = report.targets(p)["met"].tolist()
-    assert met == [True, True]  # 52.5% >= 50%, 70% >= 70%
+    targets = report.targets(p)
+    assert targets["met"].tolist() == [True, True]  # 52.5% >= 50%, 70% >= 70%
+    assert targets["kernel"].tolist() == ["wmma_pipeline_256", "mma_sync"]
+    sustained = targets["% of cuBLAS, sustained"].tolist()
+    assert np.isnan(sustained[0]) and sustained[1] == 66.0
     sizes = report.sizes_table(p, ["mma_sync"])
     assert sizes.loc["mma_sync", "4096x4096x4096"] == 500.0
 

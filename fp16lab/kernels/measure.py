@@ -50,7 +50,8 @@ def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[st
 
 def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | None = None,
                   timeout: int = 900) -> dict[str, Any]:
-    """Returns the result of ``benchmarks/gemm.py`` run here on square sizes (no odd shapes)."""
+    """Returns the result of ``benchmarks/gemm.py`` run here on square sizes (no odd shapes, no
+    sustained runs: a few seconds, not a minute)."""
     require_cupy()
     script = REPO / "benchmarks" / "gemm.py"
     if not script.is_file():
@@ -59,7 +60,7 @@ def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | No
 
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(script), "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
-               "--sizes", *map(str, sizes)]
+               "--sustained", "0", "--sizes", *map(str, sizes)]
         if kernels:
             cmd += ["--kernels", *kernels]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
