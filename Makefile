@@ -43,7 +43,7 @@ test-gpu: setup
 
 # Every benchmark on the local GPU; each writes its results, with provenance, under data/.
 benchmarks: setup
-	@for b in census gemm alignment diagnostics_overhead sweep_engine_vs_loop sweep_reference; do \
+	@for b in census gemm gemm_ceiling alignment diagnostics_overhead sweep_engine_vs_loop sweep_reference; do \
 	  echo "--- benchmarks/$$b.py"; $(PY) benchmarks/$$b.py || exit $$?; done
 	$(VENV)/bin/fp16lab claims --out data/
 

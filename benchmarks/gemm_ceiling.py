@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,31 +55,10 @@ def _ablated(cupy, spec, copies: bool, ldmatrix: bool):
 
 def _sustained(fn, flops_per_call: float, seconds: float) -> dict:
     """Returns TFLOP/s, median SM clock (MHz) and board power (W) over ~``seconds`` of calls."""
-    cupy = require_cupy()
-    fn()
-    cupy.cuda.runtime.deviceSynchronize()
-    s, e = cupy.cuda.Event(), cupy.cuda.Event()
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    calls = max(3, int(seconds * 1e3 / max(cupy.cuda.get_elapsed_time(s, e), 1e-3)))
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "50"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    time.sleep(0.2)
-    s.record()
-    for _ in range(calls):
-        fn()
-    e.record()
-    e.synchronize()
-    ms = cupy.cuda.get_elapsed_time(s, e)
-    smi.terminate()
-    lines = smi.communicate()[0].strip().splitlines()
-    vals = [tuple(float(v) for v in ln.split(",")) for ln in lines if ln.count(",") == 1]
-    busy = vals[len(vals) // 4:-1] or vals  # skip the ramp-up and the sample after the end
-    return {"sustained_tflops": flops_per_call * calls / (ms * 1e-3) / 1e12, "sustained_ms": ms,
-            "sm_clock_mhz": statistics.median(v[0] for v in busy) if busy else None,
-            "power_w": statistics.median(v[1] for v in busy) if busy else None}
+    r = bench.time_cuda_sustained(fn, seconds=seconds)
+    return {"sustained_tflops": flops_per_call / (r["ms_per_call"] * 1e-3) / 1e12,
+            "sustained_ms": r["seconds"] * 1e3, "sm_clock_mhz": r["sm_clock_mhz"],
+            "power_w": r["power_w"]}
 
 
 def triton_worker(size: int) -> list[dict]:
@@ -171,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                    choices=[k for k, s in KERNELS.items() if s.uses_mma_ptx])
     p.add_argument("--seconds", type=float, default=1.0, help="length of each sustained run")
     p.add_argument("--no-triton", action="store_true")
+    p.add_argument("--quick", action="store_true", help="2048^3, 0.3 s sustained runs, no Triton")
     p.add_argument("--triton-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--name", default="gemm_ceiling")
     p.add_argument("--data-dir", type=Path, default=None)
@@ -178,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.triton_worker:
         print(json.dumps(triton_worker(args.size)))
         return 0
+    if args.quick:
+        args.size, args.seconds, args.no_triton = 2048, 0.3, True
     try:
         cupy = require_cupy()
         find_cuda_include()
