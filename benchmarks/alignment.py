@@ -21,18 +21,11 @@ from fp16lab.kernels.report import gemm_kernel_names, uses_tensor_cores  # noqa:
 
 
 def kernel_names(fn) -> list[str]:
-    """Returns the names of the CUDA kernels one call of ``fn`` launches, from torch.profiler."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    names = []
-    for e in prof.events():
-        dev = getattr(e, "device_type", None)
-        if dev is not None and "CUDA" in str(dev) and e.name not in names:
-            names.append(e.name)
+    """Returns the distinct names of the CUDA kernels one call of ``fn`` launches, in order."""
+    names: list[str] = []
+    for name, _ in bench.cuda_kernels(fn):
+        if name not in names:
+            names.append(name)
     return names
 
 

@@ -201,6 +201,28 @@ def time_cuda_sustained(fn: Callable[[], Any], *, seconds: float = 1.0,
             "sm_clock_mhz": clock, "power_w": power}
 
 
+def cuda_kernels(fn: Callable[[], Any], *, warmup: int = 0) -> list[tuple[str, float]]:
+    """Returns (name, microseconds) of every CUDA kernel that one call of ``fn`` runs, in order.
+
+    Read with torch.profiler: the kernels are its events whose device type is CUDA. ``warmup``
+    calls come first, unprofiled (library heuristics and caches settle on the first call).
+    Without a CUDA device the list is empty.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():  # a CPU build of torch cannot profile CUDA at all
+        return []
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [(e.name, float(e.time_range.elapsed_us())) for e in prof.events()
+            if "CUDA" in str(getattr(e, "device_type", ""))]
+
+
 def copy_bandwidth_gbs(nbytes: int = 2**30, *, repeat: int = 20) -> float:
     """Returns the device-to-device copy rate in GB/s (bytes read plus bytes written).
 

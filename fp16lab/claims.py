@@ -265,24 +265,19 @@ def _gemm_tflops(n: int, dtype, *, repeat: int) -> float:
 def _gpu_kernel_name(fn: Callable[[], Any]) -> str:
     """Returns the name of the CUDA kernel that runs longest in one call of ``fn`` (torch.profiler).
 
-    Kernels are the profiler events whose device type is CUDA (as benchmarks/alignment.py reads
-    them); "Memset" and other helpers are shorter than the GEMM itself.
+    The kernels come from ``bench.cuda_kernels``, as in benchmarks/alignment.py; "Memset" and
+    other helpers are shorter than the GEMM itself.
     """
     torch = _torch()
     if not torch.cuda.is_available():
         return "n/a (no CUDA)"
     try:
-        from torch.profiler import ProfilerActivity, profile
+        from .bench import cuda_kernels
 
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if "CUDA" in str(getattr(e, "device_type", ""))]
+        kernels = cuda_kernels(fn, warmup=1)
         if not kernels:
             return "no kernel recorded"
-        return max(kernels, key=lambda e: e.time_range.elapsed_us()).name
+        return max(kernels, key=lambda k: k[1])[0]
     except Exception as e:  # profiling is supporting evidence; never fail the claim on it
         return f"unavailable ({type(e).__name__}: {e})"
 

@@ -67,14 +67,37 @@ def test_sustained_timing_rejects_bad_lengths():
 
 @pytest.mark.gpu
 def test_sustained_timing_scales_with_the_work():
+    # copies: memory-bound, so their rate does not follow the SM clock, which a second of
+    # tensor-core work would pull down between the two measurements
     cupy = pytest.importorskip("cupy")
-    x = cupy.ones((4096, 4096), dtype=cupy.float16)
-    one = bench.time_cuda_sustained(lambda: x @ x, seconds=0.3)
-    two = bench.time_cuda_sustained(lambda: (x @ x, x @ x), seconds=0.3)
+    src = cupy.ones(2**27, dtype=cupy.float32)
+    dst = cupy.empty_like(src)
+
+    def copy():
+        dst[...] = src
+    one = bench.time_cuda_sustained(copy, seconds=0.3)
+    two = bench.time_cuda_sustained(lambda: (copy(), copy()), seconds=0.3)
     assert one["calls"] >= 3 and 0.2 < one["seconds"] < 3
     assert 1.6 < two["ms_per_call"] / one["ms_per_call"] < 2.4
     if one["sm_clock_mhz"] is not None:  # nvidia-smi was there
         assert 100 < one["sm_clock_mhz"] < 5000 and one["power_w"] > 0
+
+
+def test_cuda_kernels_is_empty_without_a_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert bench.cuda_kernels(lambda: torch.ones(8) + 1, warmup=1) == []
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_names_the_gemm():
+    import torch
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    kernels = bench.cuda_kernels(lambda: x @ x, warmup=1)
+    assert kernels and all(isinstance(n, str) and us >= 0 for n, us in kernels)
+    longest = max(kernels, key=lambda k: k[1])[0]
+    assert any(tag in longest.lower() for tag in ("gemm", "nvjet", "cutlass", "sm90", "sm80")), longest
 
 
 def test_result_roundtrip(tmp_path):
