@@ -147,6 +147,16 @@ def _cuda_samples(fn: Callable[[], Any], warmup: int, repeat: int, backend: str)
     return [cupy.cuda.get_elapsed_time(a, b) for a, b in pairs]
 
 
+def nvidia_smi_id(cuda_device: int) -> str:
+    """Returns what ``nvidia-smi --id`` calls CUDA device ``cuda_device`` of this process.
+
+    CUDA numbers only the devices that CUDA_VISIBLE_DEVICES lets through, in its order; nvidia-smi
+    numbers all of them. The variable's entries (indices or UUIDs) are ids nvidia-smi accepts.
+    """
+    visible = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    return visible[cuda_device] if cuda_device < len(visible) else str(cuda_device)
+
+
 def time_cuda_sustained(fn: Callable[[], Any], *, seconds: float = 1.0,
                         sample_ms: int = 50) -> dict[str, Any]:
     """Returns the mean time per call of ``fn()`` over about ``seconds`` of back-to-back calls
@@ -160,7 +170,6 @@ def time_cuda_sustained(fn: Callable[[], Any], *, seconds: float = 1.0,
         raise ValueError(f"need seconds > 0 and sample_ms >= 1, got {seconds}, {sample_ms}")
     import shutil
     import subprocess
-    import time
 
     import cupy
 
@@ -173,7 +182,7 @@ def time_cuda_sustained(fn: Callable[[], Any], *, seconds: float = 1.0,
     calls = max(3, int(seconds * 1e3 / max(cupy.cuda.get_elapsed_time(start, stop), 1e-3)))
     smi = None
     if shutil.which("nvidia-smi"):
-        smi = subprocess.Popen(["nvidia-smi", f"--id={cupy.cuda.Device().id}",
+        smi = subprocess.Popen(["nvidia-smi", f"--id={nvidia_smi_id(cupy.cuda.Device().id)}",
                                 "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                                 f"-lms={sample_ms}"], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)

@@ -60,6 +60,15 @@ def test_interleaved_timing_rotates_the_order_and_pools_the_rounds(monkeypatch):
         bench.time_cuda_interleaved({})
 
 
+def test_nvidia_smi_id_follows_cuda_visible_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert bench.nvidia_smi_id(1) == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert [bench.nvidia_smi_id(i) for i in (0, 1)] == ["3", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2a")
+    assert bench.nvidia_smi_id(0) == "GPU-8f2a"
+
+
 def test_sustained_timing_rejects_bad_lengths():
     with pytest.raises(ValueError, match="seconds > 0"):
         bench.time_cuda_sustained(lambda: None, seconds=0)
