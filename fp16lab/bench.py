@@ -164,7 +164,10 @@ def time_cuda_sustained(fn: Callable[[], Any], *, seconds: float = 1.0,
     meanwhile (None where it could not be read).
 
     A burst of a few calls runs at whatever clock the card had; a second of calls runs at the
-    clock its power limit allows, which is what a training loop sees.
+    clock its power limit allows, which is what a training loop sees. The clock samples are
+    instantaneous; on Ampere and newer, nvidia-smi's power.draw is the board's average over the
+    last second, so the power figure lags and mixes in what ran just before: read it from runs of
+    a second or more, as a rough figure.
     """
     if seconds <= 0 or sample_ms < 1:
         raise ValueError(f"need seconds > 0 and sample_ms >= 1, got {seconds}, {sample_ms}")
