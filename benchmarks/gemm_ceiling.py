@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fp16lab import bench  # noqa: E402
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm_flops  # noqa: E402
-from fp16lab.kernels.compiler import (compile_options, find_cuda_include, get_function,  # noqa: E402
-                                      require_cupy, source_path)
+from fp16lab.kernels.compiler import find_cuda_include, get_function, require_cupy  # noqa: E402
+from fp16lab.kernels.peak import peak_launch  # noqa: E402
 
 #: Triton tile configurations tried per instruction: (BM, BN, BK, stages, warps).
 TRITON_CONFIGS = ((128, 256, 64, 3, 8), (256, 128, 64, 4, 8), (128, 256, 64, 4, 8),
@@ -43,14 +43,10 @@ TRITON_CONFIGS = ((128, 256, 64, 3, 8), (256, 128, 64, 4, 8), (128, 256, 64, 4, 
 PEAK_ITERS = 20000
 
 
-def _ablated(cupy, spec, copies: bool, ldmatrix: bool):
+def _ablated(spec, copies: bool, ldmatrix: bool):
     """Returns the kernel of ``spec`` compiled with its main-loop copies / ldmatrix on or off."""
-    opts = compile_options(find_cuda_include()) + (f"-DLOOP_COPIES={int(copies)}",
-                                                   f"-DLOOP_LDMATRIX={int(ldmatrix)}")
-    mod = cupy.RawModule(code=source_path(spec.source).read_text(), options=opts)
-    fn = mod.get_function(spec.function + "_f16")
-    fn.max_dynamic_shared_size_bytes = spec.dynamic_smem
-    return fn
+    return get_function(spec.source, spec.function + "_f16", spec.dynamic_smem,
+                        defines={"LOOP_COPIES": int(copies), "LOOP_LDMATRIX": int(ldmatrix)})
 
 
 def _sustained(fn, flops_per_call: float, seconds: float) -> dict:
@@ -176,25 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     grid = (-(-n // spec.bn) * -(-n // spec.bm),)
     gf = gemm_flops(n, n, n)
 
-    sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"]
-    peak_flops = sms * 8 * PEAK_ITERS * 16 * 2 * 16 * 8 * 16  # 8 warps/SM, 16 mma per iteration
-    peak_out = cupy.empty(sms * 256, dtype=cupy.float32)
-    halfs = np.random.default_rng(0).standard_normal(32 * 24 * 2).astype(np.float16)
-    bits = cupy.asarray(halfs.view(np.uint32))
-    peak_c = get_function("mma_peak.cu", "mma_sync_peak")
-    peak_r = get_function("mma_peak.cu", "mma_sync_peak_varied")
-
+    peak_c, _, peak_flops = peak_launch("constant", 8, PEAK_ITERS)
+    peak_r, _, _ = peak_launch("random", 8, PEAK_ITERS)
     calls = {"cuBLAS (cupy.matmul)": ("wgmma", lambda: cupy.matmul(a, b, out=c), gf),
-             "mma.sync peak, constant operands": (
-                 "mma.sync", lambda: peak_c((sms,), (256,), (peak_out, np.int32(PEAK_ITERS))), peak_flops),
-             "mma.sync peak, changing operands": (
-                 "mma.sync", lambda: peak_r((sms,), (256,), (bits, peak_out, np.int32(PEAK_ITERS))),
-                 peak_flops)}
+             "mma.sync peak, constant operands": ("mma.sync", peak_c, peak_flops),
+             "mma.sync peak, changing operands": ("mma.sync", peak_r, peak_flops)}
     for label, copies, ldsm in ((f"{args.kernel}", True, True),
                                 (f"{args.kernel}, no copies in the loop", False, True),
                                 (f"{args.kernel}, no ldmatrix in the loop", True, False),
                                 (f"{args.kernel}, neither", False, False)):
-        fn = _ablated(cupy, spec, copies, ldsm)
+        fn = _ablated(spec, copies, ldsm)
         calls[label] = ("mma.sync", lambda fn=fn: fn(grid, (spec.threads,), dims,
                                                       shared_mem=spec.dynamic_smem), gf)
 

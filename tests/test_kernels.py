@@ -335,7 +335,7 @@ def test_ceiling_ablation_switches():
     outs = {}
     for copies, ldsm in ((True, True), (False, True), (True, False)):
         out = cupy.full((n, n), cupy.nan, dtype=cupy.float16)
-        fn = ceiling._ablated(cupy, spec, copies, ldsm)
+        fn = ceiling._ablated(spec, copies, ldsm)
         fn(grid, (spec.threads,), (a, b, out, np.int32(n), np.int32(n), np.int32(n)),
            shared_mem=spec.dynamic_smem)
         outs[copies, ldsm] = out

@@ -126,32 +126,42 @@ def compile_options(include_dir: Path) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def _load(filename: str, device_id: int) -> Any:
+def _load(filename: str, device_id: int, defines: tuple[tuple[str, int], ...] = ()) -> Any:
     cupy = require_cupy()
     include_dir = find_cuda_include()
     code = source_path(filename).read_text()
+    options = compile_options(include_dir) + tuple(f"-D{k}={v}" for k, v in defines)
     with cupy.cuda.Device(device_id):
-        module = cupy.RawModule(code=code, options=compile_options(include_dir))
+        module = cupy.RawModule(code=code, options=options)
         module.compile()
     return module
 
 
-def load_module(filename: str) -> Any:
-    """Returns the compiled ``cupy.RawModule`` of a ``.cu`` file, cached per current device."""
+def load_module(filename: str, defines: dict[str, int] | None = None) -> Any:
+    """Returns the compiled ``cupy.RawModule`` of a ``.cu`` file, cached per current device.
+
+    ``defines`` sets preprocessor macros (``-DNAME=value``); each set is its own module.
+    """
     cupy = require_cupy()
-    return _load(filename, cupy.cuda.Device().id)
+    return _load(filename, cupy.cuda.Device().id, tuple(sorted((defines or {}).items())))
 
 
 @functools.lru_cache(maxsize=None)
-def _function(filename: str, name: str, device_id: int, dynamic_smem: int) -> Any:
-    fn = _load(filename, device_id).get_function(name)
+def _function(filename: str, name: str, device_id: int, dynamic_smem: int,
+              defines: tuple[tuple[str, int], ...] = ()) -> Any:
+    fn = _load(filename, device_id, defines).get_function(name)
     if dynamic_smem > 48 * 1024:
         # above 48 KB a block gets dynamic shared memory only after the limit is raised
         fn.max_dynamic_shared_size_bytes = dynamic_smem
     return fn
 
 
-def get_function(filename: str, name: str, dynamic_smem: int = 0) -> Any:
-    """Returns a kernel of a compiled module, its dynamic shared-memory limit raised if needed."""
+def get_function(filename: str, name: str, dynamic_smem: int = 0,
+                 defines: dict[str, int] | None = None) -> Any:
+    """Returns a kernel of a compiled module, its dynamic shared-memory limit raised if needed.
+
+    ``defines`` as in :func:`load_module`.
+    """
     cupy = require_cupy()
-    return _function(filename, name, cupy.cuda.Device().id, int(dynamic_smem))
+    return _function(filename, name, cupy.cuda.Device().id, int(dynamic_smem),
+                     tuple(sorted((defines or {}).items())))
