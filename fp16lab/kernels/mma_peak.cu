@@ -16,13 +16,12 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, const uns
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-extern "C" __global__ void mma_sync_peak(float* out, int iters) {
-    // non-zero operands that differ between lanes (zeros can run faster than real data)
-    const float x = 0.001f * (float)(threadIdx.x % 32 + 1);
-    const __half2 h = __floats2half2_rn(x, -0.5f * x);
-    const unsigned u = *reinterpret_cast<const unsigned*>(&h);
-    const unsigned a[4] = {u, u ^ 0x00010001u, u ^ 0x00020002u, u ^ 0x00030003u};
-    const unsigned b[2] = {u ^ 0x00040004u, u ^ 0x00050005u};
+// The loop both kernels run: ACC independent accumulators, accumulator t fed by A fragment
+// t % NA and B fragment (t / NA) % NB, so NA = NB = 1 repeats one pair and NA = NB = 4 cycles
+// through all 16 pairs. The sum of the accumulators is written so that the work is kept.
+template <int NA, int NB>
+__device__ __forceinline__ void peak_loop(const unsigned (&a)[NA][4], const unsigned (&b)[NB][2],
+                                          float* out, int iters) {
     float acc[ACC][4];
 #pragma unroll
     for (int t = 0; t < ACC; ++t)
@@ -30,12 +29,22 @@ extern "C" __global__ void mma_sync_peak(float* out, int iters) {
         for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
     for (int it = 0; it < iters; ++it) {
 #pragma unroll
-        for (int t = 0; t < ACC; ++t) mma_16816(acc[t], a, b);
+        for (int t = 0; t < ACC; ++t) mma_16816(acc[t], a[t % NA], b[(t / NA) % NB]);
     }
     float s = 0.0f;
 #pragma unroll
     for (int t = 0; t < ACC; ++t) s += acc[t][0] + acc[t][1] + acc[t][2] + acc[t][3];
-    out[blockIdx.x * blockDim.x + threadIdx.x] = s;  // keeps the work from being optimised away
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+extern "C" __global__ void mma_sync_peak(float* out, int iters) {
+    // non-zero operands that differ between lanes (zeros can run faster than real data)
+    const float x = 0.001f * (float)(threadIdx.x % 32 + 1);
+    const __half2 h = __floats2half2_rn(x, -0.5f * x);
+    const unsigned u = *reinterpret_cast<const unsigned*>(&h);
+    const unsigned a[1][4] = {{u, u ^ 0x00010001u, u ^ 0x00020002u, u ^ 0x00030003u}};
+    const unsigned b[1][2] = {{u ^ 0x00040004u, u ^ 0x00050005u}};
+    peak_loop(a, b, out, iters);
 }
 
 // The same with operands that change on every instruction, as they do in a GEMM: 4 A and 4 B
@@ -52,17 +61,5 @@ extern "C" __global__ void mma_sync_peak_varied(const unsigned* __restrict__ bit
 #pragma unroll
         for (int e = 0; e < 2; ++e) b[f][e] = p[16 + 2 * f + e];
     }
-    float acc[ACC][4];
-#pragma unroll
-    for (int t = 0; t < ACC; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
-    for (int it = 0; it < iters; ++it) {
-#pragma unroll
-        for (int t = 0; t < ACC; ++t) mma_16816(acc[t], a[t % 4], b[t / 4]);  // all 16 pairs
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int t = 0; t < ACC; ++t) s += acc[t][0] + acc[t][1] + acc[t][2] + acc[t][3];
-    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+    peak_loop(a, b, out, iters);
 }
