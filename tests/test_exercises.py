@@ -1,0 +1,79 @@
+"""The exercise framework and notebook 01's exercises, with right and wrong answers."""
+
+import numpy as np
+import pytest
+
+from fp16lab.exercises import Exercise, Feedback, Wrong, expect_close, expect_equal
+from fp16lab.exercises import ch01
+
+
+def _square_checker(answer):
+    if answer != 9:
+        raise Wrong(f"{answer} is not 3 squared")
+    return "3 * 3 = 9"
+
+
+def test_check_right_wrong_missing_and_errors():
+    q = Exercise("q9", "What is 3 squared?", _square_checker, hint="multiply", solution="9",
+                 solution_code="3 * 3")
+    missing = q.check()
+    assert missing.kind == "missing" and not missing and "q9.check(" in missing.message
+    assert q.check(...).kind == "missing" and q.attempts == 0
+    wrong = q.check(8)
+    assert not wrong and wrong.kind == "incorrect" and "8 is not 3 squared" in str(wrong)
+    assert not q.solved and q.attempts == 1
+    right = q.check(9)
+    assert right and right.correct and right.message == "3 * 3 = 9"
+    assert q.solved and q.attempts == 2
+    assert q.hint().kind == "hint" and q.hint().message == "multiply"
+    sol = q.solution()
+    assert sol.kind == "solution" and sol.code == "3 * 3" and "3 * 3" in sol._repr_html_()
+
+
+def test_a_checker_that_raises_becomes_a_message_not_a_traceback():
+    q = Exercise("q1", "?", lambda a: str(1 / a), hint="", solution="")
+    fb = q.check(0)
+    assert fb.kind == "incorrect" and "ZeroDivisionError" in fb.message
+
+
+def test_feedback_html_escapes_and_labels():
+    fb = Feedback("incorrect", "q1", "<b>x</b>")
+    page = fb._repr_html_()
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "Not yet" in page and "fp16lab-incorrect" in page
+    assert str(Feedback("correct", "q2", "ok")) == "Correct (q2): ok"
+
+
+def test_exercise_needs_a_callable_checker():
+    with pytest.raises(TypeError, match="must be callable"):
+        Exercise("q1", "?", "not a function", hint="", solution="")
+
+
+def test_expect_helpers():
+    expect_equal(3, 3, "x")
+    with pytest.raises(Wrong, match="you gave 4"):
+        expect_equal(4, 3, "x")
+    expect_close("0.1005", 0.1, "x")
+    for bad in ("abc", None, float("nan"), 0.2):
+        with pytest.raises(Wrong):
+            expect_close(bad, 0.1, "x")
+
+
+def test_ch01_q1_fp16_code_of_a_tenth():
+    right = f"0x{int(np.float16(0.1).view(np.uint16)):04x}"
+    assert ch01.q1.check(right) and ch01.q1.check(right.upper().replace("0X", "0x"))
+    low = f"0x{int(right, 16) - 1:04x}"
+    assert "toward zero" in ch01.q1.check(low).message
+    assert "bf16" in ch01.q1.check("0x3dcd").message
+    for bad in ("0.1", 0x2E66, "2e66", "0xzz"):
+        fb = ch01.q1.check(bad)
+        assert not fb and "hex string" in fb.message
+    assert not ch01.q1.check("0x3c00")
+
+
+def test_ch01_q2_spacing_ratio():
+    import ml_dtypes
+    ratio = float(np.spacing(np.array(0.1, ml_dtypes.bfloat16))) / float(np.spacing(np.float16(0.1)))
+    assert ratio == 8.0
+    assert ch01.q2.check(8) and ch01.q2.check("8")
+    assert "extra fraction bits" in ch01.q2.check(3).message
+    assert not ch01.q2.check(16) and not ch01.q2.check("eight")
