@@ -1,7 +1,14 @@
-"""Shared test set-up: GPU tests skip, with the reason, where torch sees no CUDA device."""
+"""Shared test set-up: GPU tests skip with the reason; required suites may not; counts per marker.
+
+``FP16LAB_REQUIRE`` (comma-separated marker names, e.g. ``browser,nvcc``; CI sets it) turns a
+skip of a test carrying one of those markers into a failure, so that a run cannot go green
+because Chromium or nvcc was missing. At the end, a table counts the tests run per marker.
+"""
 
 from __future__ import annotations
 
+import collections
+import os
 import pathlib
 
 import pytest
@@ -27,6 +34,55 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+#: The markers the summary counts, in its order; "other" is a test with none of them.
+COUNTED_MARKERS = ("gpu", "notebook", "browser", "nvcc", "slow")
+_outcomes: collections.Counter = collections.Counter()
+_REQUIRED = pytest.StashKey[set]()
+
+
+def required_markers() -> set[str]:
+    """Returns the markers whose tests must run here (from ``FP16LAB_REQUIRE``)."""
+    wanted = {m.strip() for m in os.environ.get("FP16LAB_REQUIRE", "").split(",") if m.strip()}
+    unknown = wanted - set(COUNTED_MARKERS)
+    if unknown:
+        raise pytest.UsageError(f"FP16LAB_REQUIRE names unknown markers {sorted(unknown)}; "
+                                f"allowed: {', '.join(COUNTED_MARKERS)}")
+    return wanted
+
+
+def pytest_configure(config):
+    config.stash[_REQUIRED] = required_markers()
+
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    markers = [m for m in COUNTED_MARKERS if m in item.keywords] or ["other"]
+    required = item.config.stash[_REQUIRED] & set(markers)
+    if report.skipped and required and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"FP16LAB_REQUIRE={','.join(sorted(item.config.stash[_REQUIRED]))}: "
+                           f"a {'/'.join(sorted(required))} test may not skip here, but it did: {reason}")
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        for m in markers:
+            _outcomes[(m, report.outcome)] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _outcomes:
+        return
+    tr = terminalreporter
+    tr.section("tests per marker")
+    tr.write_line(f"{'marker':<10}{'passed':>8}{'failed':>8}{'skipped':>9}")
+    for m in (*COUNTED_MARKERS, "other"):
+        row = [_outcomes[(m, o)] for o in ("passed", "failed", "skipped")]
+        if any(row):
+            tr.write_line(f"{m:<10}{row[0]:>8}{row[1]:>8}{row[2]:>9}")
 
 
 @pytest.fixture(scope="session")

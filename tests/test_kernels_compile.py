@@ -13,6 +13,8 @@ import pytest
 from fp16lab.kernels import KERNELS
 from fp16lab.kernels.compiler import SOURCE_DIR
 
+pytestmark = pytest.mark.nvcc
+
 SOURCES = sorted(p.name for p in SOURCE_DIR.glob("*.cu"))
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA "
