@@ -1,0 +1,249 @@
+"""Which side caps a training step: the input pipeline's images/s against the model's.
+
+Two measurements, one protocol (also stated in ``benchmarks/input_pipeline.py`` and notebook 07):
+``cudnn.benchmark`` on; ``warmup`` batches or steps first (workers start, the first wave of
+batches that the workers finish together is used up, cuDNN picks its algorithms); then
+``steps`` batches or steps timed on the host clock between two ``torch.cuda.synchronize()``
+calls, so time the GPU spends waiting for data counts.
+
+- :func:`measure_loader`: images/s of an input pipeline alone (batches produced and placed on
+  the device, no training), with the CPU time its processes and threads used meanwhile.
+- :func:`measure_training`: images/s of full training steps fed by that pipeline.
+
+Both return one row (a dict) with ``status`` ``ok``, ``error`` (the message in ``error``, e.g.
+a corrupt JPEG named) or ``skipped`` (a backend that cannot run here, with the reason), so a
+sweep records the point and goes on. :func:`make_input_train_step` returns the step a sweep
+point calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .inputs import InputPipeline, InputSettings, cpu_cores, make_input, unavailable_reason
+
+__all__ = ["PRECISIONS", "ProcessCpu", "make_input_train_step", "make_train_step",
+           "measure_loader", "measure_training"]
+
+#: Precisions the training step knows (names as everywhere in fp16lab).
+PRECISIONS = {
+    "fp32": "fp32 weights and maths; TF32 off",
+    "tf32": "fp32 weights; matmuls and convolutions on TF32 tensor cores",
+    "amp-fp16": "autocast to fp16 with a GradScaler",
+    "amp-bf16": "autocast to bf16, no scaler",
+}
+
+#: SGD settings of the training step (as in the sweeps).
+LR, MOMENTUM = 0.01, 0.9
+
+
+def _tree_cpu_seconds(pid: int) -> float | None:
+    """Returns the CPU seconds (user + system) used so far by ``pid`` and its live descendants,
+    threads included, read from /proc; None where there is no /proc."""
+    proc = Path("/proc")
+    if not (proc / str(pid) / "stat").exists():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        # after the command name: state, ppid, ..., utime (14th field overall), stime (15th)
+        parent[int(d.name)] = int(fields[1])
+        used[int(d.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
+        tree.update(kids)
+        frontier += kids
+    return sum(used.get(p, 0.0) for p in tree)
+
+
+class ProcessCpu:
+    """Measures the CPU this process and its children (e.g. DataLoader workers) use.
+
+    ``start()``, then ``stop()`` returns ``{"cpu_cores_busy": ..., "cpu_util_pct": ...}``: CPU
+    seconds per wall second, and that as a share of the cores this process may use. Both are
+    None where /proc is missing (not Linux).
+    """
+
+    def start(self) -> "ProcessCpu":
+        self._t0, self._cpu0 = time.perf_counter(), _tree_cpu_seconds(os.getpid())
+        return self
+
+    def stop(self) -> dict[str, float | None]:
+        cpu1, wall = _tree_cpu_seconds(os.getpid()), time.perf_counter() - self._t0
+        if cpu1 is None or self._cpu0 is None or wall <= 0:
+            return {"cpu_cores_busy": None, "cpu_util_pct": None}
+        busy = max(cpu1 - self._cpu0, 0.0) / wall
+        return {"cpu_cores_busy": busy, "cpu_util_pct": 100 * busy / cpu_cores()}
+
+
+@contextlib.contextmanager
+def _math_flags(precision: str) -> Iterator[None]:
+    """TF32 on only for 'tf32', cudnn.benchmark on; restored afterwards."""
+    b = torch.backends
+    saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)
+    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = precision == "tf32"
+    b.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark = saved
+
+
+# recipes: replace with fp16lab.recipes once it lands
+def make_train_step(model: torch.nn.Module, precision: str,
+                    device: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Returns ``step(x, y) -> loss``: one SGD training step of ``model`` in ``precision``.
+
+    The model must already be on ``device`` in the layout the batches will have.
+    """
+    import torch.nn.functional as F
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    dev = torch.device(device).type
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(dev) if precision == "amp-fp16" else None
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return loss
+
+    return step
+
+
+def make_input_train_step(model_name: str, precision: str, settings: InputSettings,
+                          root: str | Path | None = None, *,
+                          device: str = "cuda") -> tuple[Callable[[], torch.Tensor], InputPipeline]:
+    """Returns ``(step, pipeline)``: ``step()`` takes the next batch from the pipeline and runs
+    one training step of a fresh ``model_name``; close the pipeline when done.
+
+    Everything is checked before any work starts (model, precision, settings, folder, backend);
+    a file that cannot be decoded raises :class:`fp16lab.data.CorruptImageError` from the
+    ``step()`` whose batch holds it, naming the file.
+    """
+    from .models import NUM_CLASSES, build_model, is_image_model
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if not is_image_model(model_name):
+        raise ValueError(f"model {model_name!r} does not take images; the input backends feed "
+                         "image models (small_cnn, resnet18, resnet50)")
+    pipeline = make_input(settings, root, device=device, num_classes=NUM_CLASSES)
+    try:
+        model = build_model(model_name).to(device)
+        if settings.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        train = make_train_step(model, precision, device)
+    except BaseException:
+        pipeline.close()
+        raise
+
+    def step() -> torch.Tensor:
+        x, y = next(pipeline)
+        return train(x, y % NUM_CLASSES)  # the data set may have more classes than the head
+
+    return step, pipeline
+
+
+def _sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _row(kind: str, settings: InputSettings, device: str, **extra: Any) -> dict[str, Any]:
+    return {"measure": kind, "backend": settings.backend, "batch": settings.batch,
+            "image_size": settings.image_size, "num_workers": settings.resolved_workers(),
+            "pin_memory": settings.pin_memory, "non_blocking": settings.non_blocking,
+            "channels_last": settings.channels_last, "normalize_on": settings.normalize_on,
+            "device": str(device), "cpu_cores": cpu_cores(), "status": "ok", "error": "",
+            "implementation": "", "images_per_s": None, "seconds": None,
+            "cpu_cores_busy": None, "cpu_util_pct": None, **extra}
+
+
+def _timed(row: dict[str, Any], device: str, warmup: int, steps: int, batch: int,
+           one: Callable[[], Any]) -> None:
+    for _ in range(warmup):
+        one()
+    _sync(device)
+    cpu = ProcessCpu().start()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one()
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    row.update(cpu.stop(), seconds=seconds, images_per_s=steps * batch / seconds)
+
+
+def _check_counts(warmup: int, steps: int) -> None:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0 or \
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1 (integers), got {warmup!r}, {steps!r}")
+
+
+def measure_loader(settings: InputSettings, root: str | Path | None = None, *,
+                   device: str = "cuda", warmup: int = 3, steps: int = 10) -> dict[str, Any]:
+    """Returns one row: images/s of the pipeline alone (batches made and placed on ``device``),
+    and the CPU it used. ``status`` is ``skipped`` (with the reason) for a backend that cannot
+    run here and ``error`` (with the message) when a batch fails."""
+    _check_counts(warmup, steps)
+    row = _row("loader", settings, device, precision=None, model=None)
+    reason = unavailable_reason(settings.backend, device)
+    if reason:
+        return {**row, "status": "skipped", "error": reason}
+    try:
+        with make_input(settings, root, device=device) as pipeline:
+            row["implementation"] = pipeline.implementation
+            _timed(row, device, warmup, steps, settings.batch, lambda: next(pipeline))
+    except Exception as e:  # recorded; the caller goes on with the next point
+        row.update(status="error", error=f"{type(e).__name__}: {e}")
+    return row
+
+
+def measure_training(model_name: str, precision: str, settings: InputSettings,
+                     root: str | Path | None = None, *, device: str = "cuda", warmup: int = 5,
+                     steps: int = 20) -> dict[str, Any]:
+    """Returns one row: images/s of training steps of ``model_name`` in ``precision`` fed by
+    the pipeline ``settings`` describes, with the CPU used; ``status`` as for
+    :func:`measure_loader`."""
+    _check_counts(warmup, steps)
+    row = _row("training", settings, device, precision=precision, model=model_name)
+    reason = unavailable_reason(settings.backend, device)
+    if reason:
+        return {**row, "status": "skipped", "error": reason}
+    try:
+        with _math_flags(precision):
+            step, pipeline = make_input_train_step(model_name, precision, settings, root,
+                                                   device=device)
+            with pipeline:
+                row["implementation"] = pipeline.implementation
+                _timed(row, device, warmup, steps, settings.batch, step)
+    except Exception as e:
+        row.update(status="error", error=f"{type(e).__name__}: {e}")
+    finally:
+        if str(device).startswith("cuda"):
+            torch.cuda.empty_cache()
+    return row
