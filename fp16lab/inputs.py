@@ -60,8 +60,8 @@ def cpu_cores() -> int:
 
 
 def default_workers(cores: int | None = None) -> int:
-    """Returns the default worker count: 75% of the cores, at least 1."""
-    return max(1, int(round(WORKER_SHARE * (cores or cpu_cores()))))
+    """Returns the default worker count: 75% of the cores rounded down, at least 1."""
+    return max(1, int(WORKER_SHARE * (cores or cpu_cores())))
 
 
 @dataclass(frozen=True)
