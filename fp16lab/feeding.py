@@ -28,8 +28,9 @@ import torch
 
 from .inputs import InputPipeline, InputSettings, cpu_cores, make_input, unavailable_reason
 
-__all__ = ["PRECISIONS", "ProcessCpu", "make_input_train_step", "make_train_step",
-           "measure_loader", "measure_training"]
+__all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
+           "make_train_step", "measure_loader", "measure_training", "plot_training",
+           "speedup_table", "training_table"]
 
 #: Precisions the training step knows (names as everywhere in fp16lab).
 PRECISIONS = {
@@ -247,3 +248,85 @@ def measure_training(model_name: str, precision: str, settings: InputSettings,
         if str(device).startswith("cuda"):
             torch.cuda.empty_cache()
     return row
+
+
+# --------------------------------------------------------------------------- reading results
+
+
+def input_label(row: dict[str, Any]) -> str:
+    """Returns how a row's input is named in tables: the backend, plus ``uint8`` where the
+    dataloader's batches were normalised on the GPU."""
+    uint8 = row.get("backend") == "dataloader" and row.get("normalize_on") == "gpu"
+    return f"{row.get('backend')}{' uint8' if uint8 else ''}"
+
+
+def _ok(rows: list[dict[str, Any]], measure: str) -> Any:
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r.get("measure") == measure and r.get("status") == "ok"])
+    if df.empty:
+        return df
+    return df.assign(input=[input_label(r) for r in df.to_dict("records")])
+
+
+def training_table(rows: list[dict[str, Any]]) -> Any:
+    """Returns a DataFrame: training images/s per input (rows) and precision (columns), and
+    each precision's share of its synthetic-input (model-only) rate as ``<precision> share``."""
+    df = _ok(rows, "training")
+    if df.empty:
+        return df
+    table = df.pivot_table(index="input", columns="precision", values="images_per_s", aggfunc="max")
+    table = table[[p for p in PRECISIONS if p in table.columns]]
+    if "synthetic" in table.index:
+        for p in list(table.columns):
+            table[f"{p} share"] = table[p] / table.loc["synthetic", p]
+    return table
+
+
+def speedup_table(rows: list[dict[str, Any]], *, over: str = "fp32") -> Any:
+    """Returns a DataFrame: per input, each precision's training images/s divided by ``over``'s."""
+    table = training_table(rows)
+    if table.empty or over not in table.columns:
+        raise ValueError(f"no ok training rows in precision {over!r} to divide by")
+    rates = table[[p for p in PRECISIONS if p in table.columns]]
+    return rates.div(rates[over], axis=0).drop(columns=over).add_suffix(f" / {over}")
+
+
+def loader_table(rows: list[dict[str, Any]]) -> Any:
+    """Returns a DataFrame of the loader-only rows: input, workers, images/s, CPU used."""
+    df = _ok(rows, "loader")
+    if df.empty:
+        return df
+    cols = ["input", "num_workers", "images_per_s", "cpu_cores_busy", "cpu_util_pct", "implementation"]
+    return df[cols].sort_values(["input", "num_workers"]).reset_index(drop=True)
+
+
+def plot_training(rows: list[dict[str, Any]], *, ax: Any = None) -> Any:
+    """Returns a bar chart: training images/s per precision, one bar per input, with the
+    loader-only rate of each input drawn as a tick over its bars."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    table = training_table(rows)
+    if table.empty:
+        raise ValueError("no ok training rows to plot")
+    precisions = [p for p in PRECISIONS if p in table.columns]
+    loaders = loader_table(rows)
+    trained = _ok(rows, "training")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / len(table.index)
+    for k, name in enumerate(table.index):
+        xs = np.arange(len(precisions)) + (k - (len(table.index) - 1) / 2) * width
+        bars = ax.bar(xs, table.loc[name, precisions].to_numpy(dtype=float), width, label=name)
+        workers = set(trained[trained["input"] == name]["num_workers"])
+        alone = (loaders[(loaders["input"] == name) & loaders["num_workers"].isin(workers)]
+                 ["images_per_s"] if len(loaders) else [])
+        if name != "synthetic" and len(alone):  # the input alone, with the workers it trained with
+            ax.hlines([float(max(alone))] * len(xs), xs - width / 2, xs + width / 2,
+                      colors=bars.patches[0].get_facecolor(), linestyles="dotted")
+    ax.set_xticks(np.arange(len(precisions)), precisions)
+    ax.set_ylabel("training images/s")
+    ax.set_title("training fed by each input (dotted: the input alone)")
+    ax.legend(fontsize=8, ncols=2)
+    return ax.figure
