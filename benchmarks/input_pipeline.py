@@ -37,7 +37,7 @@ import torch
 
 from fp16lab import bench
 from fp16lab.data import make_image_folder
-from fp16lab.feeding import measure_loader, measure_training
+from fp16lab.feeding import measure_loader, measure_training, summary_lines
 from fp16lab.inputs import InputSettings, cpu_cores, default_workers
 
 PROTOCOL = ("cudnn.benchmark on; warm-up of workers + 2 batches/steps; timed batches/steps on "
@@ -91,23 +91,6 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     return rows
 
 
-def summary(rows: list[dict[str, Any]]) -> list[str]:
-    """Returns lines: per precision, the model's ceiling, the best real input, their ratio."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    lines = []
-    for precision in ("amp-fp16", "amp-bf16", "fp32"):
-        mine = [r for r in ok if r["measure"] == "training" and r["precision"] == precision]
-        synth = next((r for r in mine if r["backend"] == "synthetic"), None)
-        real = [r for r in mine if r["backend"] != "synthetic"]
-        if synth and real:
-            best = max(real, key=lambda r: r["images_per_s"])
-            lines.append(f"{precision}: synthetic {synth['images_per_s']:.0f} img/s; best real input "
-                         f"{best['backend']} ({best['normalize_on']} normalise) "
-                         f"{best['images_per_s']:.0f} img/s = "
-                         f"{best['images_per_s'] / synth['images_per_s']:.0%} of synthetic")
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
@@ -159,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
         print(f"{r['label']:38s} {r['status']:7s} {fmt(r.get('images_per_s'), '8.0f'):>8s} "
               f"{fmt(r.get('cpu_cores_busy'), '9.1f'):>9s} {fmt(r.get('cpu_util_pct'), '6.0f'):>6s}")
-    for line in summary(rows):
+    for line in summary_lines(rows):
         print(line)
     print(f"wrote {path}")
     return 0

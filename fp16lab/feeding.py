@@ -30,7 +30,7 @@ from .inputs import InputPipeline, InputSettings, cpu_cores, make_input, unavail
 
 __all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
            "make_train_step", "measure_loader", "measure_training", "plot_training",
-           "speedup_table", "training_table"]
+           "speedup_table", "summary_lines", "training_table"]
 
 #: Precisions the training step knows (names as everywhere in fp16lab).
 PRECISIONS = {
@@ -330,3 +330,27 @@ def plot_training(rows: list[dict[str, Any]], *, ax: Any = None) -> Any:
     ax.set_title("training fed by each input (dotted: the input alone)")
     ax.legend(fontsize=8, ncols=2)
     return ax.figure
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Returns sentences about measured rows: per precision, the model's own rate (synthetic
+    input), the fastest real input and its share of that rate; then AMP's speed-up over fp32
+    for each input."""
+    table = training_table(rows)
+    if table.empty or "synthetic" not in table.index:
+        return ["no ok training rows with synthetic input to compare with"]
+    lines = []
+    real = table.drop(index="synthetic")
+    for p in [p for p in PRECISIONS if p in table.columns]:
+        measured = real[p].dropna()
+        if measured.empty:
+            continue
+        best = measured.idxmax()
+        lines.append(f"{p}: the model alone trains at {table.loc['synthetic', p]:.0f} images/s; the "
+                     f"fastest real input, {best}, reaches {measured[best]:.0f} "
+                     f"({measured[best] / table.loc['synthetic', p]:.0%} of it)")
+    if "fp32" in table.columns:
+        for col, ratios in speedup_table(rows).items():
+            for name, r in ratios.dropna().items():
+                lines.append(f"{col.split(' /')[0]} over fp32 with {name} input: {r:.2f}x")
+    return lines

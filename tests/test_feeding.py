@@ -68,3 +68,17 @@ def test_loader_table_and_plot():
     assert ticks == [850.0, 850.0, 1300.0, 1300.0]  # the 12-worker loader rates, one tick per precision
     with pytest.raises(ValueError, match="no ok training rows"):
         plot_training([_load("dataloader", 4, 1.0)])
+
+
+def test_summary_lines_say_what_the_rows_say():
+    from fp16lab.feeding import summary_lines
+
+    lines = summary_lines(ROWS)
+    assert lines[0] == ("fp32: the model alone trains at 600 images/s; the fastest real input, "
+                        "dataloader, reaches 590 (98% of it)")
+    assert lines[1].startswith("amp-fp16: the model alone trains at 3000 images/s; the fastest "
+                               "real input, gpu-decode, reaches 2900 (97% of it)")
+    assert "amp-fp16 over fp32 with synthetic input: 5.00x" in lines
+    assert f"amp-fp16 over fp32 with dataloader input: {800 / 590:.2f}x" in lines
+    assert summary_lines([_load("dataloader", 4, 1.0)]) == [
+        "no ok training rows with synthetic input to compare with"]
