@@ -39,10 +39,10 @@ def crop_params(height: int, width: int, generator: torch.Generator | None = Non
     if height < 1 or width < 1:
         raise ValueError(f"picture size must be positive, got {height}x{width}")
     area = height * width
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    log_lo, log_hi = torch.log(torch.tensor(ratio)).tolist()  # in float32, as torchvision has it
     for _ in range(10):
         target = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
-        aspect = math.exp(torch.empty(1).uniform_(log_lo, log_hi, generator=generator).item())
+        aspect = torch.exp(torch.empty(1).uniform_(log_lo, log_hi, generator=generator)).item()
         w = int(round(math.sqrt(target * aspect)))
         h = int(round(math.sqrt(target / aspect)))
         if 0 < w <= width and 0 < h <= height:

@@ -351,6 +351,8 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
                      f"({measured[best] / table.loc['synthetic', p]:.0%} of it)")
     if "fp32" in table.columns:
         for col, ratios in speedup_table(rows).items():
-            for name, r in ratios.dropna().items():
+            ratios = ratios.dropna()
+            order = ["synthetic"] + [n for n in ratios.index if n != "synthetic"]
+            for name, r in ratios.reindex([n for n in order if n in ratios.index]).items():
                 lines.append(f"{col.split(' /')[0]} over fp32 with {name} input: {r:.2f}x")
     return lines

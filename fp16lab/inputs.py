@@ -23,6 +23,7 @@ naming the file, from the batch that meets it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -322,8 +323,12 @@ def augment_batch(images: list[torch.Tensor], size: int,
 def _gpu_decode(s: InputSettings, root: Path, device: str, *,
                 decode: Callable[[list[torch.Tensor], list[Path], str], list[torch.Tensor]] = decode_batch,
                 depth: int = 3) -> InputPipeline:
-    """``decode`` is the step that turns bytes into pictures (tests on a CPU swap in PIL)."""
+    """A producer thread reads the files (with a pool of reader threads), decodes and augments
+    each batch on a CUDA stream of its own, and hands ready batches over with an event to wait
+    on, so decoding overlaps the training step. ``decode`` turns bytes into pictures (tests on a
+    CPU swap in PIL)."""
     files, labels, _ = scan_image_folder(root)
+    cuda = str(device).startswith("cuda")
     order_rng = torch.Generator().manual_seed(s.seed)
     crop_rng = torch.Generator().manual_seed(s.seed + 1)
     threads = ThreadPoolExecutor(max_workers=s.resolved_workers())
@@ -333,26 +338,40 @@ def _gpu_decode(s: InputSettings, root: Path, device: str, *,
     def read(i: int) -> torch.Tensor:
         return torch.frombuffer(bytearray(read_jpeg_bytes(files[i])), dtype=torch.uint8)
 
-    def reader() -> None:  # the CPU side: file bytes for the next batches, in order
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make(idx: list[int], stream: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        blobs = list(threads.map(read, idx))
+        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+            x = normalize(augment_batch(decode(blobs, [files[i] for i in idx], device),
+                                        s.image_size, crop_rng))
+            if s.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            y = torch.tensor([labels[i] for i in idx]).to(device)
+            done = torch.cuda.Event() if cuda else None
+            if done is not None:
+                done.record(stream)
+        return x, y, done
+
+    def producer() -> None:
         try:
+            stream = torch.cuda.Stream(device=torch.device(device)) if cuda else None
             while not stop.is_set():
                 perm = torch.randperm(len(files), generator=order_rng).tolist()
                 for b in range(len(files) // s.batch):
-                    idx = perm[b * s.batch:(b + 1) * s.batch]
-                    blobs = list(threads.map(read, idx))
-                    item = (blobs, [files[i] for i in idx], torch.tensor([labels[i] for i in idx]))
-                    while not stop.is_set():
-                        try:
-                            ready.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not put(make(perm[b * s.batch:(b + 1) * s.batch], stream)):
                         return
         except BaseException as e:  # handed to the consumer, which raises it
-            ready.put(e)
+            put(e)
 
-    thread = threading.Thread(target=reader, daemon=True, name="fp16lab-gpu-decode-reader")
+    thread = threading.Thread(target=producer, daemon=True, name="fp16lab-gpu-decode")
     thread.start()
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -360,16 +379,20 @@ def _gpu_decode(s: InputSettings, root: Path, device: str, *,
             item = ready.get()
             if isinstance(item, BaseException):
                 raise item
-            blobs, paths, y = item
-            x = augment_batch(decode(blobs, paths, device), s.image_size, crop_rng)
-            yield _to_device(normalize(x), y, replace(s, non_blocking=False), device)
+            x, y, done = item
+            if done is not None:  # the training stream waits for the decode stream's batch
+                here = torch.cuda.current_stream()
+                here.wait_event(done)
+                x.record_stream(here)  # the allocator must not reuse it before training is done
+                y.record_stream(here)
+            yield x, y
 
     def close() -> None:
         stop.set()
         thread.join(timeout=5)
         threads.shutdown(wait=False, cancel_futures=True)
 
-    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg), "
+    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg) on a side stream, "
                          f"{s.resolved_workers()} reader threads", forever(), close)
 
 

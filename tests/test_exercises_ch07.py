@@ -18,6 +18,7 @@ def test_q1_training_rate_function():
     assert "without calling it" in ch07.q1.check(800.0).message
     assert "two arguments" in ch07.q1.check(lambda a: a).message
     assert "return a number" in ch07.q1.check(lambda a, b: "fast").message
+    assert "replace the ..." in ch07.q1.check(lambda a, b: ...).message
 
 
 def test_q2_speed_up_on_real_input():
