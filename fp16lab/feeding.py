@@ -95,13 +95,19 @@ class ProcessCpu:
 def _math_flags(precision: str) -> Iterator[None]:
     """TF32 on only for 'tf32', cudnn.benchmark on; restored afterwards."""
     b = torch.backends
-    saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)
+    try:
+        saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
+    except RuntimeError:  # torch >= 2.9 refuses to read them once its per-backend API was used
+        saved = None
+    benchmark = b.cudnn.benchmark
     b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = precision == "tf32"
     b.cudnn.benchmark = True
     try:
         yield
     finally:
-        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark = saved
+        if saved is not None:
+            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved
+        b.cudnn.benchmark = benchmark
 
 
 # recipes: replace with fp16lab.recipes once it lands
