@@ -1,0 +1,96 @@
+"""ImageNet training augmentation, the same on a CPU (PIL) and on a GPU (torch tensors).
+
+The standard recipe: RandomResizedCrop (a crop of 8% to 100% of the picture's area, aspect
+ratio 3/4 to 4/3, resized to ``size`` x ``size``), a horizontal flip half the time, then
+normalisation by ImageNet's channel means and standard deviations. :func:`crop_params` draws a
+crop the way torchvision's ``RandomResizedCrop.get_params`` does (the same random draws in the
+same order, so the same seed gives the same crop); :func:`augment_pil` applies it to a PIL
+image on the CPU, :func:`augment_tensor` to a decoded uint8 tensor on any device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "SCALE", "RATIO", "augment_pil", "augment_tensor",
+           "crop_params", "flip_draw", "normalize"]
+
+#: ImageNet's per-channel mean and standard deviation (RGB, on a 0-1 scale).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: RandomResizedCrop's defaults: the crop's share of the area, and its aspect-ratio range.
+SCALE = (0.08, 1.0)
+RATIO = (3 / 4, 4 / 3)
+
+
+def crop_params(height: int, width: int, generator: torch.Generator | None = None, *,
+                scale: tuple[float, float] = SCALE,
+                ratio: tuple[float, float] = RATIO) -> tuple[int, int, int, int]:
+    """Returns (top, left, height, width) of a random crop of a ``height`` x ``width`` picture.
+
+    Ten tries draw an area share in ``scale`` and a log-uniform aspect ratio in ``ratio``; the
+    first crop that fits is taken. If none fits, the whole picture is taken, cut to the nearest
+    allowed aspect ratio around its centre. ``generator=None`` draws from torch's global RNG.
+    """
+    if height < 1 or width < 1:
+        raise ValueError(f"picture size must be positive, got {height}x{width}")
+    area = height * width
+    log_lo, log_hi = torch.log(torch.tensor(ratio)).tolist()  # in float32, as torchvision has it
+    for _ in range(10):
+        target = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect = torch.exp(torch.empty(1).uniform_(log_lo, log_hi, generator=generator)).item()
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, (1,), generator=generator).item())
+            left = int(torch.randint(0, width - w + 1, (1,), generator=generator).item())
+            return top, left, h, w
+    shape = width / height
+    if shape < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif shape > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def flip_draw(generator: torch.Generator | None = None, p: float = 0.5) -> bool:
+    """Returns whether to flip, drawn like torchvision's RandomHorizontalFlip."""
+    return bool(torch.rand(1, generator=generator).item() < p)
+
+
+def augment_pil(img: Any, size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Returns a random crop of a PIL image, resized to ``size`` x ``size`` (bilinear) and
+    flipped half the time, as a uint8 tensor of shape (3, size, size)."""
+    from PIL import Image
+
+    top, left, h, w = crop_params(img.height, img.width, generator)
+    out = img.crop((left, top, left + w, top + h)).resize((size, size), Image.BILINEAR)
+    if flip_draw(generator):
+        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+    return torch.frombuffer(bytearray(out.tobytes()), dtype=torch.uint8).view(
+        size, size, 3).permute(2, 0, 1).contiguous()
+
+
+def augment_tensor(img: torch.Tensor, size: int, params: tuple[int, int, int, int],
+                   flip: bool) -> torch.Tensor:
+    """Returns the crop ``params`` (top, left, height, width) of a (3, H, W) uint8 picture on
+    its own device, resized to ``size`` x ``size`` (bilinear with antialiasing, like PIL) and
+    flipped if ``flip``, as float32 on the 0-255 scale."""
+    top, left, h, w = params
+    crop = img[None, :, top:top + h, left:left + w].float()
+    out = torch.nn.functional.interpolate(crop, size=(size, size), mode="bilinear",
+                                          align_corners=False, antialias=True)[0]
+    return out.flip(-1) if flip else out
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    """Returns a batch (N, 3, H, W) on the 0-255 scale normalised by ImageNet's mean and std."""
+    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1) * 255
+    return (x.float() - mean) / std

@@ -1,0 +1,364 @@
+"""Which side caps a training step: the input pipeline's images/s against the model's.
+
+Two measurements, one protocol (also stated in ``benchmarks/input_pipeline.py`` and notebook 07):
+``cudnn.benchmark`` on; ``warmup`` batches or steps first (workers start, the first wave of
+batches that the workers finish together is used up, cuDNN picks its algorithms); then
+``steps`` batches or steps timed on the host clock between two ``torch.cuda.synchronize()``
+calls, so time the GPU spends waiting for data counts.
+
+- :func:`measure_loader`: images/s of an input pipeline alone (batches produced and placed on
+  the device, no training), with the CPU time its processes and threads used meanwhile.
+- :func:`measure_training`: images/s of full training steps fed by that pipeline.
+
+Both return one row (a dict) with ``status`` ``ok``, ``error`` (the message in ``error``, e.g.
+a corrupt JPEG named) or ``skipped`` (a backend that cannot run here, with the reason), so a
+sweep records the point and goes on. :func:`make_input_train_step` returns the step a sweep
+point calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .inputs import InputPipeline, InputSettings, cpu_cores, make_input, unavailable_reason
+
+__all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
+           "make_train_step", "measure_loader", "measure_training", "plot_training",
+           "speedup_table", "summary_lines", "training_table"]
+
+#: Precisions the training step knows (names as everywhere in fp16lab).
+PRECISIONS = {
+    "fp32": "fp32 weights and maths; TF32 off",
+    "tf32": "fp32 weights; matmuls and convolutions on TF32 tensor cores",
+    "amp-fp16": "autocast to fp16 with a GradScaler",
+    "amp-bf16": "autocast to bf16, no scaler",
+}
+
+#: SGD settings of the training step (as in the sweeps).
+LR, MOMENTUM = 0.01, 0.9
+
+
+def _tree_cpu_seconds(pid: int) -> float | None:
+    """Returns the CPU seconds (user + system) used so far by ``pid`` and its live descendants,
+    threads included, read from /proc; None where there is no /proc."""
+    proc = Path("/proc")
+    if not (proc / str(pid) / "stat").exists():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        # after the command name: state, ppid, ..., utime (14th field overall), stime (15th)
+        parent[int(d.name)] = int(fields[1])
+        used[int(d.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
+        tree.update(kids)
+        frontier += kids
+    return sum(used.get(p, 0.0) for p in tree)
+
+
+class ProcessCpu:
+    """Measures the CPU this process and its children (e.g. DataLoader workers) use.
+
+    ``start()``, then ``stop()`` returns ``{"cpu_cores_busy": ..., "cpu_util_pct": ...}``: CPU
+    seconds per wall second, and that as a share of the cores this process may use. Both are
+    None where /proc is missing (not Linux).
+    """
+
+    def start(self) -> "ProcessCpu":
+        self._t0, self._cpu0 = time.perf_counter(), _tree_cpu_seconds(os.getpid())
+        return self
+
+    def stop(self) -> dict[str, float | None]:
+        cpu1, wall = _tree_cpu_seconds(os.getpid()), time.perf_counter() - self._t0
+        if cpu1 is None or self._cpu0 is None or wall <= 0:
+            return {"cpu_cores_busy": None, "cpu_util_pct": None}
+        busy = max(cpu1 - self._cpu0, 0.0) / wall
+        return {"cpu_cores_busy": busy, "cpu_util_pct": 100 * busy / cpu_cores()}
+
+
+@contextlib.contextmanager
+def _math_flags(precision: str) -> Iterator[None]:
+    """TF32 on only for 'tf32', cudnn.benchmark on; restored afterwards."""
+    b = torch.backends
+    try:
+        saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
+    except RuntimeError:  # torch >= 2.9 refuses to read them once its per-backend API was used
+        saved = None
+    benchmark = b.cudnn.benchmark
+    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = precision == "tf32"
+    b.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        if saved is not None:
+            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved
+        b.cudnn.benchmark = benchmark
+
+
+# recipes: replace with fp16lab.recipes once it lands
+def make_train_step(model: torch.nn.Module, precision: str,
+                    device: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Returns ``step(x, y) -> loss``: one SGD training step of ``model`` in ``precision``.
+
+    The model must already be on ``device`` in the layout the batches will have.
+    """
+    import torch.nn.functional as F
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    dev = torch.device(device).type
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(dev) if precision == "amp-fp16" else None
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return loss
+
+    return step
+
+
+def make_input_train_step(model_name: str, precision: str, settings: InputSettings,
+                          root: str | Path | None = None, *,
+                          device: str = "cuda") -> tuple[Callable[[], torch.Tensor], InputPipeline]:
+    """Returns ``(step, pipeline)``: ``step()`` takes the next batch from the pipeline and runs
+    one training step of a fresh ``model_name``; close the pipeline when done.
+
+    Everything is checked before any work starts (model, precision, settings, folder, backend);
+    a file that cannot be decoded raises :class:`fp16lab.data.CorruptImageError` from the
+    ``step()`` whose batch holds it, naming the file.
+    """
+    from .models import NUM_CLASSES, build_model, is_image_model
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if not is_image_model(model_name):
+        raise ValueError(f"model {model_name!r} does not take images; the input backends feed "
+                         "image models (small_cnn, resnet18, resnet50)")
+    pipeline = make_input(settings, root, device=device, num_classes=NUM_CLASSES)
+    try:
+        model = build_model(model_name).to(device)
+        if settings.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        train = make_train_step(model, precision, device)
+    except BaseException:
+        pipeline.close()
+        raise
+
+    def step() -> torch.Tensor:
+        x, y = next(pipeline)
+        return train(x, y % NUM_CLASSES)  # the data set may have more classes than the head
+
+    return step, pipeline
+
+
+def _sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _row(kind: str, settings: InputSettings, device: str, **extra: Any) -> dict[str, Any]:
+    return {"measure": kind, "backend": settings.backend, "batch": settings.batch,
+            "image_size": settings.image_size, "num_workers": settings.resolved_workers(),
+            "pin_memory": settings.pin_memory, "non_blocking": settings.non_blocking,
+            "channels_last": settings.channels_last, "normalize_on": settings.normalize_on,
+            "device": str(device), "cpu_cores": cpu_cores(), "status": "ok", "error": "",
+            "implementation": "", "images_per_s": None, "seconds": None,
+            "cpu_cores_busy": None, "cpu_util_pct": None, **extra}
+
+
+def _timed(row: dict[str, Any], device: str, warmup: int, steps: int, batch: int,
+           one: Callable[[], Any]) -> None:
+    for _ in range(warmup):
+        one()
+    _sync(device)
+    cpu = ProcessCpu().start()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one()
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    row.update(cpu.stop(), seconds=seconds, images_per_s=steps * batch / seconds)
+
+
+def _check_counts(warmup: int, steps: int) -> None:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0 or \
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1 (integers), got {warmup!r}, {steps!r}")
+
+
+def measure_loader(settings: InputSettings, root: str | Path | None = None, *,
+                   device: str = "cuda", warmup: int = 3, steps: int = 10) -> dict[str, Any]:
+    """Returns one row: images/s of the pipeline alone (batches made and placed on ``device``),
+    and the CPU it used. ``status`` is ``skipped`` (with the reason) for a backend that cannot
+    run here and ``error`` (with the message) when a batch fails."""
+    _check_counts(warmup, steps)
+    row = _row("loader", settings, device, precision=None, model=None)
+    reason = unavailable_reason(settings.backend, device)
+    if reason:
+        return {**row, "status": "skipped", "error": reason}
+    try:
+        with make_input(settings, root, device=device) as pipeline:
+            row["implementation"] = pipeline.implementation
+            _timed(row, device, warmup, steps, settings.batch, lambda: next(pipeline))
+    except Exception as e:  # recorded; the caller goes on with the next point
+        row.update(status="error", error=f"{type(e).__name__}: {e}")
+    return row
+
+
+def measure_training(model_name: str, precision: str, settings: InputSettings,
+                     root: str | Path | None = None, *, device: str = "cuda", warmup: int = 5,
+                     steps: int = 20) -> dict[str, Any]:
+    """Returns one row: images/s of training steps of ``model_name`` in ``precision`` fed by
+    the pipeline ``settings`` describes, with the CPU used; ``status`` as for
+    :func:`measure_loader`."""
+    _check_counts(warmup, steps)
+    row = _row("training", settings, device, precision=precision, model=model_name)
+    reason = unavailable_reason(settings.backend, device)
+    if reason:
+        return {**row, "status": "skipped", "error": reason}
+    try:
+        with _math_flags(precision):
+            step, pipeline = make_input_train_step(model_name, precision, settings, root,
+                                                   device=device)
+            with pipeline:
+                row["implementation"] = pipeline.implementation
+                _timed(row, device, warmup, steps, settings.batch, step)
+    except Exception as e:
+        row.update(status="error", error=f"{type(e).__name__}: {e}")
+    finally:
+        if str(device).startswith("cuda"):
+            torch.cuda.empty_cache()
+    return row
+
+
+# --------------------------------------------------------------------------- reading results
+
+
+def input_label(row: dict[str, Any]) -> str:
+    """Returns how a row's input is named in tables: the backend, plus ``uint8`` where the
+    dataloader's batches were normalised on the GPU."""
+    uint8 = row.get("backend") == "dataloader" and row.get("normalize_on") == "gpu"
+    return f"{row.get('backend')}{' uint8' if uint8 else ''}"
+
+
+def _ok(rows: list[dict[str, Any]], measure: str) -> Any:
+    import pandas as pd
+
+    df = pd.DataFrame([r for r in rows if r.get("measure") == measure and r.get("status") == "ok"])
+    if df.empty:
+        return df
+    return df.assign(input=[input_label(r) for r in df.to_dict("records")])
+
+
+def training_table(rows: list[dict[str, Any]]) -> Any:
+    """Returns a DataFrame: training images/s per input (rows) and precision (columns), and
+    each precision's share of its synthetic-input (model-only) rate as ``<precision> share``."""
+    df = _ok(rows, "training")
+    if df.empty:
+        return df
+    table = df.pivot_table(index="input", columns="precision", values="images_per_s", aggfunc="max")
+    table = table[[p for p in PRECISIONS if p in table.columns]]
+    if "synthetic" in table.index:
+        for p in list(table.columns):
+            table[f"{p} share"] = table[p] / table.loc["synthetic", p]
+    return table
+
+
+def speedup_table(rows: list[dict[str, Any]], *, over: str = "fp32") -> Any:
+    """Returns a DataFrame: per input, each precision's training images/s divided by ``over``'s."""
+    table = training_table(rows)
+    if table.empty or over not in table.columns:
+        raise ValueError(f"no ok training rows in precision {over!r} to divide by")
+    rates = table[[p for p in PRECISIONS if p in table.columns]]
+    return rates.div(rates[over], axis=0).drop(columns=over).add_suffix(f" / {over}")
+
+
+def loader_table(rows: list[dict[str, Any]]) -> Any:
+    """Returns a DataFrame of the loader-only rows: input, workers, images/s, CPU used."""
+    df = _ok(rows, "loader")
+    if df.empty:
+        return df
+    cols = ["input", "num_workers", "images_per_s", "cpu_cores_busy", "cpu_util_pct", "implementation"]
+    return df[cols].sort_values(["input", "num_workers"]).reset_index(drop=True)
+
+
+def plot_training(rows: list[dict[str, Any]], *, ax: Any = None) -> Any:
+    """Returns a bar chart: training images/s per precision, one bar per input, with the
+    loader-only rate of each input drawn as a tick over its bars."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    table = training_table(rows)
+    if table.empty:
+        raise ValueError("no ok training rows to plot")
+    precisions = [p for p in PRECISIONS if p in table.columns]
+    loaders = loader_table(rows)
+    trained = _ok(rows, "training")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / len(table.index)
+    for k, name in enumerate(table.index):
+        xs = np.arange(len(precisions)) + (k - (len(table.index) - 1) / 2) * width
+        bars = ax.bar(xs, table.loc[name, precisions].to_numpy(dtype=float), width, label=name)
+        workers = set(trained[trained["input"] == name]["num_workers"])
+        alone = (loaders[(loaders["input"] == name) & loaders["num_workers"].isin(workers)]
+                 ["images_per_s"] if len(loaders) else [])
+        if name != "synthetic" and len(alone):  # the input alone, with the workers it trained with
+            ax.hlines([float(max(alone))] * len(xs), xs - width / 2, xs + width / 2,
+                      colors=bars.patches[0].get_facecolor(), linestyles="dotted")
+    ax.set_xticks(np.arange(len(precisions)), precisions)
+    ax.set_ylabel("training images/s")
+    ax.set_title("training fed by each input (dotted: the input alone)")
+    ax.legend(fontsize=8, ncols=2)
+    return ax.figure
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Returns sentences about measured rows: per precision, the model's own rate (synthetic
+    input), the fastest real input and its share of that rate; then AMP's speed-up over fp32
+    for each input."""
+    table = training_table(rows)
+    if table.empty or "synthetic" not in table.index:
+        return ["no ok training rows with synthetic input to compare with"]
+    lines = []
+    real = table.drop(index="synthetic")
+    for p in [p for p in PRECISIONS if p in table.columns]:
+        measured = real[p].dropna()
+        if measured.empty:
+            continue
+        best = measured.idxmax()
+        lines.append(f"{p}: the model alone trains at {table.loc['synthetic', p]:.0f} images/s; the "
+                     f"fastest real input, {best}, reaches {measured[best]:.0f} "
+                     f"({measured[best] / table.loc['synthetic', p]:.0%} of it)")
+    if "fp32" in table.columns:
+        for col, ratios in speedup_table(rows).items():
+            ratios = ratios.dropna()
+            order = ["synthetic"] + [n for n in ratios.index if n != "synthetic"]
+            for name, r in ratios.reindex([n for n in order if n in ratios.index]).items():
+                lines.append(f"{col.split(' /')[0]} over fp32 with {name} input: {r:.2f}x")
+    return lines

@@ -1,0 +1,433 @@
+"""Input pipelines behind one interface: where a training batch comes from, and what it costs.
+
+Four backends (``BACKENDS``) each yield ``(images, labels)`` batches on the training device,
+images float32 (N, 3, size, size) normalised by ImageNet's mean and std, labels int64:
+
+- ``synthetic``: one random batch made on the device once and returned every time. Free; the
+  upper bound every sweep before notebook 07 measured.
+- ``dataloader``: ``torch.utils.data.DataLoader`` over the JPEG files, with decoding,
+  RandomResizedCrop, flip and (by default) normalisation in ``num_workers`` CPU processes, then
+  a copy to the GPU (pinned memory and ``non_blocking`` as options) and channels_last there.
+  torchvision's ``ImageFolder`` and transforms where torchvision is installed, otherwise
+  fp16lab's equivalent (:mod:`fp16lab.augment`, PIL); ``pipeline.implementation`` says which.
+- ``gpu-decode``: threads read the file bytes on the CPU; nvJPEG decodes them on the GPU
+  (``torchvision.io.decode_jpeg(device="cuda")``) and the crop, flip and normalisation run
+  there as tensor operations.
+- ``dali``: an NVIDIA DALI pipeline (decoding with nvJPEG, augmentation on the GPU), where the
+  ``nvidia-dali`` package imports; elsewhere :func:`unavailable_reason` says why not.
+
+:func:`make_input` checks everything it is given (backend, batch, folder, options) before any
+work starts. A file that cannot be decoded raises :class:`fp16lab.data.CorruptImageError`
+naming the file, from the batch that meets it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .augment import augment_pil, augment_tensor, crop_params, flip_draw, normalize
+from .data import CorruptImageError, load_rgb, read_jpeg_bytes, scan_image_folder
+
+__all__ = ["BACKENDS", "InputPipeline", "InputSettings", "cpu_cores", "default_workers",
+           "make_input", "unavailable_reason"]
+
+#: The input backends, with what each one does.
+BACKENDS = {
+    "synthetic": "one random batch made on the device once (no files, no decoding)",
+    "dataloader": "DataLoader: decode, crop, flip, normalise on CPU worker processes, copy to GPU",
+    "gpu-decode": "bytes read on the CPU, nvJPEG decode and augmentation on the GPU",
+    "dali": "NVIDIA DALI: nvJPEG decode and augmentation on the GPU in DALI's own pipeline",
+}
+
+#: Share of the CPU cores the default worker count uses (the "75% of cores" rule).
+WORKER_SHARE = 0.75
+
+
+def cpu_cores() -> int:
+    """Returns the number of CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_workers(cores: int | None = None) -> int:
+    """Returns the default worker count: 75% of the cores rounded down, at least 1."""
+    return max(1, int(WORKER_SHARE * (cores or cpu_cores())))
+
+
+@dataclass(frozen=True)
+class InputSettings:
+    """How to build one input pipeline. Every field is checked by :func:`make_input`.
+
+    Attributes:
+        backend: one of ``BACKENDS``.
+        batch: images per batch. image_size: side of the square crops.
+        num_workers: worker processes (dataloader), reader/decoder threads (gpu-decode, dali);
+            None means :func:`default_workers`.
+        pin_memory, non_blocking: dataloader only: page-locked batches, asynchronous copy.
+        channels_last: the batch is converted to channels_last on the device.
+        normalize_on: ``"cpu"`` (in the workers, float32 crosses to the GPU) or ``"gpu"``
+            (uint8 crosses, 4x fewer bytes, and is normalised there); dataloader only.
+        seed: the order of the files and the random crops follow it (except the crops of a
+            dataloader with ``num_workers=0``, which draw from torch's global RNG).
+    """
+
+    backend: str
+    batch: int
+    image_size: int = 224
+    num_workers: int | None = None
+    pin_memory: bool = True
+    non_blocking: bool = True
+    channels_last: bool = True
+    normalize_on: str = "cpu"
+    seed: int = 0
+
+    def resolved_workers(self) -> int:
+        """Returns the worker count this pipeline uses."""
+        return default_workers() if self.num_workers is None else self.num_workers
+
+
+def unavailable_reason(backend: str, device: str) -> str | None:
+    """Returns why ``backend`` cannot run on ``device`` here, or None when it can."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown input backend {backend!r}; known: {', '.join(BACKENDS)}")
+    cuda = str(device).startswith("cuda")
+    if backend == "gpu-decode":
+        if not cuda:
+            return "gpu-decode decodes with nvJPEG on a CUDA GPU; the device here is " + str(device)
+        try:
+            from torchvision.io import decode_jpeg  # noqa: F401
+        except ImportError:
+            return "gpu-decode needs torchvision (torchvision.io.decode_jpeg); it is not installed"
+    if backend == "dali":
+        if not cuda:
+            return "dali runs its GPU pipeline on a CUDA GPU; the device here is " + str(device)
+        try:
+            import nvidia.dali  # noqa: F401
+        except ImportError:
+            return ("NVIDIA DALI is not installed (pip install nvidia-dali-cuda130 for CUDA 13, "
+                    "nvidia-dali-cuda120 for CUDA 12; Linux x86-64 and aarch64 only)")
+    return None
+
+
+def _check(settings: InputSettings, root: str | Path | None, device: str) -> None:
+    s = settings
+    problems = []
+    if s.backend not in BACKENDS:
+        problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {s.backend!r}")
+    for name, low in (("batch", 1), ("image_size", 8), ("seed", 0)):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            problems.append(f"{name} must be an integer >= {low}, got {value!r}")
+    w = s.num_workers
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
+        problems.append(f"num_workers must be None (75% of the cores) or an integer >= 0, got {w!r}")
+    if w == 0 and s.backend in ("gpu-decode", "dali"):
+        problems.append(f"{s.backend} needs num_workers >= 1 (its reader threads), got 0")
+    for name in ("pin_memory", "non_blocking", "channels_last"):
+        if not isinstance(getattr(s, name), bool):
+            problems.append(f"{name} must be True or False, got {getattr(s, name)!r}")
+    if s.normalize_on not in ("cpu", "gpu"):
+        problems.append(f"normalize_on must be 'cpu' or 'gpu', got {s.normalize_on!r}")
+    if problems:
+        raise ValueError("bad input settings: " + "; ".join(problems))
+    if s.backend == "synthetic":
+        return
+    if root is None:
+        raise ValueError(f"the {s.backend} backend reads image files: pass root= an image folder "
+                         "(fp16lab.data.make_image_folder makes one)")
+    files, _, _ = scan_image_folder(root)
+    if len(files) < s.batch:
+        raise ValueError(f"image folder {root} has {len(files)} images, fewer than one batch of "
+                         f"{s.batch}; make more images or use a smaller batch")
+    reason = unavailable_reason(s.backend, device)
+    if reason:
+        raise RuntimeError(f"input backend {s.backend!r} cannot run here: {reason}")
+
+
+class InputPipeline:
+    """An endless source of training batches: ``next(pipeline)`` returns (images, labels).
+
+    Attributes:
+        settings: the :class:`InputSettings` it was built from.
+        device: where the batches are.
+        implementation: which code produces them (e.g. torchvision's ImageFolder or fp16lab's).
+    """
+
+    def __init__(self, settings: InputSettings, device: str, implementation: str,
+                 batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+                 close: Callable[[], None] = lambda: None) -> None:
+        self.settings, self.device, self.implementation = settings, device, implementation
+        self._batches, self._close = batches, close
+
+    def __iter__(self) -> "InputPipeline":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self._batches)
+
+    def close(self) -> None:
+        """Stops the workers and threads behind the pipeline."""
+        self._close()
+
+    def __enter__(self) -> "InputPipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"InputPipeline({self.settings.backend}, {self.implementation}, device={self.device})"
+
+
+def make_input(settings: InputSettings, root: str | Path | None = None, *,
+               device: str = "cuda", num_classes: int = 10) -> InputPipeline:
+    """Returns an :class:`InputPipeline` for ``settings``, reading ``root`` (an ImageFolder).
+
+    ``num_classes`` sets the label range of the synthetic backend (file backends take the labels
+    from the class folders). Raises ValueError, FileNotFoundError or RuntimeError, before any
+    work starts, when a setting, the folder or the backend is not usable here.
+    """
+    _check(settings, root, device)
+    if settings.backend == "synthetic":
+        return _synthetic(settings, device, num_classes)
+    if settings.backend == "dataloader":
+        return _dataloader(settings, Path(root), device)
+    if settings.backend == "gpu-decode":
+        return _gpu_decode(settings, Path(root), device)
+    return _dali(settings, Path(root), device)
+
+
+def _to_device(x: torch.Tensor, y: torch.Tensor, s: InputSettings,
+               device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies a CPU batch to the device, normalises it there if asked, sets the layout."""
+    nb = s.non_blocking and str(device).startswith("cuda")
+    x, y = x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
+    if x.dtype == torch.uint8:
+        x = normalize(x)
+    if s.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y
+
+
+def _synthetic(s: InputSettings, device: str, num_classes: int) -> InputPipeline:
+    g = torch.Generator().manual_seed(s.seed)
+    x = torch.randn(s.batch, 3, s.image_size, s.image_size, generator=g).to(device)
+    y = torch.randint(0, num_classes, (s.batch,), generator=g).to(device)
+    if s.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+
+    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield x, y
+
+    return InputPipeline(s, device, "one random batch on the device", forever())
+
+
+class JpegFolder(torch.utils.data.Dataset):
+    """fp16lab's ImageFolder: (uint8 or normalised float crop, label) for each file, read with PIL."""
+
+    def __init__(self, root: Path, size: int, normalize_here: bool) -> None:
+        self.files, self.labels, self.classes = scan_image_folder(root)
+        self.size, self.normalize_here = size, normalize_here
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x = augment_pil(load_rgb(self.files[i]), self.size)
+        return (normalize(x[None])[0] if self.normalize_here else x), self.labels[i]
+
+
+def _torchvision_folder(root: Path, size: int, normalize_here: bool) -> Any:
+    """Returns torchvision's ImageFolder with the same augmentation, or None without torchvision."""
+    try:
+        from torchvision import datasets, transforms as T
+    except ImportError:
+        return None
+    steps = [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()]
+    if normalize_here:
+        from .augment import IMAGENET_MEAN, IMAGENET_STD
+        steps += [T.ConvertImageDtype(torch.float32), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    # load_rgb instead of torchvision's PIL loader: its error names the file that failed
+    return datasets.ImageFolder(str(root), transform=T.Compose(steps), loader=load_rgb)
+
+
+def _dataloader(s: InputSettings, root: Path, device: str) -> InputPipeline:
+    normalize_here = s.normalize_on == "cpu"
+    dataset = _torchvision_folder(root, s.image_size, normalize_here)
+    implementation = "torchvision ImageFolder + transforms"
+    if dataset is None:
+        dataset = JpegFolder(root, s.image_size, normalize_here)
+        implementation = "fp16lab JpegFolder (PIL; torchvision is not installed)"
+    workers = s.resolved_workers()
+    pin = s.pin_memory and str(device).startswith("cuda")
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=s.batch, shuffle=True, drop_last=True, num_workers=workers,
+        pin_memory=pin, persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(s.seed))
+
+    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:  # epoch after epoch; persistent workers survive between epochs
+            for x, y in loader:
+                yield _to_device(x, y, s, device)
+
+    def close() -> None:
+        it = getattr(loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+
+    return InputPipeline(s, device, f"{implementation}, {workers} workers", forever(), close)
+
+
+def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> list[torch.Tensor]:
+    """Returns the JPEGs ``blobs`` decoded by nvJPEG on ``device`` as (3, H, W) uint8 tensors.
+
+    nvJPEG fails a batch as a whole; the files are then decoded one by one on the CPU to find
+    and name the one that is broken.
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError as e:
+        for blob, path in zip(blobs, paths):
+            try:
+                decode_jpeg(blob, mode=ImageReadMode.RGB)
+            except RuntimeError as one:
+                raise CorruptImageError(f"cannot decode image file {path}: {one}") from None
+        raise RuntimeError(f"nvJPEG failed on a batch whose files all decode on the CPU: {e}") from e
+
+
+def augment_batch(images: list[torch.Tensor], size: int,
+                  generator: torch.Generator) -> torch.Tensor:
+    """Returns a (N, 3, size, size) float32 batch on the images' device (0-255 scale): a random
+    resized crop and flip of each decoded (3, H, W) uint8 image."""
+    out = []
+    for img in images:
+        params = crop_params(img.shape[1], img.shape[2], generator)
+        out.append(augment_tensor(img, size, params, flip_draw(generator)))
+    return torch.stack(out)
+
+
+def _gpu_decode(s: InputSettings, root: Path, device: str, *,
+                decode: Callable[[list[torch.Tensor], list[Path], str], list[torch.Tensor]] = decode_batch,
+                depth: int = 3) -> InputPipeline:
+    """A producer thread reads the files (with a pool of reader threads), decodes and augments
+    each batch on a CUDA stream of its own, and hands ready batches over with an event to wait
+    on, so decoding overlaps the training step. ``decode`` turns bytes into pictures (tests on a
+    CPU swap in PIL)."""
+    files, labels, _ = scan_image_folder(root)
+    cuda = str(device).startswith("cuda")
+    order_rng = torch.Generator().manual_seed(s.seed)
+    crop_rng = torch.Generator().manual_seed(s.seed + 1)
+    threads = ThreadPoolExecutor(max_workers=s.resolved_workers())
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def read(i: int) -> torch.Tensor:
+        return torch.frombuffer(bytearray(read_jpeg_bytes(files[i])), dtype=torch.uint8)
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make(idx: list[int], stream: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        blobs = list(threads.map(read, idx))
+        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+            x = normalize(augment_batch(decode(blobs, [files[i] for i in idx], device),
+                                        s.image_size, crop_rng))
+            if s.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            y = torch.tensor([labels[i] for i in idx]).to(device)
+            done = torch.cuda.Event() if cuda else None
+            if done is not None:
+                done.record(stream)
+        return x, y, done
+
+    def producer() -> None:
+        try:
+            stream = torch.cuda.Stream(device=torch.device(device)) if cuda else None
+            while not stop.is_set():
+                perm = torch.randperm(len(files), generator=order_rng).tolist()
+                for b in range(len(files) // s.batch):
+                    if not put(make(perm[b * s.batch:(b + 1) * s.batch], stream)):
+                        return
+        except BaseException as e:  # handed to the consumer, which raises it
+            put(e)
+
+    thread = threading.Thread(target=producer, daemon=True, name="fp16lab-gpu-decode")
+    thread.start()
+
+    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            item = ready.get()
+            if isinstance(item, BaseException):
+                raise item
+            x, y, done = item
+            if done is not None:  # the training stream waits for the decode stream's batch
+                here = torch.cuda.current_stream()
+                here.wait_event(done)
+                x.record_stream(here)  # the allocator must not reuse it before training is done
+                y.record_stream(here)
+            yield x, y
+
+    def close() -> None:
+        stop.set()
+        thread.join(timeout=5)
+        threads.shutdown(wait=False, cancel_futures=True)
+
+    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg) on a side stream, "
+                         f"{s.resolved_workers()} reader threads", forever(), close)
+
+
+def _dali(s: InputSettings, root: Path, device: str) -> InputPipeline:
+    """DALI: file reader, nvJPEG decode with a random crop, resize, flip and normalise."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    from .augment import IMAGENET_MEAN, IMAGENET_STD, RATIO, SCALE
+
+    files, labels, _ = scan_image_folder(root)
+    device_id = torch.device(device).index or 0
+
+    @pipeline_def
+    def pipeline():
+        jpegs, y = fn.readers.file(files=[str(f) for f in files], labels=labels,
+                                   random_shuffle=True, name="reader")
+        x = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
+                                          random_area=list(SCALE), random_aspect_ratio=list(RATIO))
+        x = fn.resize(x, resize_x=s.image_size, resize_y=s.image_size)
+        x = fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW",
+                                     mean=[m * 255 for m in IMAGENET_MEAN],
+                                     std=[d * 255 for d in IMAGENET_STD],
+                                     mirror=fn.random.coin_flip(probability=0.5))
+        return x, y
+
+    pipe = pipeline(batch_size=s.batch, num_threads=s.resolved_workers(), device_id=device_id,
+                    seed=s.seed)
+    pipe.build()
+    it = DALIGenericIterator([pipe], ["x", "y"], reader_name="reader", auto_reset=True)
+
+    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            for out in it:
+                x, y = out[0]["x"], out[0]["y"].view(-1).long().to(device)
+                yield _to_device(x, y, replace(s, non_blocking=False), device)
+
+    return InputPipeline(s, device, f"NVIDIA DALI, {s.resolved_workers()} threads", forever())

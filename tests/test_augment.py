@@ -1,0 +1,97 @@
+"""RandomResizedCrop, flip and normalisation against numpy and PIL references (and torchvision where installed)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+
+from fp16lab.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_pil, augment_tensor,
+                             crop_params, flip_draw, normalize)
+from fp16lab.data import synthetic_photo
+
+
+@settings(max_examples=200, deadline=None)
+@given(h=st.integers(1, 700), w=st.integers(1, 700), seed=st.integers(0, 2**31))
+def test_crop_fits_and_obeys_area_and_ratio(h, w, seed):
+    top, left, ch, cw = crop_params(h, w, torch.Generator().manual_seed(seed))
+    assert 0 <= top and top + ch <= h and 0 <= left and left + cw <= w and ch >= 1 and cw >= 1
+    if (top, left, ch, cw) == ((h - ch) // 2, (w - cw) // 2, ch, cw) and (ch == h or cw == w):
+        return  # the centre-crop fallback (or a random crop that happens to look like it)
+    # a random crop: its area share and aspect ratio are in range, up to rounding to pixels
+    assert 0.08 * h * w <= (ch + 1) * (cw + 1) and (ch - 1) * (cw - 1) <= h * w
+    assert 3 / 4 <= (cw + 1) / max(ch - 1, 0.5) and (cw - 1) / (ch + 1) <= 4 / 3
+
+
+def test_fallback_is_the_centre_at_the_nearest_allowed_ratio():
+    # a 1000x10 strip: no crop of 8%+ of its area with ratio <= 4/3 fits in 10 tries
+    w = round(10 * 4 / 3)  # the widest allowed crop of a strip 10 pixels high
+    assert crop_params(10, 1000, torch.Generator().manual_seed(0)) == (0, (1000 - w) // 2, 10, w)
+    h = round(10 / (3 / 4))  # the tallest allowed crop of a column 10 pixels wide
+    assert crop_params(1000, 10, torch.Generator().manual_seed(0)) == ((1000 - h) // 2, 0, h, 10)
+
+
+def test_same_generator_state_same_crop():
+    a = [crop_params(375, 500, torch.Generator().manual_seed(5)) for _ in range(2)]
+    assert a[0] == a[1]
+    g = torch.Generator().manual_seed(5)
+    assert len({crop_params(375, 500, g) for _ in range(20)}) > 15
+
+
+def test_flip_is_a_fair_coin():
+    g = torch.Generator().manual_seed(0)
+    flips = sum(flip_draw(g) for _ in range(4000))
+    assert abs(flips - 2000) < 4 * math.sqrt(1000)  # 4 standard deviations
+
+
+def test_matches_torchvision_draw_for_draw():
+    T = pytest.importorskip("torchvision.transforms", reason="torchvision is not installed here")
+    img = Image.new("RGB", (500, 375))
+    for seed in range(50):
+        torch.manual_seed(seed)
+        theirs = T.RandomResizedCrop.get_params(img, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3])
+        torch.manual_seed(seed)
+        assert crop_params(375, 500) == tuple(theirs)
+
+
+def _reference(pic: np.ndarray, params, flip: bool, size: int) -> np.ndarray:
+    top, left, h, w = params
+    out = np.asarray(Image.fromarray(pic[top:top + h, left:left + w]).resize((size, size), Image.BILINEAR))
+    return out[:, ::-1] if flip else out
+
+
+def test_pil_path_equals_numpy_crop_pil_resize_numpy_flip():
+    pic = synthetic_photo(1, 2, (160, 120))
+    for seed in range(8):
+        g, replay = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        got = augment_pil(Image.fromarray(pic), 64, g)
+        params = crop_params(120, 160, replay)
+        expect = _reference(pic, params, flip_draw(replay), 64)
+        assert got.dtype == torch.uint8 and got.shape == (3, 64, 64)
+        assert np.array_equal(got.permute(1, 2, 0).numpy(), expect)
+
+
+def test_tensor_path_matches_pil_within_rounding():
+    """torch's antialiased bilinear resize against PIL's: PIL rounds to whole numbers, so up to
+    1 apart per pixel, and about 0.3 on average."""
+    pic = synthetic_photo(3, 4)
+    t = torch.from_numpy(pic.copy()).permute(2, 0, 1)
+    g = torch.Generator().manual_seed(11)
+    for flip in (False, True, False, True):
+        params = crop_params(375, 500, g)
+        got = augment_tensor(t, 224, params, flip).permute(1, 2, 0).numpy()
+        diff = np.abs(got - _reference(pic, params, flip, 224).astype(np.float32))
+        assert diff.max() <= 1.01 and diff.mean() <= 0.35, (params, diff.max(), diff.mean())
+
+
+def test_normalize_against_numpy():
+    x = torch.randint(0, 256, (2, 3, 5, 7), dtype=torch.uint8)
+    ref = (x.numpy() / 255.0 - np.array(IMAGENET_MEAN)[None, :, None, None]) / np.array(
+        IMAGENET_STD)[None, :, None, None]
+    got = normalize(x)
+    assert got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), ref, rtol=0, atol=1e-5)

@@ -1,0 +1,84 @@
+"""The tables and plot notebook 07 reads from measured rows, against figures worked out by hand."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from fp16lab.feeding import input_label, loader_table, plot_training, speedup_table, training_table  # noqa: E402
+
+
+def _train(backend, precision, ips, normalize_on="cpu", status="ok", workers=12):
+    return {"measure": "training", "backend": backend, "precision": precision, "images_per_s": ips,
+            "normalize_on": normalize_on, "status": status, "num_workers": workers}
+
+
+def _load(backend, workers, ips, normalize_on="cpu"):
+    return {"measure": "loader", "backend": backend, "num_workers": workers, "images_per_s": ips,
+            "normalize_on": normalize_on, "status": "ok", "cpu_cores_busy": workers * 0.9,
+            "cpu_util_pct": workers * 0.9 / 16 * 100, "implementation": "x", "precision": None}
+
+
+ROWS = [
+    _train("synthetic", "fp32", 600.0), _train("synthetic", "amp-fp16", 3000.0),
+    _train("dataloader", "fp32", 590.0), _train("dataloader", "amp-fp16", 800.0),
+    _train("dataloader", "amp-fp16", 1200.0, normalize_on="gpu"),
+    _train("gpu-decode", "amp-fp16", 2900.0), _train("gpu-decode", "fp32", 0.0, status="error"),
+    _train("dali", "amp-fp16", None, status="skipped"),
+    _load("dataloader", 4, 300.0), _load("dataloader", 12, 850.0), _load("dataloader", 12, 1300.0, "gpu"),
+]
+
+
+def test_input_label():
+    assert input_label(_train("dataloader", "fp32", 1, "gpu")) == "dataloader uint8"
+    assert input_label(_train("gpu-decode", "fp32", 1, "gpu")) == "gpu-decode"
+
+
+def test_training_table_pivots_ok_rows_and_shares():
+    t = training_table(ROWS)
+    assert list(t.columns) == ["fp32", "amp-fp16", "fp32 share", "amp-fp16 share"]
+    assert set(t.index) == {"synthetic", "dataloader", "dataloader uint8", "gpu-decode"}
+    assert t.loc["dataloader", "amp-fp16"] == 800.0 and t.loc["dataloader uint8", "amp-fp16"] == 1200.0
+    assert t.loc["gpu-decode", "amp-fp16 share"] == pytest.approx(2900 / 3000)
+    assert t.loc["dataloader", "fp32 share"] == pytest.approx(590 / 600)
+    assert t.isna().loc["gpu-decode", "fp32"]  # the error row is not a measurement
+
+
+def test_speedup_table():
+    s = speedup_table(ROWS)
+    assert list(s.columns) == ["amp-fp16 / fp32"]
+    assert s.loc["synthetic", "amp-fp16 / fp32"] == pytest.approx(5.0)
+    assert s.loc["dataloader", "amp-fp16 / fp32"] == pytest.approx(800 / 590)
+    with pytest.raises(ValueError, match="no ok training rows in precision 'tf32'"):
+        speedup_table(ROWS, over="tf32")
+
+
+def test_loader_table_and_plot():
+    t = loader_table(ROWS)
+    assert list(t["input"]) == ["dataloader", "dataloader", "dataloader uint8"]
+    assert list(t["num_workers"]) == [4, 12, 12]
+    fig = plot_training(ROWS)
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height()) for p in ax.patches if p.get_height() == p.get_height())
+    assert 3000 in heights and 2900 in heights and 1200 in heights
+    ticks = sorted(float(y) for c in ax.collections for seg in c.get_segments() for y in {seg[0][1]})
+    assert ticks == [850.0, 850.0, 1300.0, 1300.0]  # the 12-worker loader rates, one tick per precision
+    with pytest.raises(ValueError, match="no ok training rows"):
+        plot_training([_load("dataloader", 4, 1.0)])
+
+
+def test_summary_lines_say_what_the_rows_say():
+    from fp16lab.feeding import summary_lines
+
+    lines = summary_lines(ROWS)
+    assert lines[0] == ("fp32: the model alone trains at 600 images/s; the fastest real input, "
+                        "dataloader, reaches 590 (98% of it)")
+    assert lines[1].startswith("amp-fp16: the model alone trains at 3000 images/s; the fastest "
+                               "real input, gpu-decode, reaches 2900 (97% of it)")
+    assert "amp-fp16 over fp32 with synthetic input: 5.00x" in lines
+    assert f"amp-fp16 over fp32 with dataloader input: {800 / 590:.2f}x" in lines
+    assert summary_lines([_load("dataloader", 4, 1.0)]) == [
+        "no ok training rows with synthetic input to compare with"]
