@@ -221,3 +221,194 @@ def test_loop_continues_normally_after_each_refused_call(kind):
         theirs_setup.good_iteration(theirs)
     assert all(torch.equal(a, b) for a, b in zip(ours_setup.weights(), theirs_setup.weights()))
     assert ours_setup.steps == theirs_setup.steps == 4
+
+
+# ------------------------------------------------------------------------ bits.py (#18.9)
+
+WITH_ML_DTYPES = [f for f in FORMATS.values() if f.ml_dtypes_name]
+UNSIGNED = {8: np.uint8, 16: np.uint16, 32: np.uint32}
+
+
+def _from_code(code: int, f) -> float:
+    """Oracle: the value of a code as ml_dtypes (or numpy) reads the same bits."""
+    assert ml_dtypes.finfo  # importing ml_dtypes registers its dtype names with numpy
+    return float(np.array([code], dtype=UNSIGNED[f.bits]).view(np.dtype(f.ml_dtypes_name))[0])
+
+
+VALUE_FUNCS = {
+    "encode": bits.encode,
+    "quantize": bits.quantize,
+    "ulp": bits.ulp,
+    "accumulate": bits.accumulate,
+}
+
+NOT_NUMBERS = {
+    "None": (None, "got None"),
+    "None in a list": ([1.0, None], "None at index \\(1,\\)"),
+    "None in a nested list": ([[1.0], [None]], "None at index \\(1, 0\\)"),
+    "datetime64 array": (np.array(["2020-01-01"], dtype="datetime64[D]"), "datetime64\\[D\\]"),
+    "datetime64 scalar": (np.datetime64("2020-01-01"), "datetime64\\[D\\]"),
+    "timedelta64 array": (np.array([1], dtype="timedelta64[s]"), "timedelta64\\[s\\]"),
+    "strings in a list": (["1.5"], "<U3 array of strings"),
+    "string array": (np.array(["1.5", "2"]), "<U3 array of strings"),
+    "bytes array": (np.array([b"1"]), "\\|S1 array of bytes"),
+    "string in an object array": (np.array([1.0, "2"], dtype=object), "str '2' at index"),
+    "complex": ([1 + 2j], "complex128 array of complex"),
+    "dict": ({}, "dict"),
+    "ragged lists": ([[1.0], [1.0, 2.0]], "rectangular"),
+    "int too large for float64": ([10**400], "too large for float64"),
+}
+
+
+@pytest.mark.parametrize("func", list(VALUE_FUNCS))
+@pytest.mark.parametrize("case", list(NOT_NUMBERS))
+def test_value_functions_refuse_what_is_not_a_real_number(func, case):
+    # numpy would cast None to NaN and a date to its day count, silently; we must refuse
+    values, words = NOT_NUMBERS[case]
+    with pytest.raises(ValueError, match=words) as info:
+        VALUE_FUNCS[func](values)
+    assert func in str(info.value) or "encode" in str(info.value)  # quantize goes via encode
+
+
+def test_encode_none_was_the_nan_code_numpy_would_give():
+    # the silent path the check closes: numpy reads None as NaN, whose fp16 code is 0x7e00
+    assert np.array([1.0, None], dtype=np.float64)[1] != np.array([1.0, None], dtype=np.float64)[1]
+    with pytest.raises(ValueError, match="allowed: int, float, bool"):
+        bits.encode([1.0, None])
+
+
+@pytest.mark.parametrize("f", WITH_ML_DTYPES, ids=lambda f: f.name)
+def test_object_arrays_of_real_numbers_still_encode_like_ml_dtypes(f):
+    from decimal import Decimal
+    from fractions import Fraction
+
+    values = np.array([1, 0.1, Fraction(1, 3), Decimal("2.5"), np.float32(3.0), -7],
+                      dtype=object)
+    as_f64 = np.array([float(v) for v in values], dtype=np.float64)
+    # float32 first, as ml_dtypes casts (all these values are exact or nearest in float32 too)
+    dtype = np.dtype(f.ml_dtypes_name)
+    expected = as_f64.astype(np.float32).astype(dtype).astype(np.float64)
+    assert np.array_equal(bits.quantize(as_f64.astype(np.float32).astype(np.float64), f),
+                          expected)
+    assert np.array_equal(bits.quantize(values, f), bits.quantize(as_f64, f))
+
+
+SINGLE_CODE_FUNCS = {
+    "to_hex": bits.to_hex,
+    "to_bits": bits.to_bits,
+    "next_up": bits.next_up,
+    "next_down": bits.next_down,
+    "decode": bits.decode,
+}
+
+
+@pytest.mark.parametrize("func", list(SINGLE_CODE_FUNCS))
+@pytest.mark.parametrize("f", list(FORMATS.values()), ids=lambda f: f.name)
+def test_out_of_range_codes_raise_naming_the_range(func, f):
+    top = (1 << f.bits) - 1
+    for bad in (-1, top + 1, -(1 << 40), 1 << 70):
+        with pytest.raises(ValueError, match=f"out of range for {f.name}.*0\\.\\.{top} "
+                                             f"\\(0x0+\\.\\.0x{top:x}\\)"):
+            SINGLE_CODE_FUNCS[func](bad, f)
+    for good in (0, top, np.int64(top), np.uint16(1)):  # the edges stay allowed
+        SINGLE_CODE_FUNCS[func](good, f)
+
+
+NOT_CODES = [(1.5, "float(64 values like \\[)? ?1.5"), (True, "bool (values like \\[)?True"),
+             ("0x3c00", "parse_code"), (None, "NoneType None")]
+
+
+@pytest.mark.parametrize("func", list(SINGLE_CODE_FUNCS))
+@pytest.mark.parametrize("bad, words", NOT_CODES)
+def test_codes_must_be_integers(func, bad, words):
+    with pytest.raises(ValueError, match=words):
+        SINGLE_CODE_FUNCS[func](bad, "fp16")
+
+
+@pytest.mark.parametrize("func", ["to_hex", "to_bits", "next_up", "next_down"])
+def test_single_code_functions_take_one_code(func):
+    with pytest.raises(ValueError, match="takes one code, got an array of shape \\(2,\\)"):
+        SINGLE_CODE_FUNCS[func](np.array([1, 2]), "fp16")
+
+
+def test_decode_object_arrays_hold_integers_only():
+    # np.asarray([1.5], dtype=object).astype(int64) would truncate 1.5 to the code 1
+    with pytest.raises(ValueError, match="float 1.5 at index \\(0,\\)"):
+        bits.decode(np.array([1.5], dtype=object))
+    with pytest.raises(ValueError, match="NoneType None at index \\(1,\\)"):
+        bits.decode([1, None])
+
+
+@pytest.mark.parametrize("f", WITH_ML_DTYPES, ids=lambda f: f.name)
+def test_to_hex_and_next_up_at_the_edges_agree_with_ml_dtypes(f):
+    top = (1 << f.bits) - 1
+    assert bits.to_hex(top, f) == "0x" + "f" * f.hex_digits
+    assert int(bits.to_hex(0x1, f), 16) == 1
+    # the top code is a NaN; next_up keeps it (ml_dtypes: nextafter(NaN, inf) is NaN)
+    assert math.isnan(_from_code(bits.next_up(top, f), f))
+
+
+@pytest.mark.parametrize("text", ["1000000000000000", "0011110000000000", "0111110000000000",
+                                  "01", "0000000000000000"])
+def test_explain_refuses_zeros_and_ones_that_read_as_a_number_or_as_bits(text):
+    with pytest.raises(ValueError, match="ambiguous") as info:
+        bits.explain(text, "fp16")
+    msg = str(info.value)
+    assert f"'0b{text}'" in msg and f"'{text}.0'" in msg  # both ways to say what was meant
+
+
+@pytest.mark.parametrize("f", WITH_ML_DTYPES, ids=lambda f: f.name)
+def test_explain_reads_prefixed_and_separated_bits_like_ml_dtypes(f):
+    code = int(bits.encode(1.5, f))
+    raw = f"{code:0{f.bits}b}"
+    separated = bits.to_bits(code, f)
+    for text in ("0b" + raw, "0B" + raw, "0b_" + separated.replace(" ", "_"), separated):
+        e = bits.explain(text, f)
+        assert e.code == code and e.value == _from_code(code, f) == 1.5
+
+
+def test_explain_reads_plain_digits_as_numbers_like_numpy():
+    # a 16-digit decimal is a number once written unambiguously; numpy's fp16 is the oracle
+    with np.errstate(over="ignore"):  # 1e15 overflows fp16 to inf, in numpy as here
+        as_fp16 = np.float16(1e15)
+    assert bits.explain("1000000000000000.0", "fp16").value == float(as_fp16)
+    assert bits.explain("1e15", "fp16").code == int(as_fp16.view(np.uint16))
+    # zeros and ones that are not a code's width are numbers: 101 and 1000
+    assert bits.explain("101", "fp16").value == float(np.float16(101.0))
+    assert bits.explain("1000", "fp16").value == float(np.float16(1000.0))
+    # fp32 is 32 bits wide, so a 16-digit string is a number there
+    assert bits.explain("1000000000000000", "fp32").value == float(np.float32(1e15))
+
+
+def test_explain_separated_digits_of_the_wrong_width_say_they_were_read_as_bits():
+    with pytest.raises(ValueError, match="has 4 bits.*write a number without them"):
+        bits.explain("1_000", "fp16")
+
+
+@pytest.mark.parametrize("bad", [None, 15360, 1.0, b"0x3c00"])
+def test_parse_code_takes_strings_only(bad):
+    with pytest.raises(ValueError, match="parse_code\\(\\) reads a string"):
+        bits.parse_code(bad)
+
+
+@pytest.mark.parametrize("bad", ["0x", "0x_", "0b", "0b_"])
+def test_parse_code_needs_a_digit_after_the_prefix(bad):
+    with pytest.raises(ValueError, match="cannot read"):
+        bits.parse_code(bad)
+
+
+@pytest.mark.parametrize("bad, words", [(torch.tensor(True), "torch.bool"),
+                                        (torch.tensor(1j), "complex"),
+                                        (10**400, "too large for float64")])
+def test_explain_refuses_tensors_that_are_not_real_numbers(bad, words):
+    with pytest.raises(ValueError, match=words):
+        bits.explain(bad)
+
+
+def test_explain_table_takes_one_string_as_one_value_not_its_characters():
+    table = bits.explain_table("1.5", "fp16")
+    assert list(table.index) == ["1.5"] and table["value"].tolist() == [float(np.float16(1.5))]
+    empty = bits.explain_table([], "fp16")
+    assert len(empty) == 0 and "value" in empty.columns
+    with pytest.raises(ValueError, match="list of values"):
+        bits.explain_table(None)
