@@ -412,3 +412,64 @@ def test_explain_table_takes_one_string_as_one_value_not_its_characters():
     assert len(empty) == 0 and "value" in empty.columns
     with pytest.raises(ValueError, match="list of values"):
         bits.explain_table(None)
+
+
+# ------------------------------------------------------------------------ census_model (#18.10b)
+
+def _fp16_classes(values: np.ndarray) -> dict[str, float]:
+    """Oracle: each value's class in fp16, read off numpy's own float16 cast."""
+    with np.errstate(over="ignore"):
+        h = values.astype(np.float16)
+    tiny = float(np.finfo(np.float16).tiny)  # smallest normal, 2**-14
+    n = values.size
+    return {"zero": np.sum(values == 0) / n,
+            "underflow": np.sum((values != 0) & (h == 0)) / n,
+            "subnormal": np.sum((h != 0) & (np.abs(h) < tiny)) / n,
+            "normal": np.sum(np.isfinite(h) & (np.abs(h) >= tiny)) / n,
+            "overflow": np.sum(np.isinf(h)) / n,
+            "nan": np.sum(np.isnan(values)) / n}
+
+
+def test_census_model_of_a_module_without_children_has_activation_rows():
+    model = torch.nn.Linear(5, 5, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(5))  # the output is the input: values we choose
+    x = torch.tensor([[0.0, 1e-9, 1e-6, 1.0, 1e6]] * 2)
+    df = census_model(model, x, kinds=("activation",))
+    assert len(df) == 1, df
+    row = df.iloc[0]
+    assert (row["layer"], row["kind"], row["tensor"], row["n"]) == ("", "activation", "output", 10)
+    expected = _fp16_classes(x.numpy())
+    assert {k: row[k] for k in expected} == pytest.approx(expected, abs=0)
+    # the weight and gradient rows name the same layer, so the three kinds line up
+    full = census_model(model, x)
+    assert sorted(full["kind"]) == ["activation", "gradient", "weight"]
+    assert set(full["layer"]) == {""}
+
+
+def test_census_model_takes_one_kind_as_a_string():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    one = census_model(model, x, kinds="weight")
+    assert one.equals(census_model(model, x, kinds=("weight",)))
+    assert set(one["kind"]) == {"weight"} and len(one) == 2  # 0.weight, 0.bias
+
+
+@pytest.mark.parametrize("kinds, words", [
+    ("weights", "unknown kinds \\['weights'\\]"),  # the word, not its letters
+    (("weight", "bias"), "unknown kinds \\['bias'\\]"),
+    ((), "kinds is empty"),
+    (3, "one of weight, activation, gradient or a sequence"),
+    (None, "one of weight, activation, gradient or a sequence"),
+])
+def test_census_model_bad_kinds(kinds, words):
+    model = torch.nn.Linear(4, 3)
+    model.weight.grad = None
+    with pytest.raises(ValueError, match=words):
+        census_model(model, torch.randn(2, 4), kinds=kinds)
+    assert model.weight.grad is None  # refused before the forward and backward passes
+
+
+def test_census_model_needs_a_module():
+    with pytest.raises(TypeError, match="takes a torch.nn.Module, got function.*census\\(\\)"):
+        census_model(lambda x: x, torch.randn(2, 4))
