@@ -826,7 +826,7 @@ def _wait_for_flag(st: _DeviceState, stream_ptr: int, nbytes: int) -> None:
 
 
 def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | FormatInfo = "fp16",
-                 kinds: Iterable[str] = ("weight", "activation", "gradient"),
+                 kinds: str | Iterable[str] = ("weight", "activation", "gradient"),
                  keep_histograms: bool = False):
     """Returns a pandas DataFrame: the census of each layer's weights, activations and gradients.
 
@@ -920,9 +920,10 @@ def _census_kinds(kinds: Any) -> tuple[str, ...]:
     except TypeError:
         raise ValueError(f"kinds must be one of {', '.join(CENSUS_KINDS)} or a sequence of "
                          f"them, got {kinds!r}") from None
+    if not kinds:
+        raise ValueError(f"kinds is empty; allowed: {', '.join(CENSUS_KINDS)}")
     bad = [k for k in kinds if k not in CENSUS_KINDS]
-    if bad or not kinds:
+    if bad:
         raise ValueError(f"unknown kinds {bad!r}; allowed: {', '.join(CENSUS_KINDS)} (one as "
-                         f"a string, or a sequence)" if bad else
-                         f"kinds is empty; allowed: {', '.join(CENSUS_KINDS)}")
+                         f"a string, or a sequence)")
     return kinds
