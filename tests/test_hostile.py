@@ -223,6 +223,40 @@ def test_loop_continues_normally_after_each_refused_call(kind):
     assert ours_setup.steps == theirs_setup.steps == 4
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", OURS)
+def test_misuse_on_cuda_raises_and_the_loop_matches_cuda_gradscaler(kind):
+    def setup():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 8).cuda()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    x = torch.randn(32, 64, device="cuda")
+    ours_model, ours_opt = setup()
+    theirs_model, theirs_opt = setup()
+    ours = SCALERS[kind]()
+    theirs = torch.amp.GradScaler("cuda", init_scale=2.0**16, growth_interval=10**6)
+    ours_model(x).pow(2).mean().backward()
+    with pytest.raises(RuntimeError, match="before scale"):
+        ours.step(ours_opt)  # a plain backward: refused, weights untouched
+    for i in range(4):
+        for model, opt, scaler in ((ours_model, ours_opt, ours),
+                                   (theirs_model, theirs_opt, theirs)):
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            if scaler is ours and i == 0:
+                with pytest.raises(RuntimeError, match="already been called"):
+                    scaler.step(opt)
+            scaler.update()
+    for a, b in zip(ours_model.parameters(), theirs_model.parameters()):
+        assert torch.equal(a, b)
+    # a found_inf flag on the GPU is a one-element tensor like any other
+    assert ours.update(found_inf=torch.ones((), device="cuda")).found_inf is True
+
+
 # ------------------------------------------------------------------------ bits.py (#18.9)
 
 WITH_ML_DTYPES = [f for f in FORMATS.values() if f.ml_dtypes_name]
