@@ -30,8 +30,22 @@ $(STAMP): pyproject.toml
 	@echo "fp16lab installed in $(VENV) with extras [$(EXTRAS)]"
 	@touch $@
 
-lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+# JupyterLab's defaults for this venv (lab-settings/overrides.json): no news or update
+# pop-ups, and widget state saved with the notebook, so a reopened notebook draws its widgets
+# instead of "Error displaying widget: model not found". Root (containers, cloud GPU boxes)
+# needs --allow-root.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+USER_ID    ?= $(shell id -u)
+LAB_FLAGS  := --notebook-dir=notebooks --LabApp.news_url= \
+              --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
+              $(if $(filter 0,$(USER_ID)),--allow-root)
+
+$(LAB_OVERRIDES): lab-settings/overrides.json | $(STAMP)
+	mkdir -p $(@D)
+	cp $< $@
+
+lab: setup $(LAB_OVERRIDES)
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS)
 
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \

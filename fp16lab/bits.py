@@ -25,6 +25,7 @@ handled with the same integer arithmetic in torch, so CUDA tensors stay on the G
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -136,27 +137,58 @@ def _check_codes(codes: Any, f: FormatInfo):
             if lo_v < 0 or hi_v > hi:
                 bad = lo_v if lo_v < 0 else hi_v
                 raise ValueError(f"code {bad} is out of range for {f.name}: codes are "
-                                 f"{f.bits}-bit integers 0..{hi} ({hi:#x})")
+                                 f"{f.bits}-bit integers {_code_range(f)}")
         return c
     if isinstance(codes, str):
         raise ValueError(f"decode expects integer codes, got the string {codes!r}; "
                          f"use parse_code() for hex ('0x3c00') or bit strings")
-    arr = np.asarray(codes)
-    if arr.dtype == object or arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "b" or arr.dtype.kind not in "iuO":
-            raise ValueError(f"decode expects integer codes for {f.name} (0..{hi:#x}), "
-                             f"got {arr.dtype} values like {arr.ravel()[:3].tolist()!r}")
-        try:
-            arr = arr.astype(np.int64)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise ValueError(f"decode expects integer codes for {f.name}, got {codes!r}") from e
+    try:
+        arr = np.asarray(codes)
+    except ValueError:  # ragged nested lists
+        raise ValueError(f"decode expects integer codes for {f.name} in a rectangular array, "
+                         f"got {codes!r}") from None
+    if arr.dtype.kind == "O":
+        for index, v in np.ndenumerate(arr):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                at = f" at index {index}" if arr.ndim else ""
+                raise ValueError(f"decode expects integer codes for {f.name} "
+                                 f"({_code_range(f)}), got {type(v).__name__} {v!r}{at}")
+    elif arr.dtype.kind not in "iu":
+        raise ValueError(f"decode expects integer codes for {f.name} ({_code_range(f)}), "
+                         f"got {arr.dtype} values like {arr.ravel()[:3].tolist()!r}")
     if arr.size:
         lo_v, hi_v = int(arr.min()), int(arr.max())
         if lo_v < 0 or hi_v > hi:
             bad = lo_v if lo_v < 0 else hi_v
             raise ValueError(f"code {bad} is out of range for {f.name}: codes are "
-                             f"{f.bits}-bit integers 0..{hi} ({hi:#x})")
+                             f"{f.bits}-bit integers {_code_range(f)}")
     return arr.astype(np.int64)
+
+
+def _code_range(f: FormatInfo) -> str:
+    """Returns the allowed codes of a format as text: '0..65535 (0x0000..0xffff)' for fp16."""
+    hi = (1 << f.bits) - 1
+    return f"0..{hi} (0x{0:0{f.hex_digits}x}..0x{hi:0{f.hex_digits}x})"
+
+
+def _one_code(code: Any, f: FormatInfo, func: str) -> int:
+    """Returns one code of the format as an int, or raises ValueError naming the allowed range."""
+    if _is_torch(code) or isinstance(code, np.ndarray):
+        size = code.numel() if _is_torch(code) else code.size
+        if size != 1:
+            raise ValueError(f"{func}() takes one code, got an array of shape "
+                             f"{tuple(code.shape)}")
+        code = code.item()
+    if isinstance(code, (bool, np.bool_)) or not isinstance(code, (int, np.integer)):
+        hint = ("; read a hex or bit string with parse_code()" if isinstance(code, str) else
+                "; encode() turns a number into its code" if isinstance(code, float) else "")
+        raise ValueError(f"{func}() takes an integer code of {f.name}, {_code_range(f)}, got "
+                         f"{type(code).__name__} {code!r}{hint}")
+    code = int(code)
+    if not 0 <= code < (1 << f.bits):
+        raise ValueError(f"{func}(): code {code} is out of range for {f.name}: codes are "
+                         f"{f.bits}-bit integers {_code_range(f)}")
+    return code
 
 
 def decode(codes: Any, fmt: str | FormatInfo = "fp16"):
@@ -199,25 +231,59 @@ def decode(codes: Any, fmt: str | FormatInfo = "fp16"):
 # ---------------------------------------------------------------------------------------------
 # encode
 # ---------------------------------------------------------------------------------------------
-def _check_values(values: Any):
-    """Returns values as float64-convertible array/tensor, or raises a clear ValueError."""
+_ALLOWED_VALUES = ("int, float, bool, lists of them, numpy arrays of dtype bool/int/uint/float, "
+                   "real torch tensors")
+
+
+def _check_values(values: Any, func: str = "encode"):
+    """Returns values as a real numpy array or torch tensor, or raises ValueError saying why.
+
+    Only real numbers pass: None, strings, complex numbers, dates and durations (datetime64,
+    timedelta64) and other objects are refused rather than cast, since numpy would turn None
+    into NaN and a date into a day count without a word.
+    """
     if _is_torch(values):
         if values.dtype.is_complex:
-            raise ValueError(f"encode expects real numbers, got a complex tensor ({values.dtype})")
+            raise ValueError(f"{func} expects real numbers, got a complex tensor "
+                             f"({values.dtype}); allowed: {_ALLOWED_VALUES}")
         return values
+    if values is None:
+        raise ValueError(f"{func} expects real numbers, got None; allowed: {_ALLOWED_VALUES}")
     if isinstance(values, (str, bytes)):
-        raise ValueError(f"encode expects numbers, got the string {values!r}; use explain() or "
-                         f"parse_code() to read hex ('0x3c00') or bit strings")
-    arr = np.asarray(values)
-    if arr.dtype.kind == "c":
-        raise ValueError(f"encode expects real numbers, got complex values {arr.ravel()[:3]!r}")
-    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{func} expects numbers, got the string {values!r}; use explain() or "
+                         f"parse_code() to read hex ('0x3c00') or bit strings, or float() to "
+                         f"read a number")
+    try:
+        arr = np.asarray(values)
+    except ValueError:  # ragged nested lists
+        raise ValueError(f"{func} expects real numbers in a rectangular array, got "
+                         f"{values!r}") from None
+    kind = arr.dtype.kind
+    if kind in "biuf":
+        return arr
+    if kind == "O":
+        return _object_values(arr, func)
+    what = {"c": "complex numbers", "M": "dates (datetime64), not numbers",
+            "m": "durations (timedelta64), not numbers", "U": "strings", "S": "bytes",
+            "V": "raw records"}.get(kind, "values that are not real numbers")
+    raise ValueError(f"{func} expects real numbers, got a {arr.dtype} array of {what}, like "
+                     f"{arr.ravel()[:3].tolist()!r}; allowed: {_ALLOWED_VALUES}")
+
+
+def _object_values(arr: np.ndarray, func: str) -> np.ndarray:
+    """Returns an object array of real numbers (ints, floats, Fractions, Decimals) as float64."""
+    out = np.empty(arr.shape, dtype=np.float64)
+    for index, v in np.ndenumerate(arr):
+        if isinstance(v, (str, bytes)) or not isinstance(v, (numbers.Real, Decimal)):
+            at = f" at index {index}" if arr.ndim else ""
+            raise ValueError(f"{func} expects real numbers, got {type(v).__name__} {v!r}{at}; "
+                             f"allowed: {_ALLOWED_VALUES}")
         try:
-            arr = arr.astype(np.float64)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"encode expects real numbers (ints, floats, arrays, tensors), got "
-                             f"{arr.dtype} values like {arr.ravel()[:3].tolist()!r}") from e
-    return arr
+            out[index] = float(v)
+        except OverflowError:
+            raise ValueError(f"{func}: {v!r} is too large for float64 (|x| < 1.8e308), the "
+                             f"precision every value passes through") from None
+    return out
 
 
 def _rounding(rounding: str) -> str:
@@ -243,7 +309,8 @@ def encode(values: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "near
         generator: a ``numpy.random.Generator`` or ``torch.Generator`` for stochastic rounding.
 
     Raises:
-        ValueError: for non-numeric values or an unknown rounding mode.
+        ValueError: for anything but real numbers (None, strings, complex, datetime64 and
+            timedelta64 values are refused, not cast), or an unknown rounding mode.
     """
     f = format_info(fmt)
     mode = _rounding(rounding)
@@ -319,7 +386,7 @@ def ulp(values: Any, fmt: str | FormatInfo = "fp16"):
     subnormals get the subnormal spacing; inf and NaN give NaN.
     """
     f = format_info(fmt)
-    v = _check_values(values)
+    v = _check_values(values, "ulp")
     ops = _ops(v)
     bits = ops.f64_bits(v)
     a = bits & 0x7FFF_FFFF_FFFF_FFFF
@@ -336,7 +403,8 @@ def ulp(values: Any, fmt: str | FormatInfo = "fp16"):
 # ---------------------------------------------------------------------------------------------
 # reading and printing single codes
 # ---------------------------------------------------------------------------------------------
-_HEX_RE = re.compile(r"^[+]?0[xX][0-9a-fA-F_]+$")
+_HEX_RE = re.compile(r"^[+]?0[xX][0-9a-fA-F_]*[0-9a-fA-F][0-9a-fA-F_]*$")
+_BIN_RE = re.compile(r"^0[bB][01 _]*[01][01 _]*$")  # 0b prefix: always a bit string
 _BITS_RE = re.compile(r"^[01][01 _]*$")
 
 
@@ -344,30 +412,40 @@ def to_hex(code: int, fmt: str | FormatInfo = "fp16") -> str:
     """Returns a code as zero-padded lowercase hex, as ``printf("%04x", __half_as_ushort(x))``
     prints an fp16 (e.g. ``"0x3c00"`` for 1.0)."""
     f = format_info(fmt)
-    return f"0x{int(code):0{f.hex_digits}x}"
+    return f"0x{_one_code(code, f, 'to_hex'):0{f.hex_digits}x}"
 
 
 def to_bits(code: int, fmt: str | FormatInfo = "fp16", sep: str = " ") -> str:
     """Returns a code as a bit string split into sign, exponent and mantissa fields
     (``"0 01111 0000000000"`` for fp16 1.0)."""
     f = format_info(fmt)
-    s = f"{int(code):0{f.bits}b}"
+    if not isinstance(sep, str):
+        raise ValueError(f"to_bits(sep=...) takes a string (' ', '_', ''), got {sep!r}")
+    s = f"{_one_code(code, f, 'to_bits'):0{f.bits}b}"
     e = f.exponent_bits
     return sep.join((s[0], s[1:1 + e], s[1 + e:]))
 
 
 def parse_code(text: str, fmt: str | FormatInfo = "fp16") -> int:
-    """Returns the integer code written as hex (``"0x3c00"``) or bits (``"0 01111 0000000000"``).
+    """Returns the integer code written as hex (``"0x3c00"``) or bits (``"0 01111 0000000000"``,
+    ``"0b0011110000000000"``).
 
     Spaces and underscores in bit strings are ignored; a bit string must have exactly as many
-    bits as the format.
+    bits as the format. (Unlike :func:`explain`, which also reads numbers, parse_code reads
+    only codes, so a bare ``"0011110000000000"`` is bits here.)
 
     Raises:
         ValueError: for anything else, saying what was given and what is allowed.
     """
     f = format_info(fmt)
     hi = (1 << f.bits) - 1
-    s = str(text).strip()
+    if not isinstance(text, str):
+        raise ValueError(f"parse_code() reads a string (hex like {to_hex(encode(1.0, f), f)!r} "
+                         f"or {f.bits} bits), got {type(text).__name__} {text!r}; an integer "
+                         f"code goes to decode() or to_hex() as it is")
+    s = text.strip()
+    if _BIN_RE.match(s):
+        s = s[2:].strip(" _")
     if _HEX_RE.match(s):
         code = int(s.replace("_", ""), 16)
         if code > hi:
@@ -383,25 +461,51 @@ def parse_code(text: str, fmt: str | FormatInfo = "fp16") -> int:
         return int(digits, 2)
     raise ValueError(f"cannot read {text!r} as a {f.name} code: allowed are hex like "
                      f"{to_hex(encode(1.0, f), f)!r} or {f.bits} bits like "
-                     f"{to_bits(encode(1.0, f), f)!r} (spaces and underscores allowed)")
+                     f"{to_bits(encode(1.0, f), f)!r} (spaces and underscores allowed, "
+                     f"0b prefix optional)")
+
+
+def _allowed_strings(f: FormatInfo) -> str:
+    one = encode(1.0, f)
+    return (f"a number ('1.5', '1e15', '-inf', 'nan'), hex like {to_hex(one, f)!r}, or "
+            f"{f.bits} bits with a 0b prefix ('0b{to_bits(one, f, '')}') or with spaces or "
+            f"underscores between the fields ({to_bits(one, f)!r})")
 
 
 def _parse_input(x: Any, f: FormatInfo) -> tuple[float | None, int | None]:
-    """Returns (value, None) for a number or (None, code) for a hex / bit string."""
+    """Returns (value, None) for a number or (None, code) for a hex / bit string.
+
+    How a string is read: ``0x...`` is a hex code; ``0b...`` is bits; zeros and ones with a
+    space or underscore in them are bits; any other number Python's ``float()`` reads is a
+    number. Zeros and ones alone are refused when they could be either: as many digits as
+    the format has bits (``"1000000000000000"``: 1e15 or fp16's -0?), or a leading 0.
+    """
     if isinstance(x, str):
         s = x.strip()
-        if _HEX_RE.match(s) or (_BITS_RE.match(s) and len(s.replace(" ", "").replace("_", "")) > 3
-                                and set(s) <= set("01 _")):
+        if _HEX_RE.match(s) or _BIN_RE.match(s):
             return None, parse_code(s, f)
+        if _BITS_RE.match(s) and any(c in s for c in " _"):
+            try:
+                return None, parse_code(s, f)
+            except ValueError as e:
+                raise ValueError(f"{e}; zeros and ones with spaces or underscores are read as "
+                                 f"bits, so write a number without them") from None
+        if _BITS_RE.match(s) and (len(s) == f.bits or (len(s) > 1 and s[0] == "0")):
+            raise ValueError(f"{x!r} is ambiguous: the number {float(s):g}, or the bits of a "
+                             f"{f.name} code? Write bits as '0b{s}' or with spaces between the "
+                             f"fields, a number as '{s}.0' or '{float(s):g}'; allowed: "
+                             f"{_allowed_strings(f)}")
         try:
             return float(s), None
         except ValueError:
-            raise ValueError(f"cannot read {x!r}: allowed are a number ('1.5', '-inf', 'nan'), "
-                             f"hex like {to_hex(encode(1.0, f), f)!r} or {f.bits} bits like "
-                             f"{to_bits(encode(1.0, f), f)!r}") from None
+            raise ValueError(f"cannot read {x!r}: allowed are {_allowed_strings(f)}") from None
     if _is_torch(x):
         if x.numel() != 1:
             raise ValueError(f"explain() takes one value, got a tensor of shape {tuple(x.shape)}")
+        import torch
+
+        if x.dtype.is_complex or x.dtype == torch.bool:
+            raise ValueError(f"explain() takes a real number, got a tensor of dtype {x.dtype}")
         return float(x.item()), None
     if isinstance(x, np.ndarray):
         if x.size != 1:
@@ -410,7 +514,11 @@ def _parse_input(x: Any, f: FormatInfo) -> tuple[float | None, int | None]:
     if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
         raise ValueError(f"explain() takes a number, hex string or bit string; got "
                          f"{type(x).__name__} {x!r}")
-    return float(x), None
+    try:
+        return float(x), None
+    except OverflowError:
+        raise ValueError(f"explain(): {x!r} is too large for float64 (|x| < 1.8e308), the "
+                         f"precision every value passes through") from None
 
 
 def _classify(code: int, f: FormatInfo) -> str:
@@ -430,7 +538,7 @@ def next_up(code: int, fmt: str | FormatInfo = "fp16") -> int:
     """Returns the code of the next larger number of the format (inf stays inf; NaN stays NaN;
     the largest finite of a format without infinities stays put)."""
     f = format_info(fmt)
-    code = int(code)
+    code = _one_code(code, f, "next_up")
     cls = _classify(code, f)
     neg = bool(code & f.sign_mask)
     mag = code & (f.sign_mask - 1)
@@ -450,7 +558,7 @@ def next_up(code: int, fmt: str | FormatInfo = "fp16") -> int:
 def next_down(code: int, fmt: str | FormatInfo = "fp16") -> int:
     """Returns the code of the next smaller number of the format (mirror of :func:`next_up`)."""
     f = format_info(fmt)
-    code = int(code)
+    code = _one_code(code, f, "next_down")
     return next_up(code ^ f.sign_mask, f) ^ f.sign_mask if _classify(code, f) != "nan" else code
 
 
@@ -514,7 +622,10 @@ def explain(x: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "nearest"
 
     Args:
         x: a number (int, float, numpy or torch scalar, or a string like "0.1"), a hex code
-            ("0x3c00") or a bit string ("0 01111 0000000000"; spaces / underscores allowed).
+            ("0x3c00") or a bit string with a ``0b`` prefix or separated fields
+            ("0b0011110000000000", "0 01111 0000000000", "0_01111_0000000000"). Zeros and ones
+            alone are refused where they could be a number too: as many digits as the format
+            has bits, or a leading zero ("1000000000000000" is 1e15 or fp16's -0).
         fmt: the format.
         rounding, saturate: how a number is rounded into the format (see :func:`encode`).
 
@@ -551,6 +662,11 @@ def explain_table(values: Any, fmt: str | FormatInfo = "fp16", **kwargs):
     columns: given, hex, bits, class, value, next down, next up, ULP, error, relative error."""
     import pandas as pd
 
+    if values is None:
+        raise ValueError("explain_table() takes a list of values (numbers, hex or bit strings), "
+                         "got None")
+    if isinstance(values, (str, bytes, numbers.Number)) or getattr(values, "ndim", 1) == 0:
+        values = [values]  # one value is a table of one row, never a string's characters
     rows = []
     for x in values:
         e = explain(x, fmt, **kwargs)
@@ -558,7 +674,9 @@ def explain_table(values: Any, fmt: str | FormatInfo = "fp16", **kwargs):
         rows.append({"given": given, "hex": e.hex, "bits": e.bits, "class": e.kind,
                      "value": e.value, "next down": e.next_down, "next up": e.next_up,
                      "ULP": e.ulp, "error": e.error, "relative error": e.relative_error})
-    return pd.DataFrame(rows).set_index("given")
+    columns = ["given", "hex", "bits", "class", "value", "next down", "next up", "ULP", "error",
+               "relative error"]
+    return pd.DataFrame(rows, columns=columns).set_index("given")
 
 
 def accumulate(values: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "nearest",
@@ -571,7 +689,10 @@ def accumulate(values: Any, fmt: str | FormatInfo = "fp16", *, rounding: str = "
     """
     f = format_info(fmt)
     mode = _rounding(rounding)
-    xs = quantize(np.asarray(values, dtype=np.float64).ravel(), f)
+    v = _check_values(values, "accumulate")
+    if _is_torch(v):
+        v = v.detach().cpu().numpy()
+    xs = quantize(np.asarray(v, dtype=np.float64).ravel(), f)
     rng = np.random.default_rng(seed)
     out = np.empty_like(xs)
     acc = 0.0

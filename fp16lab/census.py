@@ -826,12 +826,13 @@ def _wait_for_flag(st: _DeviceState, stream_ptr: int, nbytes: int) -> None:
 
 
 def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | FormatInfo = "fp16",
-                 kinds: Iterable[str] = ("weight", "activation", "gradient"),
+                 kinds: str | Iterable[str] = ("weight", "activation", "gradient"),
                  keep_histograms: bool = False):
     """Returns a pandas DataFrame: the census of each layer's weights, activations and gradients.
 
-    Runs one forward pass (recording every leaf module's output with a forward hook) and one
-    backward pass, then counts parameters and their gradients.
+    Runs one forward pass (recording every leaf module's output with a forward hook; a model
+    with no submodules, such as a bare ``nn.Linear``, is its own leaf) and one backward pass,
+    then counts parameters and their gradients.
 
     Args:
         model: a ``torch.nn.Module``.
@@ -840,18 +841,24 @@ def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | Format
         loss_fn: ``loss_fn(output)`` or, with targets, ``loss_fn(output, targets)``; default
             cross-entropy with ``targets``, or ``mean(output^2) / 2`` without targets.
         fmt: the format to count in.
-        kinds: which of "weight", "activation", "gradient" to include.
+        kinds: which of "weight", "activation", "gradient" to include: one of them as a string,
+            or a sequence of them.
         keep_histograms: add a ``census`` column holding each :class:`CensusResult`.
 
-    Rows are ordered by layer; columns: layer, kind, tensor, n and the class fractions.
+    Rows are ordered by layer; columns: layer (the name in ``model.named_modules()``, ``""``
+    for the model itself), kind, tensor, n and the class fractions.
+
+    Raises:
+        TypeError: model is not a ``torch.nn.Module``.
+        ValueError: kinds is empty or names something else.
     """
     import pandas as pd
     import torch
 
-    kinds = tuple(kinds)
-    bad = set(kinds) - {"weight", "activation", "gradient"}
-    if bad:
-        raise ValueError(f"unknown kinds {sorted(bad)}; allowed: weight, activation, gradient")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"census_model() takes a torch.nn.Module, got {type(model).__name__}; "
+                        f"for one tensor use census()")
+    kinds = _census_kinds(kinds)
     f = format_info(fmt)
     rows: list[dict[str, Any]] = []
 
@@ -865,7 +872,7 @@ def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | Format
     handles = []
     if "activation" in kinds:
         for name, mod in model.named_modules():
-            if name and not any(True for _ in mod.children()):
+            if not any(True for _ in mod.children()):  # a leaf (the model itself if childless)
                 def hook(_mod, _inp, out, name=name):
                     t = out[0] if isinstance(out, (tuple, list)) else out
                     if isinstance(t, torch.Tensor):
@@ -899,3 +906,24 @@ def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | Format
         df = df.sort_values(["layer", "kind"], key=lambda s: s.map(order),
                             kind="stable").reset_index(drop=True)
     return df
+
+
+CENSUS_KINDS = ("weight", "activation", "gradient")
+
+
+def _census_kinds(kinds: Any) -> tuple[str, ...]:
+    """Returns census_model's kinds as a tuple; a single string is one kind, not its letters."""
+    if isinstance(kinds, str):
+        kinds = (kinds,)
+    try:
+        kinds = tuple(kinds)
+    except TypeError:
+        raise ValueError(f"kinds must be one of {', '.join(CENSUS_KINDS)} or a sequence of "
+                         f"them, got {kinds!r}") from None
+    if not kinds:
+        raise ValueError(f"kinds is empty; allowed: {', '.join(CENSUS_KINDS)}")
+    bad = [k for k in kinds if k not in CENSUS_KINDS]
+    if bad:
+        raise ValueError(f"unknown kinds {bad!r}; allowed: {', '.join(CENSUS_KINDS)} (one as "
+                         f"a string, or a sequence)")
+    return kinds

@@ -33,7 +33,9 @@ Three classes:
 All three keep ``history``, a list of :class:`ScaleEvent` (step, scale used, found_inf, skipped,
 scale after the update), and share GradScaler's training-loop calls: ``scale(loss)``,
 ``unscale_(optimizer)``, ``step(optimizer)``, ``update()``. Our two scalers also take
-``update(found_inf=...)`` directly, which is all the state machine needs.
+``update(found_inf=...)`` directly, which is all the state machine needs. Like GradScaler, they
+raise on calls out of order (``step`` without ``scale`` in the iteration, two ``step`` or two
+``unscale_`` calls before ``update``) rather than step with gradients that are still scaled.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any, Iterable
 
 import numpy as np
@@ -115,14 +118,57 @@ def _check_dynamic_params(growth_factor: float, backoff_factor: float,
                          f"got {growth_interval!r}")
 
 
+class OptimizerStage(Enum):
+    """Where one optimizer is in the current iteration (torch.amp.GradScaler's ``OptState``)."""
+
+    READY = 0      # nothing done since the last update()
+    UNSCALED = 1   # its gradients were divided by the scale and checked for inf/NaN
+    STEPPED = 2    # step(optimizer) ran (or was skipped) this iteration
+
+
+@dataclass
+class _OptimizerState:
+    stage: OptimizerStage = OptimizerStage.READY
+    found_inf: bool | None = None  # None: no gradient was checked (the optimizer had none)
+
+
+def _check_found_inf(found_inf: Any) -> bool:
+    """Returns found_inf as a bool; only a bool or a one-element tensor is taken as a flag."""
+    if isinstance(found_inf, (bool, np.bool_)):
+        return bool(found_inf)
+    if type(found_inf).__module__.startswith("torch") and hasattr(found_inf, "numel"):
+        if found_inf.numel() != 1:
+            raise ValueError(f"update(found_inf=...) takes a one-element tensor, got shape "
+                             f"{tuple(found_inf.shape)}")
+        return bool(found_inf.detach().reshape(()).item() != 0)
+    raise TypeError(f"update(found_inf=...) takes True, False or a one-element tensor (nonzero "
+                    f"means the gradients held inf/NaN), got {type(found_inf).__name__} "
+                    f"{found_inf!r}")
+
+
 class _LossScalerBase:
-    """What static and dynamic scalers share: the history and GradScaler's loop calls."""
+    """What static and dynamic scalers share: the history and GradScaler's loop calls.
+
+    Each optimizer goes through GradScaler's stages between two ``update()`` calls:
+    READY -> (``unscale_``) UNSCALED -> (``step``) STEPPED. Calls out of that order raise
+    instead of silently stepping with gradients that are still scaled, or stepping twice:
+
+    * ``unscale_``/``step`` before ``scale()`` in this iteration (a plain ``loss.backward()``
+      leaves gradients the scaler never multiplied; dividing them by the scale would shrink
+      the update by that factor). torch raises here only on the first iteration, before its
+      scale tensor exists; these scalers check every iteration.
+    * ``unscale_`` twice, or after ``step``, for one optimizer;
+    * ``step`` twice for one optimizer;
+    * ``step`` on an optimizer none of whose parameters has a gradient;
+    * ``update()`` with nothing unscaled or stepped, and ``update(found_inf=...)`` after
+      an optimizer was unscaled or stepped (its gradients already decided found_inf).
+    """
 
     def __init__(self, scale: float):
         self._scale = scale
         self._step = 0
-        self._pending_found_inf: bool | None = None
-        self._unscaled: set[int] = set()
+        self._scaled = False  # scale() was called since the last update()
+        self._optimizers: dict[int, _OptimizerState] = {}
         self.history: list[ScaleEvent] = []
 
     # -- state ---------------------------------------------------------------------------------
@@ -143,36 +189,77 @@ class _LossScalerBase:
         """Returns the event for this step after applying the scale rule.
 
         Args:
-            found_inf: whether this step's gradients held an inf or NaN. Leave it ``None`` after
-                ``step(optimizer)``, which found it out from the gradients.
+            found_inf: whether this step's gradients held an inf or NaN: True, False or a
+                one-element tensor (nonzero: they did). Give it only to drive the rule without
+                an optimizer; after ``step(optimizer)`` leave it ``None``: the gradients
+                decided it.
+
+        Raises:
+            TypeError: found_inf is neither None, a bool nor a tensor.
+            RuntimeError: found_inf is None and no optimizer was unscaled or stepped since the
+                last update(), or found_inf is given after one was.
         """
+        checked = [st.found_inf for st in self._optimizers.values() if st.found_inf is not None]
         if found_inf is None:
-            if self._pending_found_inf is None:
-                raise RuntimeError("update() needs found_inf=... or a preceding step(optimizer)")
-            found_inf = self._pending_found_inf
-        found_inf = bool(found_inf)
+            if not checked:
+                raise RuntimeError("update() found no inf/NaN check since the last update(): "
+                                   "call scaler.step(optimizer) first, or pass "
+                                   "update(found_inf=True/False) to drive the rule by hand")
+            found_inf = any(checked)
+        else:
+            found_inf = _check_found_inf(found_inf)
+            if self._optimizers:
+                raise RuntimeError("update(found_inf=...) after unscale_()/step(optimizer): the "
+                                   "optimizer's gradients already decided whether this step "
+                                   "overflowed; call update() without found_inf")
         used = self._scale
         self._scale = self._next_scale(found_inf)
         event = ScaleEvent(self._step, used, found_inf, found_inf, self._scale)
         self.history.append(event)
         self._step += 1
-        self._pending_found_inf = None
-        self._unscaled.clear()
+        self._scaled = False
+        self._optimizers = {}
         return event
 
     # -- GradScaler-style training calls -------------------------------------------------------
     def scale(self, loss):
         """Returns ``loss * scale`` (call ``.backward()`` on it)."""
+        self._scaled = True
         return loss * self._scale
 
+    def _require_scaled(self, call: str) -> None:
+        if not self._scaled:
+            raise RuntimeError(
+                f"{call} before scale() in this iteration: the gradients were not multiplied "
+                f"by the scale ({self._scale:g}), so unscaling them would divide the update by "
+                f"it. Write scaler.scale(loss).backward(), not loss.backward(), then "
+                f"scaler.step(optimizer) and scaler.update()")
+
     def unscale_(self, optimizer) -> bool:
-        """Returns whether any gradient is inf/NaN, after dividing the gradients by the scale."""
+        """Returns whether any gradient is inf/NaN, after dividing the gradients by the scale.
+
+        Raises:
+            RuntimeError: called before ``scale()`` this iteration, or a second time for this
+                optimizer, or after ``step(optimizer)``, since the last ``update()``.
+            ValueError: a gradient is FP16 (unscaling in FP16 would flush small values to zero;
+                keep FP32 parameters, as autocast does, or FP32 master weights).
+        """
         import torch
 
-        if id(optimizer) in self._unscaled:
-            raise RuntimeError("unscale_() has already been called on this optimizer this step")
+        self._require_scaled("unscale_(optimizer)")
+        state = self._optimizers.setdefault(id(optimizer), _OptimizerState())
+        if state.stage is OptimizerStage.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the "
+                               "last update()")
+        if state.stage is OptimizerStage.STEPPED:
+            raise RuntimeError("unscale_() is being called after step(): unscale before "
+                               "stepping, then call update()")
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        found = False
+        if any(gr.dtype == torch.float16 for gr in grads):
+            raise ValueError("cannot unscale FP16 gradients (their small values would flush to "
+                             "zero): give the optimizer FP32 parameters (autocast keeps them) "
+                             "or FP32 master weights")
+        found = None
         if grads:
             by_key: dict[tuple, list] = {}
             for gr in grads:
@@ -187,17 +274,36 @@ class _LossScalerBase:
                 torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv)
                 flags.append(found_inf)
             found = bool(sum(float(f.item()) for f in flags))  # one host sync per device
-        self._unscaled.add(id(optimizer))
-        self._pending_found_inf = bool(self._pending_found_inf) or found
-        return found
+        state.stage = OptimizerStage.UNSCALED
+        state.found_inf = found
+        return bool(found)
 
     def step(self, optimizer, *args, **kwargs):
-        """Returns the optimizer's return value, or None when the step is skipped for inf/NaN."""
-        if id(optimizer) not in self._unscaled:
+        """Returns the optimizer's return value, or None when the step is skipped for inf/NaN.
+
+        Raises:
+            RuntimeError: called before ``scale()`` this iteration, a second time for this
+                optimizer since the last ``update()``, with a ``closure``, or for an optimizer
+                none of whose parameters has a gradient.
+        """
+        if "closure" in kwargs:
+            raise RuntimeError("step(optimizer, closure=...) is not supported: a closure would "
+                               "recompute an unscaled loss; call scaler.scale(loss).backward() "
+                               "yourself before step()")
+        self._require_scaled("step(optimizer)")
+        state = self._optimizers.setdefault(id(optimizer), _OptimizerState())
+        if state.stage is OptimizerStage.STEPPED:
+            raise RuntimeError("step() has already been called on this optimizer since the last "
+                               "update(): call scaler.update() once after each step")
+        if state.stage is OptimizerStage.READY:
             self.unscale_(optimizer)
-        if self._pending_found_inf:
-            return None
-        return optimizer.step(*args, **kwargs)
+        if state.found_inf is None:
+            raise RuntimeError("no inf/NaN check was recorded for this optimizer: none of its "
+                               "parameters has a gradient. Call scaler.scale(loss).backward() "
+                               "on a loss that depends on them before step()")
+        retval = None if state.found_inf else optimizer.step(*args, **kwargs)
+        state.stage = OptimizerStage.STEPPED
+        return retval
 
     def history_frame(self):
         """Returns the history as a pandas DataFrame, one row per step."""

@@ -84,6 +84,7 @@ def _drive_ours(params, steps):
                 p.grad = torch.full((3,), v)
             used = scaler.get_scale()
             n = len(calls)
+            scaler.scale(torch.ones(()))  # an iteration scales its loss before it steps
             scaler.step(opt)
             ev = scaler.update()
             assert ev.skipped == (len(calls) == n)
@@ -173,7 +174,8 @@ def test_static_scaler_keeps_scale_and_skips_nonfinite_steps():
     s.step(opt)
     s.update()
     assert torch.equal(p.detach(), torch.full((2,), -2.0))  # 1 - 3, i.e. unscaled
-    p.grad = torch.tensor([1.0, math.inf])
+    opt.zero_grad()
+    s.scale((p * torch.tensor([1.0, math.inf])).sum()).backward()  # gradient [1024, inf]
     s.step(opt)
     ev = s.update()
     assert ev.skipped and s.get_scale() == 1024.0

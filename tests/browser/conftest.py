@@ -12,6 +12,7 @@ says how to enable them.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -34,13 +35,15 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 ENABLE_HINT = "install Debian's chromium: apt-get install chromium; `make test` then runs these"
-# windowingMode "none" keeps every cell in the DOM, so a cell below the fold can be read and
-# clicked; recordTiming stores each cell's run time, so the slowest cells can be named; the
-# notification settings keep news and update pop-ups out of the screenshots.
+# The defaults `make lab` installs (lab-settings/overrides.json: no news or update pop-ups,
+# widget state saved with the notebook), so the tests see what a learner sees; and for the
+# tests, windowingMode "none" keeps every cell in the DOM, so a cell below the fold can be read
+# and clicked, and recordTiming stores each cell's run time, so the slowest cells can be named.
+MAKE_LAB_SETTINGS: dict[str, dict] = json.loads(
+    (ROOT / "lab-settings" / "overrides.json").read_text())
 LAB_SETTINGS = {
+    **MAKE_LAB_SETTINGS,
     "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none", "recordTiming": True},
-    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
-                                                    "checkForUpdates": False},
 }
 RUN_ALL_TIMEOUT_S = 600.0
 TIMINGS: dict[str, float] = {}  # what -> seconds, printed at the end of the run
