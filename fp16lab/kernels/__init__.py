@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from . import wgmma as _wgmma_launch
 from .compiler import (KernelUnavailable, available, find_cuda_include, get_function,
                        load_module, require_cupy, source_path)
 
@@ -52,8 +53,11 @@ class KernelSpec:
     bn: int              # columns of C per block
     threads: int
     dynamic_smem: int    # bytes of dynamic shared memory (0: static only)
-    layout: str          # "warp_tiles": one warp per 16x16 tile; "grid2d": (N/BN, M/BM); "linear"
+    layout: str          # "warp_tiles": one warp per 16x16 tile; "grid2d": (N/BN, M/BM); "linear";
+                         # "tma": TMA tensor maps and thread-block clusters (fp16lab.kernels.wgmma)
     chunked: bool        # moves 16-byte chunks: needs K and N multiples of 8 (else padded)
+    builder: str = "nvrtc"   # "nvrtc": CuPy compiles the source; "nvcc": a cached sm_90a cubin
+    defines: tuple[tuple[str, int], ...] = ()  # -D flags the source is compiled with
 
     @property
     def uses_mma_ptx(self) -> bool:
@@ -69,6 +73,17 @@ def _wmma(name: str, bm: int, bn: int, bk: int, threads: int, stages: int, note:
     return KernelSpec(name, 4, f"cp.async pipeline, {bm}x{bn}x{bk} blocks, {stages} stages{note}",
                       "wmma_pipeline.cu", name, bm, bn, threads, _ring(stages, bm, bn, bk, pad=8),
                       "linear", True)
+
+
+def _wgmma(name: str, bn: int, stages: int, cluster_m: int, note: str = "") -> KernelSpec:
+    # The tile sizes are written here only: wgmma.cu receives them as -D flags.
+    bm, bk = 128, 64
+    defines = (("BM", bm), ("BN", bn), ("BK", bk), ("STAGES", stages), ("CLUSTER_M", cluster_m),
+               ("GROUP_M", 8))
+    return KernelSpec(name, 6, f"wgmma + TMA, {bm}x{bn}x{bk} blocks, {stages} stages, producer "
+                      f"warpgroup + 2 consumer warpgroups{note}", "wgmma.cu", "wgmma", bm, bn,
+                      _wgmma_launch.THREADS, _wgmma_launch.dynamic_smem(bm, bn, bk, stages), "tma",
+                      True, "nvcc", defines)
 
 
 def _mma(name: str, bm: int, bn: int, bk: int, threads: int, stages: int, note: str = "") -> KernelSpec:
@@ -107,6 +122,10 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
     _mma("mma_sync_256x128", 256, 128, 64, 256, 3),
     _mma("mma_sync_128", 128, 128, 32, 128, 4),
     _mma("mma_sync_256x128s4", 256, 128, 64, 256, 4),
+    _wgmma("wgmma", 256, 4, 1),
+    _wgmma("wgmma_cluster2", 256, 4, 2, ", clusters of 2 blocks multicasting B"),
+    _wgmma("wgmma_128", 128, 6, 1),
+    _wgmma("wgmma_128_cluster2", 128, 6, 2, ", clusters of 2 blocks multicasting B"),
 )}
 
 _OUT_DTYPES = ("float32", "float16")
@@ -162,6 +181,9 @@ def gemm(a: Any, b: Any, kernel: str = "mma_sync", *, out_dtype: str = "float32"
         raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     if str(out_dtype) not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be 'float32' or 'float16', got {out_dtype!r}")
+    spec = KERNELS[kernel]
+    if spec.builder == "nvcc":
+        _wgmma_launch.require()  # names everything missing: CuPy/GPU, Hopper, nvcc, cuda-bindings
     cupy = require_cupy()
     _check_operand(cupy, a, "a")
     _check_operand(cupy, b, "b")
@@ -183,7 +205,6 @@ def gemm(a: Any, b: Any, kernel: str = "mma_sync", *, out_dtype: str = "float32"
         out.fill(0)
         return out
 
-    spec = KERNELS[kernel]
     a, b = _aligned(a), _aligned(b)
     kp, np_ = (_round8(k), _round8(n)) if spec.chunked else (k, n)
     if (kp, np_) != (k, n):  # pad K and N up to multiples of 8 with zeros
@@ -195,6 +216,11 @@ def gemm(a: Any, b: Any, kernel: str = "mma_sync", *, out_dtype: str = "float32"
     target = out if (np_ == n and out.data.ptr % 256 == 0) else cupy.empty((m, np_), dtype=dt)
 
     suffix = "_f32" if dt == cupy.float32 else "_f16"
+    if spec.layout == "tma":
+        _wgmma_launch.launch(a, b, target, defines=dict(spec.defines), function=spec.function + suffix)
+        if target is not out:
+            out[...] = target[:, :n]
+        return out
     fn = get_function(spec.source, spec.function + suffix, spec.dynamic_smem)
     if spec.layout == "warp_tiles":
         tiles = -(-m // 16) * -(-np_ // 16)
