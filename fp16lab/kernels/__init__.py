@@ -36,7 +36,7 @@ from . import wgmma as _wgmma_launch
 from .compiler import (KernelUnavailable, available, find_cuda_include, get_function,
                        load_module, require_cupy, source_path)
 
-__all__ = ["KERNELS", "KernelSpec", "KernelUnavailable", "available", "find_cuda_include", "gemm",
+__all__ = ["KERNELS", "LADDER", "VARIANTS", "KernelSpec", "KernelUnavailable", "available", "find_cuda_include", "gemm",
            "load_module", "print_fp16_bits", "source_path", "gemm_flops"]
 
 
@@ -69,64 +69,86 @@ def _ring(stages: int, bm: int, bn: int, bk: int = 32, pad: int = 0) -> int:
     return stages * (bm * (bk + pad) + bk * (bn + pad)) * 2
 
 
-def _wmma(name: str, bm: int, bn: int, bk: int, threads: int, stages: int, note: str) -> KernelSpec:
-    return KernelSpec(name, 4, f"cp.async pipeline, {bm}x{bn}x{bk} blocks, {stages} stages{note}",
-                      "wmma_pipeline.cu", name, bm, bn, threads, _ring(stages, bm, bn, bk, pad=8),
-                      "linear", True)
+def _wmma(name: str, bm: int, bn: int, bk: int, warps: tuple[int, int], stages: int, pipe: int,
+          note: str = "") -> KernelSpec:
+    wm, wn = warps
+    defines = (("CFG_BM", bm), ("CFG_BN", bn), ("CFG_BK", bk), ("CFG_WARPS_M", wm),
+               ("CFG_WARPS_N", wn), ("CFG_STAGES", stages), ("CFG_PIPE", pipe))
+    return KernelSpec(name, 4, f"cp.async pipeline, {bm}x{bn}x{bk} blocks, {wm * wn} warps of "
+                      f"{bm // wm}x{bn // wn}, {stages} stages{note}", "wmma_pipeline.cu",
+                      "wmma_pipeline", bm, bn, wm * wn * 32, _ring(stages, bm, bn, bk, pad=8),
+                      "linear", True, "nvrtc", defines)
 
 
-def _wgmma(name: str, bn: int, stages: int, cluster_m: int, note: str = "") -> KernelSpec:
-    # The tile sizes are written here only: wgmma.cu receives them as -D flags.
-    bm, bk = 128, 64
+def _mma(name: str, bm: int, bn: int, bk: int, warps: tuple[int, int], stages: int,
+         group_m: int = 8, prefetch: int = 0, note: str = "") -> KernelSpec:
+    wm, wn = warps
+    defines = (("CFG_BM", bm), ("CFG_BN", bn), ("CFG_BK", bk), ("CFG_WARPS_M", wm),
+               ("CFG_WARPS_N", wn), ("CFG_STAGES", stages), ("CFG_GROUP_M", group_m),
+               ("CFG_PF", prefetch))
+    return KernelSpec(name, 5, f"PTX mma.sync + ldmatrix, swizzled smem, {bm}x{bn}x{bk} blocks, "
+                      f"{wm * wn} warps, {stages} stages{note}", "mma_sync.cu", "mma_sync", bm, bn,
+                      wm * wn * 32, _ring(stages, bm, bn, bk), "linear", True, "nvrtc", defines)
+
+
+def _wgmma(name: str, bn: int, stages: int, *, cluster_m: int = 1, persistent: int = 0,
+           note: str = "") -> KernelSpec:
+    bm, bk = 128, 64  # two consumer warpgroups of 64 rows; one 128-byte swizzle row of K
     defines = (("BM", bm), ("BN", bn), ("BK", bk), ("STAGES", stages), ("CLUSTER_M", cluster_m),
-               ("GROUP_M", 8))
+               ("GROUP_M", 8), ("PERSISTENT", persistent))
     return KernelSpec(name, 6, f"wgmma + TMA, {bm}x{bn}x{bk} blocks, {stages} stages, producer "
                       f"warpgroup + 2 consumer warpgroups{note}", "wgmma.cu", "wgmma", bm, bn,
                       _wgmma_launch.THREADS, _wgmma_launch.dynamic_smem(bm, bn, bk, stages), "tma",
                       True, "nvcc", defines)
 
 
-def _mma(name: str, bm: int, bn: int, bk: int, threads: int, stages: int, note: str = "") -> KernelSpec:
-    return KernelSpec(name, 5, f"PTX mma.sync + ldmatrix, swizzled smem, {bm}x{bn}x{bk} blocks, "
-                      f"{threads // 32} warps, {stages} stages{note}", "mma_sync.cu", name, bm, bn,
-                      threads, _ring(stages, bm, bn, bk), "linear", True)
+# The tile sizes of every configuration are written here once: steps 4 to 6 are compiled with
+# them as -D flags (one module per configuration), so the .cu files hold one kernel each.
 
-
-#: The ladder, in order. Shared-memory sizes must match the .cu files' template arguments.
-KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
+#: The ladder: one kernel per step, the best measured configuration of each idea
+#: (benchmarks/gemm.py at 8192^3 on the H200; benchmarks/KERNEL_NOTES.md has the history).
+LADDER: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec("wmma_naive", 1, "naive WMMA: one warp per 16x16 tile, operands from global memory",
                "wmma_naive.cu", "wmma_naive", 32, 32, 128, 0, "warp_tiles", False),
     KernelSpec("wmma_smem", 2, "shared-memory tiles: 128x128 blocks, 8 warps of 64x32",
                "wmma_smem.cu", "wmma_smem", 128, 128, 256, 0, "grid2d", False),
     KernelSpec("wmma_padded", 3, "padded shared memory against bank conflicts, 16-byte loads",
                "wmma_padded.cu", "wmma_padded", 128, 128, 256, 0, "grid2d", True),
-    _wmma("wmma_pipeline", 128, 128, 32, 256, 3, ""),
-    _wmma("wmma_pipeline_k64", 128, 128, 64, 256, 3, ""),
-    _wmma("wmma_pipeline_256", 128, 256, 32, 256, 3, ", warps of 64x64"),
-    _wmma("wmma_pipeline_256_k64", 128, 256, 64, 256, 3, ", warps of 64x64, A fragments prefetched"),
-    _wmma("wmma_pipeline_256_k64s4", 128, 256, 64, 256, 4, ", warps of 64x64, A fragments prefetched"),
-    _wmma("wmma_pipeline_256x128", 256, 128, 64, 256, 3, ", warps of 64x64, A fragments prefetched"),
-    _wmma("wmma_pipeline_128w", 128, 128, 32, 128, 4, ", 4 warps of 64x64, A fragments prefetched"),
-    _wmma("wmma_pipeline_256_lb", 128, 256, 64, 256, 4, ", warps of 64x64, late barrier"),
-    _wmma("wmma_pipeline_256x128_lb", 256, 128, 64, 256, 4, ", warps of 64x64, late barrier"),
-    _wmma("wmma_pipeline_128w_lb", 128, 128, 32, 128, 4, ", 4 warps of 64x64, late barrier"),
-    _wmma("wmma_pipeline_256_mb", 128, 256, 64, 256, 3, ", warps of 64x64, mma_sync's schedule"),
-    _wmma("wmma_pipeline_256x128_mb", 256, 128, 64, 256, 3, ", warps of 64x64, mma_sync's schedule"),
-    _wmma("wmma_pipeline_256_mbs4", 128, 256, 64, 256, 4, ", warps of 64x64, mma_sync's schedule"),
-    _wmma("wmma_pipeline_256x128_mbs4", 256, 128, 64, 256, 4, ", warps of 64x64, mma_sync's schedule"),
-    _mma("mma_sync", 128, 256, 32, 256, 4),
-    _mma("mma_sync_k64", 128, 256, 64, 256, 3),
-    _mma("mma_sync_k64s4", 128, 256, 64, 256, 4),
-    _mma("mma_sync_k64_g16", 128, 256, 64, 256, 3, ", 16 block-rows per L2 group"),
-    _mma("mma_sync_k64_pf", 128, 256, 64, 256, 3, ", L2::256B prefetch hint"),
-    _mma("mma_sync_256x128", 256, 128, 64, 256, 3),
-    _mma("mma_sync_128", 128, 128, 32, 128, 4),
-    _mma("mma_sync_256x128s4", 256, 128, 64, 256, 4),
-    _wgmma("wgmma", 256, 4, 1),
-    _wgmma("wgmma_cluster2", 256, 4, 2, ", clusters of 2 blocks multicasting B"),
-    _wgmma("wgmma_128", 128, 6, 1),
-    _wgmma("wgmma_128_cluster2", 128, 6, 2, ", clusters of 2 blocks multicasting B"),
+    _wmma("wmma_pipeline", 128, 128, 32, (2, 2), 4, 1, ", A fragments prefetched"),
+    _mma("mma_sync", 128, 256, 64, (2, 4), 3),
+    _wgmma("wgmma", 256, 4),
 )}
+
+#: Tuning variants of steps 4 to 6 (other tiles, stages and schedules), timed by the benchmarks
+#: and checked by the GPU tests like the ladder; ``gemm`` runs them by name too.
+VARIANTS: dict[str, KernelSpec] = {s.name: s for s in (
+    _wmma("wmma_pipeline_8w", 128, 128, 32, (2, 4), 3, 0),
+    _wmma("wmma_pipeline_k64", 128, 128, 64, (2, 4), 3, 0),
+    _wmma("wmma_pipeline_256", 128, 256, 32, (2, 4), 3, 0),
+    _wmma("wmma_pipeline_256_k64", 128, 256, 64, (2, 4), 3, 1, ", A fragments prefetched"),
+    _wmma("wmma_pipeline_256_k64s4", 128, 256, 64, (2, 4), 4, 1, ", A fragments prefetched"),
+    _wmma("wmma_pipeline_256x128", 256, 128, 64, (4, 2), 3, 1, ", A fragments prefetched"),
+    _wmma("wmma_pipeline_lb", 128, 128, 32, (2, 2), 4, 2, ", late barrier"),
+    _wmma("wmma_pipeline_256_lb", 128, 256, 64, (2, 4), 4, 2, ", late barrier"),
+    _wmma("wmma_pipeline_256x128_lb", 256, 128, 64, (4, 2), 4, 2, ", late barrier"),
+    _wmma("wmma_pipeline_256_mb", 128, 256, 64, (2, 4), 3, 3, ", mma_sync's schedule"),
+    _wmma("wmma_pipeline_256x128_mb", 256, 128, 64, (4, 2), 3, 3, ", mma_sync's schedule"),
+    _wmma("wmma_pipeline_256_mbs4", 128, 256, 64, (2, 4), 4, 3, ", mma_sync's schedule"),
+    _wmma("wmma_pipeline_256x128_mbs4", 256, 128, 64, (4, 2), 4, 3, ", mma_sync's schedule"),
+    _mma("mma_sync_k32", 128, 256, 32, (2, 4), 4),
+    _mma("mma_sync_s4", 128, 256, 64, (2, 4), 4),
+    _mma("mma_sync_g16", 128, 256, 64, (2, 4), 3, group_m=16, note=", 16 block-rows per L2 group"),
+    _mma("mma_sync_pf", 128, 256, 64, (2, 4), 3, prefetch=1, note=", L2::256B prefetch hint"),
+    _mma("mma_sync_256x128", 256, 128, 64, (4, 2), 3),
+    _mma("mma_sync_128", 128, 128, 32, (2, 2), 4),
+    _mma("mma_sync_256x128s4", 256, 128, 64, (4, 2), 4),
+    _wgmma("wgmma_persistent", 256, 4, persistent=1, note=", persistent (one block per SM)"),
+    _wgmma("wgmma_128", 128, 6),
+    _wgmma("wgmma_cluster2", 256, 4, cluster_m=2, note=", clusters of 2 blocks multicasting B"),
+)}
+
+#: Every kernel ``gemm`` runs: the ladder, then the variants.
+KERNELS: dict[str, KernelSpec] = {**LADDER, **VARIANTS}
 
 _OUT_DTYPES = ("float32", "float16")
 _INT_MAX = 2**31 - 1
@@ -221,7 +243,7 @@ def gemm(a: Any, b: Any, kernel: str = "mma_sync", *, out_dtype: str = "float32"
         if target is not out:
             out[...] = target[:, :n]
         return out
-    fn = get_function(spec.source, spec.function + suffix, spec.dynamic_smem)
+    fn = get_function(spec.source, spec.function + suffix, spec.dynamic_smem, dict(spec.defines))
     if spec.layout == "warp_tiles":
         tiles = -(-m // 16) * -(-np_ // 16)
         grid = (-(-tiles // (spec.threads // 32)),)

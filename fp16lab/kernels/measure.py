@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import KERNELS, gemm
+from . import LADDER, gemm
 from .compiler import require_cupy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,8 @@ def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[st
               out_dtype: str = "float32") -> dict[str, float]:
     """Returns {kernel: relative error against float64} on fresh random inputs of shape (M, N, K).
 
-    Each output is poisoned with NaN first, so an element a kernel forgot to write shows as NaN.
+    ``kernels`` defaults to the ladder (one per step). Each output is poisoned with NaN first, so
+    an element a kernel forgot to write shows as NaN.
     """
     cupy = require_cupy()
     m, n, k = shape
@@ -41,7 +42,7 @@ def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[st
     a = rng.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
     b = rng.standard_normal((k, n), dtype=cupy.float32).astype(cupy.float16)
     errors = {}
-    for name in kernels or list(KERNELS):
+    for name in kernels or list(LADDER):
         out = cupy.full((m, n), cupy.nan, dtype=out_dtype)
         gemm(a, b, kernel=name, out_dtype=out_dtype, out=out)
         errors[name] = relative_error(out, a, b)
@@ -51,7 +52,7 @@ def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[st
 def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | None = None,
                   timeout: int = 900) -> dict[str, Any]:
     """Returns the result of ``benchmarks/gemm.py`` run here on square sizes (no odd shapes, no
-    sustained runs: a few seconds, not a minute)."""
+    sustained runs: a few seconds, not a minute); ``kernels`` defaults to the ladder."""
     require_cupy()
     script = REPO / "benchmarks" / "gemm.py"
     if not script.is_file():
@@ -61,8 +62,7 @@ def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | No
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(script), "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
                "--sustained", "0", "--sizes", *map(str, sizes)]
-        if kernels:
-            cmd += ["--kernels", *kernels]
+        cmd += ["--kernels", *(kernels or list(LADDER))]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
         if res.returncode != 0:
             raise RuntimeError(f"benchmarks/gemm.py failed ({res.returncode}):\n{res.stderr[-3000:]}")

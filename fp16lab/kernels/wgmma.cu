@@ -50,6 +50,9 @@
 #ifndef GROUP_M
 #define GROUP_M 8     // block-rows (clusters) swept together for L2 reuse
 #endif
+#ifndef PERSISTENT
+#define PERSISTENT 0  // 1: one block per SM loops over tiles; the next tile's loads overlap the stores
+#endif
 #ifndef B_DESC_SWAP
 #define B_DESC_SWAP 0 // diagnostic: swap B's two descriptor strides (wrong results if set)
 #endif
@@ -59,6 +62,7 @@ static_assert(BK == 64, "one 128-byte swizzle row of fp16 per K slice");
 static_assert(BN == 128 || BN == 256, "wgmma N of 128 or 256");
 static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of 1 or 2 blocks along M");
 static_assert(BN / 64 % CLUSTER_M == 0, "each block of a cluster multicasts whole 64-column boxes");
+static_assert(!(PERSISTENT && CLUSTER_M > 1), "the persistent schedule runs without clusters");
 
 constexpr int THREADS = 384;                    // producer warpgroup + 2 consumer warpgroups
 constexpr int CONSUMER_WARPS = 8;
@@ -231,21 +235,101 @@ struct Wgmma<256> {
     static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b) { wgmma_m64n256k16(d, a, b); }
 };
 
-// Maps the block index to its tile's first row and column. Clusters of CLUSTER_M consecutive
-// blocks take CLUSTER_M consecutive block-rows of one block-column; GROUP_M such cluster-rows are
-// swept together so that the blocks resident at one time reuse each other's tiles from L2.
-__device__ __forceinline__ void block_tile(int M, int N, int& row0, int& col0) {
+// Maps a tile index (the block index, or the persistent loop's counter) to the tile's first row
+// and column. Clusters of CLUSTER_M consecutive blocks take CLUSTER_M consecutive block-rows of
+// one block-column; GROUP_M such cluster-rows are swept together so that the tiles in flight at
+// one time reuse each other's A and B from L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& row0, int& col0) {
     const int grid_m = (M + BM * CLUSTER_M - 1) / (BM * CLUSTER_M), grid_n = (N + BN - 1) / BN;
-    const int pid = blockIdx.x / CLUSTER_M, width = GROUP_M * grid_n;
+    const int pid = tile / CLUSTER_M, width = GROUP_M * grid_n;
     const int first_m = (pid / width) * GROUP_M;
     const int group = min(grid_m - first_m, GROUP_M);
-    row0 = ((first_m + (pid % width) % group) * CLUSTER_M + blockIdx.x % CLUSTER_M) * BM;
+    row0 = ((first_m + (pid % width) % group) * CLUSTER_M + tile % CLUSTER_M) * BM;
     col0 = ((pid % width) / group) * BN;
 }
 
 __device__ __forceinline__ void store2(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
 __device__ __forceinline__ void store2(__half* p, float x, float y) {
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+
+// Producer, one thread: loads the K slices of one tile into the ring of stages. `it` counts slices
+// over the block's whole life, so a stage's barrier phases run on from one tile to the next.
+__device__ __forceinline__ void produce_tile(const TensorMap& map_a, const TensorMap& map_b, unsigned char* smem,
+                                             uint64_t* full, uint64_t* empty, int row0, int col0, int k_tiles,
+                                             int& it) {
+    const unsigned rank = cluster_rank();
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], (it / STAGES + 1) & 1);  // its previous use is done
+        unsigned char* a = smem + s * STAGE_BYTES;
+        unsigned char* b = a + A_BYTES;
+        mbar_expect_tx(&full[s], STAGE_BYTES);
+        tma_load(a, &map_a, &full[s], kt * BK, row0);
+        if (CLUSTER_M == 1) {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j) tma_load(b + j * B_BOX_BYTES, &map_b, &full[s], col0 + 64 * j, kt * BK);
+        } else {
+            constexpr int PER_BLOCK = BN / 64 / CLUSTER_M;
+#pragma unroll
+            for (int i = 0; i < PER_BLOCK; ++i) {
+                const int j = rank * PER_BLOCK + i;
+                tma_load_multicast(b + j * B_BOX_BYTES, &map_b, &full[s], col0 + 64 * j, kt * BK, (1 << CLUSTER_M) - 1);
+            }
+        }
+    }
+}
+
+// Frees stage s for the producer(s): one arrival per warp on the empty barrier of every block of
+// the cluster (each block's producer writes into both blocks' B tiles).
+__device__ __forceinline__ void release(uint64_t* empty, int s) {
+#pragma unroll
+    for (int cta = 0; cta < CLUSTER_M; ++cta) mbar_arrive_in(&empty[s], cta);
+}
+
+// Consumer warpgroup `half` (0 or 1): multiplies its 64 rows of the tile into d over all K slices.
+__device__ __forceinline__ void consume_tile(float (&d)[BN / 2], const unsigned char* smem, uint64_t* full,
+                                             uint64_t* empty, int half, int k_tiles, int& it) {
+    const bool lane0 = threadIdx.x % 32 == 0;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % STAGES;
+        mbar_wait(&full[s], (it / STAGES) & 1);
+        const unsigned char* a = smem + s * STAGE_BYTES + half * 64 * 128;
+        const unsigned char* b = smem + s * STAGE_BYTES + A_BYTES;
+        fence_accumulators(d);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)  // 16 columns of A = 32 bytes; 16 rows of B = 2048 bytes
+            Wgmma<BN>::mma(d, desc_a(a + kk * 32), desc_b(b + kk * 2048));
+        wgmma_commit();
+        // keep this slice's multiplies in flight; wait for the previous slice's and free its stage
+        wgmma_wait<1>();
+        fence_accumulators(d);
+        if (kt > 0 && lane0) release(empty, (it + STAGES - 1) % STAGES);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(d);
+    if (lane0) release(empty, (it + STAGES - 1) % STAGES);  // the tile's last slice
+}
+
+// Writes a consumer warpgroup's 64 x BN accumulators. Layout of m64nN: warp w holds rows
+// 16w..16w+15; per 8 columns j, a lane holds (row lane/4, columns 2*(lane%4) + {0, 1}) and the
+// same columns 8 rows further down.
+template <typename OutT>
+__device__ __forceinline__ void store_tile(const float (&d)[BN / 2], OutT* __restrict__ C, int M, int N, int row0,
+                                           int col0) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
+    const int r = row0 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int c = col0 + j * 8 + (lane % 4) * 2;  // N is a multiple of 8: c < N covers c + 1
+        if (c < N) {
+            if (r < M) store2(C + static_cast<size_t>(r) * N + c, d[4 * j], d[4 * j + 1]);
+            if (r + 8 < M) store2(C + static_cast<size_t>(r + 8) * N + c, d[4 * j + 2], d[4 * j + 3]);
+        }
+    }
 }
 
 template <typename OutT>
@@ -256,86 +340,41 @@ __device__ __forceinline__ void gemm_wgmma(const TensorMap& map_a, const TensorM
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
 
-    const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
-    int row0, col0;
-    block_tile(M, N, row0, col0);
+    const int warpgroup = threadIdx.x / 128;
     const int k_tiles = (K + BK - 1) / BK;
+    // Without PERSISTENT a block does the tile of its own index; with it, tiles blockIdx.x,
+    // blockIdx.x + gridDim.x, ..., and the producer fills the next tile's stages while the
+    // consumers store the last one.
+    const int tiles = PERSISTENT ? (M + BM - 1) / BM * ((N + BN - 1) / BN) : blockIdx.x + 1;
+    const int tile_step = PERSISTENT ? gridDim.x : 1;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);                             // the producer's expect_tx
-            mbar_init(&empty[s], CONSUMER_WARPS * CLUSTER_M);   // every consumer warp of the cluster
+            mbar_init(&full[s], 1);                            // the producer's expect_tx
+            mbar_init(&empty[s], CONSUMER_WARPS * CLUSTER_M);  // every consumer warp of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     if (CLUSTER_M > 1) cluster_sync(); else __syncthreads();
 
+    int it = 0, row0, col0;
     if (warpgroup == 0) {
-        // Producer: one thread keeps STAGES slices of A and B in flight.
+        // the producer needs few registers: give them to the consumers
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (tid == 0) {
-            const unsigned rank = cluster_rank();
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES + 1) & 1);  // its previous use is done
-                unsigned char* a = smem + s * STAGE_BYTES;
-                unsigned char* b = a + A_BYTES;
-                mbar_expect_tx(&full[s], STAGE_BYTES);
-                tma_load(a, &map_a, &full[s], kt * BK, row0);
-                if (CLUSTER_M == 1) {
-#pragma unroll
-                    for (int j = 0; j < BN / 64; ++j) tma_load(b + j * B_BOX_BYTES, &map_b, &full[s], col0 + 64 * j, kt * BK);
-                } else {
-                    constexpr int PER_BLOCK = BN / 64 / CLUSTER_M;
-#pragma unroll
-                    for (int i = 0; i < PER_BLOCK; ++i) {
-                        const int j = rank * PER_BLOCK + i;
-                        tma_load_multicast(b + j * B_BOX_BYTES, &map_b, &full[s], col0 + 64 * j, kt * BK,
-                                           (1 << CLUSTER_M) - 1);
-                    }
-                }
+        if (threadIdx.x == 0) {
+            for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+                tile_origin(tile, M, N, row0, col0);
+                produce_tile(map_a, map_b, smem, full, empty, row0, col0, k_tiles, it);
             }
         }
     } else {
-        // Consumers: warpgroup 1 multiplies rows 0-63 of the block tile, warpgroup 2 rows 64-127.
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        const int half = warpgroup - 1, lane = tid % 32, warp = tid / 32;
+        const int half = warpgroup - 1;  // warpgroup 1: rows 0-63 of the tile; warpgroup 2: rows 64-127
         float d[BN / 2];
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-            const int s = kt % STAGES;
-            mbar_wait(&full[s], (kt / STAGES) & 1);
-            const unsigned char* a = smem + s * STAGE_BYTES + half * 64 * 128;
-            const unsigned char* b = smem + s * STAGE_BYTES + A_BYTES;
-            fence_accumulators(d);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk)  // 16 columns of A = 32 bytes; 16 rows of B = 2048 bytes
-                Wgmma<BN>::mma(d, desc_a(a + kk * 32), desc_b(b + kk * 2048));
-            wgmma_commit();
-            // keep this slice's multiplies in flight; wait for the previous slice's and free its stage
-            wgmma_wait<1>();
-            fence_accumulators(d);
-            if (kt > 0 && lane == 0) {
-                const int prev = (kt + STAGES - 1) % STAGES;
-#pragma unroll
-                for (int cta = 0; cta < CLUSTER_M; ++cta) mbar_arrive_in(&empty[prev], cta);
-            }
-        }
-        wgmma_wait<0>();
-        fence_accumulators(d);
-
-        // Accumulator layout of m64nN: warp w holds rows 16w..16w+15; per 8 columns j, a lane holds
-        // (row lane/4, columns 2*(lane%4) + {0, 1}) and the same columns 8 rows further down.
-        const int r = row0 + half * 64 + warp * 16 + lane / 4;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int c = col0 + j * 8 + (lane % 4) * 2;  // N is a multiple of 8: c < N covers c + 1
-            if (c < N) {
-                if (r < M) store2(C + static_cast<size_t>(r) * N + c, d[4 * j], d[4 * j + 1]);
-                if (r + 8 < M) store2(C + static_cast<size_t>(r + 8) * N + c, d[4 * j + 2], d[4 * j + 3]);
-            }
+        for (int tile = blockIdx.x; tile < tiles; tile += tile_step) {
+            tile_origin(tile, M, N, row0, col0);
+            consume_tile(d, smem, full, empty, half, k_tiles, it);
+            store_tile(d, C, M, N, row0 + half * 64, col0);
         }
     }
     // no block may leave while the other block of its cluster can still write into its shared

@@ -71,17 +71,24 @@ def tensor_map(x: Any, box_rows: int, box_cols: int = BOX_COLS) -> np.ndarray:
     written to shared memory with the 128-byte swizzle, as a one-element array CuPy can pass.
 
     Rows and columns outside the array read as zeros. The row pitch must be a multiple of 16
-    bytes (a multiple of 8 fp16 columns) and the base pointer 16-byte aligned.
+    bytes (a multiple of 8 fp16 columns) and the base pointer 16-byte aligned. A map depends on
+    nothing but these five numbers, so the last few are kept: encoding one costs tens of
+    microseconds of host time, as long as a whole 1024^3 product on the GPU.
     """
-    from cuda.bindings import driver
-
     rows, cols = x.shape
     if cols % 8 or x.data.ptr % 16:
         raise ValueError(f"a TMA tensor map needs a 16-byte row pitch and base: got {cols} fp16 "
                          f"columns at address {x.data.ptr:#x}")
+    return _encode(x.data.ptr, rows, cols, box_rows, box_cols)
+
+
+@functools.lru_cache(maxsize=64)
+def _encode(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> np.ndarray:
+    from cuda.bindings import driver
+
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     err, tmap = driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, x.data.ptr,
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, ptr,
         [u64(cols), u64(rows)],            # sizes, innermost first
         [u64(cols * 2)],                   # byte pitch of each row
         [u32(box_cols), u32(box_rows)],
@@ -93,7 +100,9 @@ def tensor_map(x: Any, box_rows: int, box_cols: int = BOX_COLS) -> np.ndarray:
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with {err!r} for a {rows} x {cols} "
                            f"fp16 array, box {box_rows} x {box_cols}")
-    return np.frombuffer(ctypes.string_at(tmap.getPtr(), _TENSOR_MAP.itemsize), dtype=_TENSOR_MAP).copy()
+    out = np.frombuffer(ctypes.string_at(tmap.getPtr(), _TENSOR_MAP.itemsize), dtype=_TENSOR_MAP).copy()
+    out.flags.writeable = False  # shared by every call with the same five numbers
+    return out
 
 
 def dynamic_smem(bm: int, bn: int, bk: int, stages: int) -> int:
@@ -101,10 +110,16 @@ def dynamic_smem(bm: int, bn: int, bk: int, stages: int) -> int:
     return stages * (bm * bk + bk * bn) * 2 + 1024
 
 
-def grid(m: int, n: int, bm: int, bn: int, cluster_m: int) -> int:
-    """Returns the number of blocks: block-rows rounded up to whole clusters, times block-columns."""
-    rows = -(-m // (bm * cluster_m)) * cluster_m
-    return rows * -(-n // bn)
+def grid(m: int, n: int, bm: int, bn: int, cluster_m: int = 1, persistent_blocks: int = 0) -> int:
+    """Returns the number of blocks: one per tile (block-rows rounded up to whole clusters, times
+    block-columns), or, for the persistent schedule, at most ``persistent_blocks`` (one per SM)."""
+    tiles = -(-m // (bm * cluster_m)) * cluster_m * -(-n // bn)
+    return min(tiles, persistent_blocks) if persistent_blocks else tiles
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    return require_cupy().cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,6 +140,7 @@ def launch(a: Any, b: Any, c: Any, *, defines: dict[str, int], function: str) ->
     (m, k), n = a.shape, b.shape[1]
     map_a = tensor_map(a, box_rows=bm)
     map_b = tensor_map(b, box_rows=bk)
-    blocks = grid(m, n, bm, bn, defines.get("CLUSTER_M", 1))
+    blocks = grid(m, n, bm, bn, defines.get("CLUSTER_M", 1),
+                  _sm_count(require_cupy().cuda.Device().id) if defines.get("PERSISTENT") else 0)
     fn((blocks,), (THREADS,), (map_a, map_b, c, np.int32(m), np.int32(n), np.int32(k)),
        shared_mem=smem)
