@@ -22,22 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fp16lab.kernels import KERNELS, gemm  # noqa: E402
 from fp16lab.kernels import wgmma as launcher  # noqa: E402
 from fp16lab.kernels.compiler import require_cupy  # noqa: E402
+from fp16lab.kernels.measure import worst_error_ratio  # noqa: E402
 
 SHAPES = ((128, 256, 64), (256, 512, 256), (129, 264, 72), (1000, 1001, 1003), (2048, 2048, 2048))
-
-
-def worst_ratio(cupy, out, a, b, out_dtype: str) -> float:
-    """Returns max |out - ref| / bound over all elements (<= 1 passes; NaN counts as failing)."""
-    k = a.shape[1]
-    a64, b64 = a.astype(cupy.float64), b.astype(cupy.float64)
-    ref = a64 @ b64
-    bound = 2 * k * 2.0**-24 * (cupy.abs(a64) @ cupy.abs(b64)) + 2.0**-24
-    if out_dtype == "float16":
-        bound += 2.0**-11 * cupy.abs(ref)
-    err = cupy.abs(out.astype(cupy.float64) - ref)
-    if bool(cupy.isnan(err).any()):
-        return float("inf")
-    return float((err / bound).max())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.perf_counter()
                 gemm(a, b, kernel=name, out_dtype=out_dtype, out=out)
                 cupy.cuda.runtime.deviceSynchronize()
-                r = worst_ratio(cupy, out, a, b, out_dtype)
+                r = worst_error_ratio(out, a, b, out_dtype)
                 ok = r <= 1.0
                 print(f"{name:22s} {m}x{n}x{k:<6d} {out_dtype}: worst error / bound {r:.3g} "
                       f"{'ok' if ok else 'FAIL'} ({time.perf_counter() - t:.2f} s)", flush=True)
@@ -78,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                         function=spec.function + "_f32")
         cupy.cuda.runtime.deviceSynchronize()
         print(f"{spec.name} with B_DESC_SWAP=1 at {m}x{n}x{k}: worst error / bound "
-              f"{worst_ratio(cupy, out, a, b, 'float32'):.3g}", flush=True)
+              f"{worst_error_ratio(out, a, b, 'float32'):.3g}", flush=True)
     print(f"\n{len(failed)} failures" + (f": {failed}" if failed else ""))
     return 1 if failed else 0
 

@@ -193,6 +193,22 @@ def test_wgmma_matches_float64_per_element(kernel, shape, out_dtype):
 
 
 @pytest.mark.gpu
+def test_notebook_check_catches_a_wrong_product():
+    cupy = _hopper()
+    from fp16lab.kernels import measure
+    assert measure.check_elementwise("wgmma", (300, 200, 100), "float16") <= 1.0
+    rng = cupy.random.default_rng()
+    a = rng.standard_normal((64, 128), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((128, 64), dtype=cupy.float32).astype(cupy.float16)
+    out = gemm(a, b, kernel="wgmma")
+    assert measure.worst_error_ratio(out, a, b) <= 1.0
+    out[5, 7] += 0.1  # one element off by ~100 times its bound (K = 128: bound ~ 1e-3)
+    assert measure.worst_error_ratio(out, a, b) > 1.0
+    out[5, 7] = cupy.nan
+    assert measure.worst_error_ratio(out, a, b) == float("inf")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", STEP6)
 def test_wgmma_large_and_repeatable(kernel):
     cupy = _hopper()
