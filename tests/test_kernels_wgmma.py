@@ -219,3 +219,18 @@ def test_wgmma_large_and_repeatable(kernel):
     assert elementwise_ratio(cupy, first, a, b, "float32") <= 1.0
     for _ in range(3):  # a race shows as results that move between identical runs
         assert bool((gemm(a, b, kernel=kernel) == first).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switches", [{"CLUSTER_MULTICAST": 0, "CLUSTER_LOCKSTEP": 0},
+                                      {"CLUSTER_MULTICAST": 0}], ids=["clusters-only", "lock-step"])
+def test_cluster_diagnostic_builds_are_right(switches):
+    # benchmarks/wgmma_cluster.py times these builds: their products must be right too
+    cupy = _hopper()
+    rng = cupy.random.default_rng()
+    a = rng.standard_normal((300, 200), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((200, 520), dtype=cupy.float32).astype(cupy.float16)
+    out = cupy.full((300, 520), cupy.nan, dtype=cupy.float32)
+    launcher.launch(a, b, out, defines={**dict(KERNELS["wgmma_cluster2"].defines), **switches},
+                    function="wgmma_f32")
+    assert elementwise_ratio(cupy, out, a, b, "float32") <= 1.0

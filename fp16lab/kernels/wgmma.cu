@@ -53,6 +53,14 @@
 #ifndef PERSISTENT
 #define PERSISTENT 0  // 1: one block per SM loops over tiles; the next tile's loads overlap the stores
 #endif
+// Diagnostic switches for benchmarks/wgmma_cluster.py, which times clusters with parts of their
+// cooperation switched off (all on in the kernels of fp16lab.kernels):
+#ifndef CLUSTER_MULTICAST
+#define CLUSTER_MULTICAST 1  // 0: each block of a cluster loads all of B itself
+#endif
+#ifndef CLUSTER_LOCKSTEP
+#define CLUSTER_LOCKSTEP 1   // 0: consumers free their own block's stages only (needs no multicast)
+#endif
 #ifndef B_DESC_SWAP
 #define B_DESC_SWAP 0 // diagnostic: swap B's two descriptor strides (wrong results if set)
 #endif
@@ -63,6 +71,7 @@ static_assert(BN == 128 || BN == 256, "wgmma N of 128 or 256");
 static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "clusters of 1 or 2 blocks along M");
 static_assert(BN / 64 % CLUSTER_M == 0, "each block of a cluster multicasts whole 64-column boxes");
 static_assert(!(PERSISTENT && CLUSTER_M > 1), "the persistent schedule runs without clusters");
+static_assert(CLUSTER_LOCKSTEP || !CLUSTER_MULTICAST, "a multicast stage must be free in every block");
 
 constexpr int THREADS = 384;                    // producer warpgroup + 2 consumer warpgroups
 constexpr int CONSUMER_WARPS = 8;
@@ -70,6 +79,8 @@ constexpr int A_BYTES = BM * BK * 2;            // one stage of A: 128 rows of 1
 constexpr int B_BOX_BYTES = BK * 64 * 2;        // one 64-column box of B: 64 rows of 128 bytes
 constexpr int B_BYTES = BK * BN * 2;
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // what the full barrier waits for
+constexpr bool MULTICAST = CLUSTER_M > 1 && CLUSTER_MULTICAST;
+constexpr int RELEASE_CTAS = CLUSTER_M > 1 && CLUSTER_LOCKSTEP ? CLUSTER_M : 1;  // blocks a stage is freed in
 
 // The 128-byte CUtensorMap made by cuTensorMapEncodeTiled on the host (opaque to the kernel).
 struct alignas(64) TensorMap { unsigned long long opaque[16]; };
@@ -100,7 +111,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 }
 // Arrives on the barrier at the same shared-memory offset in block `cta` of the cluster.
 __device__ __forceinline__ void mbar_arrive_in(uint64_t* bar, unsigned cta) {
-    if (CLUSTER_M == 1) {
+    if (RELEASE_CTAS == 1) {  // this block's own barrier
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
     } else {
         asm volatile(
@@ -266,7 +277,7 @@ __device__ __forceinline__ void produce_tile(const TensorMap& map_a, const Tenso
         unsigned char* b = a + A_BYTES;
         mbar_expect_tx(&full[s], STAGE_BYTES);
         tma_load(a, &map_a, &full[s], kt * BK, row0);
-        if (CLUSTER_M == 1) {
+        if (!MULTICAST) {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j) tma_load(b + j * B_BOX_BYTES, &map_b, &full[s], col0 + 64 * j, kt * BK);
         } else {
@@ -284,7 +295,7 @@ __device__ __forceinline__ void produce_tile(const TensorMap& map_a, const Tenso
 // the cluster (each block's producer writes into both blocks' B tiles).
 __device__ __forceinline__ void release(uint64_t* empty, int s) {
 #pragma unroll
-    for (int cta = 0; cta < CLUSTER_M; ++cta) mbar_arrive_in(&empty[s], cta);
+    for (int cta = 0; cta < RELEASE_CTAS; ++cta) mbar_arrive_in(&empty[s], cta);
 }
 
 // Consumer warpgroup `half` (0 or 1): multiplies its 64 rows of the tile into d over all K slices.
@@ -351,7 +362,7 @@ __device__ __forceinline__ void gemm_wgmma(const TensorMap& map_a, const TensorM
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);                            // the producer's expect_tx
-            mbar_init(&empty[s], CONSUMER_WARPS * CLUSTER_M);  // every consumer warp of the cluster
+            mbar_init(&empty[s], CONSUMER_WARPS * RELEASE_CTAS);  // every consumer warp of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
