@@ -10,7 +10,11 @@ and times each alongside cupy.matmul at 4096^3 and 8192^3, in alternating blocks
   only its own stages: the cost of cluster scheduling alone;
 - `lock-step`: as above, but each consumer warp also frees the stage in the other block, so both
   blocks wait for each other at every stage, as multicast needs;
-- `multicast`: `wgmma_cluster2`, each block fetching half of B for both.
+- `multicast`: `wgmma_cluster2`, each block fetching half of B for both;
+- the last two again, with the consumers' arrivals on the other block's barrier made with the
+  default `.release.cta` semantics instead of `.release.cluster` (the hypothesis after the first
+  run of this script: lock-step alone cost 40% there, and a cluster-scope release may wait for the
+  warp's `wgmma` still in flight).
 
 Each is first checked element by element against float64. Results go to data/wgmma_cluster.json.
 
@@ -37,6 +41,9 @@ CASES = {
                       "CLUSTER_LOCKSTEP": 0},
     "lock-step": {**dict(KERNELS["wgmma_cluster2"].defines), "CLUSTER_MULTICAST": 0},
     "multicast": dict(KERNELS["wgmma_cluster2"].defines),
+    "lock-step, cta-scope arrive": {**dict(KERNELS["wgmma_cluster2"].defines), "CLUSTER_MULTICAST": 0,
+                                    "CLUSTER_ARRIVE_SCOPE": 0},
+    "multicast, cta-scope arrive": {**dict(KERNELS["wgmma_cluster2"].defines), "CLUSTER_ARRIVE_SCOPE": 0},
 }
 
 

@@ -223,7 +223,9 @@ def test_wgmma_large_and_repeatable(kernel):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("switches", [{"CLUSTER_MULTICAST": 0, "CLUSTER_LOCKSTEP": 0},
-                                      {"CLUSTER_MULTICAST": 0}], ids=["clusters-only", "lock-step"])
+                                      {"CLUSTER_MULTICAST": 0}, {"CLUSTER_ARRIVE_SCOPE": 0},
+                                      {"CLUSTER_MULTICAST": 0, "CLUSTER_ARRIVE_SCOPE": 0}],
+                         ids=["clusters-only", "lock-step", "cta-scope", "lock-step-cta-scope"])
 def test_cluster_diagnostic_builds_are_right(switches):
     # benchmarks/wgmma_cluster.py times these builds: their products must be right too
     cupy = _hopper()

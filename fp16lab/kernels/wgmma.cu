@@ -61,6 +61,9 @@
 #ifndef CLUSTER_LOCKSTEP
 #define CLUSTER_LOCKSTEP 1   // 0: consumers free their own block's stages only (needs no multicast)
 #endif
+#ifndef CLUSTER_ARRIVE_SCOPE
+#define CLUSTER_ARRIVE_SCOPE 1  // 1: frees a stage with .release.cluster; 0: with the default, .release.cta
+#endif
 #ifndef B_DESC_SWAP
 #define B_DESC_SWAP 0 // diagnostic: swap B's two descriptor strides (wrong results if set)
 #endif
@@ -113,10 +116,19 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 __device__ __forceinline__ void mbar_arrive_in(uint64_t* bar, unsigned cta) {
     if (RELEASE_CTAS == 1) {  // this block's own barrier
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-    } else {
+    } else if (CLUSTER_ARRIVE_SCOPE) {
         asm volatile(
             "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
             "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+            ::"r"(smem_u32(bar)), "r"(cta)
+            : "memory");
+    } else {
+        // the consumers' reads are done (wgmma.wait_group) before they arrive, and the stage is
+        // next written by the copy engine, not by ordinary stores: nothing for a cluster-wide
+        // release to order
+        asm volatile(
+            "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+            "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
             ::"r"(smem_u32(bar)), "r"(cta)
             : "memory");
     }
