@@ -4,10 +4,9 @@ A first look on a new machine or after a change to wgmma.cu, before the tests an
 each kernel runs on shapes from one block to a few hundred, every output element is compared with
 a float64 product against a bound from K and the unit roundoffs, and the worst ratio to the bound
 is printed. Run it under `timeout`: a pipeline that waits on a barrier nothing will arrive at
-hangs instead of failing. With --swap-probe, a kernel that fails is run once more with B's two
-descriptor strides swapped (-DB_DESC_SWAP=1), to tell a descriptor mistake from others.
+hangs instead of failing.
 
-    PYTHONPATH=. timeout 120 python3 benchmarks/wgmma_probe.py [--swap-probe] [--ok-file FILE]
+    PYTHONPATH=. timeout 120 python3 benchmarks/wgmma_probe.py [--ok-file FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ SHAPES = ((128, 256, 64), (256, 512, 256), (129, 264, 72), (1000, 1001, 1003), (
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--swap-probe", action="store_true")
     p.add_argument("--ok-file", type=Path, help="append the name of each kernel that passed here")
     args = p.parse_args(argv)
     cupy = require_cupy()
@@ -55,17 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.ok_file and len(failed) == before:
             with open(args.ok_file, "a") as f:
                 f.write(name + "\n")
-    if failed and args.swap_probe:
-        spec = KERNELS[failed[0][0]]
-        m, n, k = 128, 256, 64
-        a = rng.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
-        b = rng.standard_normal((k, n), dtype=cupy.float32).astype(cupy.float16)
-        out = cupy.full((m, n), cupy.nan, dtype=cupy.float32)
-        launcher.launch(a, b, out, defines={**dict(spec.defines), "B_DESC_SWAP": 1},
-                        function=spec.function + "_f32")
-        cupy.cuda.runtime.deviceSynchronize()
-        print(f"{spec.name} with B_DESC_SWAP=1 at {m}x{n}x{k}: worst error / bound "
-              f"{worst_error_ratio(out, a, b, 'float32'):.3g}", flush=True)
     print(f"\n{len(failed)} failures" + (f": {failed}" if failed else ""))
     return 1 if failed else 0
 

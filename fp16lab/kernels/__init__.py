@@ -1,22 +1,30 @@
 """Tensor-core GEMM kernels in CUDA C++, compiled and launched through CuPy: a ladder from slow to fast.
 
 ``gemm(a, b, kernel=NAME)`` multiplies row-major fp16 matrices ``a`` (M x K) and ``b`` (K x N)
-with fp32 accumulation and returns ``c`` (M x N) in fp32 or fp16. ``KERNELS`` lists the ladder,
-each step keeping the previous one and adding one idea:
+with fp32 accumulation and returns ``c`` (M x N) in fp32 or fp16. ``LADDER`` holds one kernel per
+step, the best measured configuration of each idea, each step keeping the previous one's and
+adding one:
 
 1. ``wmma_naive``: one warp per 16x16 tile of C, fragments read straight from global memory;
 2. ``wmma_smem``: 128x128 block tiles, 8 warps, A and B staged through shared memory;
 3. ``wmma_padded``: padded shared-memory rows against bank conflicts, 16-byte vector loads;
-4. ``wmma_pipeline*``: ``cp.async`` copies with 3-4 stages in flight in dynamic shared memory,
-   blocks grouped for L2 reuse; variants differ in block tile, K slice, stages and warp tiles;
-5. ``mma_sync*``: inline-PTX ``mma.sync.m16n8k16`` with ``ldmatrix`` from XOR-swizzled shared
-   memory, 64x64 warp tiles, fragments double-buffered in registers; variants as in step 4.
+4. ``wmma_pipeline``: ``cp.async`` copies with stages in flight in dynamic shared memory,
+   64x64 warp tiles;
+5. ``mma_sync``: inline-PTX ``mma.sync.m16n8k16`` with ``ldmatrix`` from XOR-swizzled shared
+   memory, 64x64 warp tiles, fragments double-buffered in registers;
+6. ``wgmma``: Hopper's warpgroup MMA reading both operands from shared memory, filled by TMA
+   copies on an mbarrier pipeline, a producer warpgroup and two consumer warpgroups
+   (:mod:`.wgmma`; built by nvcc for sm_90a through :mod:`.cubin`, so Hopper GPUs only).
 
-Any M, N, K works. Steps 1 and 2 handle edges element by element inside the kernel. Steps 3 to 5
-move 16-byte chunks, zero-filled outside the matrices, which needs K and N to be multiples of 8:
-when they are not, the launcher copies A and B into zero-padded arrays (K and N rounded up to 8;
-an extra read and write of A and B, and of C) and returns the M x N part. Inputs whose data
-pointer is not 256-byte aligned (offset views) are copied first.
+``VARIANTS`` holds the other configurations of steps 4 to 6 (tiles, stages, schedules) that the
+benchmarks and their tests time and check; ``KERNELS`` holds both. The tile sizes are written
+once, in the tables below: steps 4 to 6 receive them as -D flags.
+
+Any M, N, K works. Steps 1 and 2 handle edges element by element inside the kernel. Steps 3 to 6
+move 16-byte chunks (step 6: TMA boxes), zero-filled outside the matrices, which needs K and N to
+be multiples of 8: when they are not, the launcher copies A and B into zero-padded arrays (K and N
+rounded up to 8; an extra read and write of A and B, and of C) and returns the M x N part. Inputs
+whose data pointer is not 256-byte aligned (offset views) are copied first.
 
 ``print_fp16_bits`` runs a debugging kernel that prints fp16 bit patterns with device ``printf``;
 :mod:`.peak` measures the mma.sync ceiling, :mod:`.emulate` emulates one fragment multiply on the
@@ -191,12 +199,14 @@ def gemm(a: Any, b: Any, kernel: str = "mma_sync", *, out_dtype: str = "float32"
     Args:
         a: (M, K) float16 cupy array, C-contiguous.
         b: (K, N) float16 cupy array, C-contiguous.
-        kernel: a name from ``KERNELS``.
+        kernel: a name from ``KERNELS`` (the ``wgmma*`` ones need a Hopper GPU, nvcc and
+            cuda-bindings).
         out_dtype: ``"float32"`` or ``"float16"`` (the fp32 sums rounded once at the end).
         out: optional C-contiguous (M, N) array of ``out_dtype`` to write into.
 
     Raises:
-        KernelUnavailable: no CuPy, no GPU or no complete CUDA headers here.
+        KernelUnavailable: no CuPy, no GPU or no complete CUDA headers here; for step 6, every
+            one of CuPy/GPU, a Hopper GPU, nvcc and cuda-bindings that is missing.
         TypeError, ValueError: wrong types, dtypes, layouts or mismatched shapes.
     """
     if kernel not in KERNELS:

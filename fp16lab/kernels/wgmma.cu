@@ -64,9 +64,6 @@
 #ifndef CLUSTER_ARRIVE_SCOPE
 #define CLUSTER_ARRIVE_SCOPE 1  // 1: frees a stage with .release.cluster; 0: with the default, .release.cta
 #endif
-#ifndef B_DESC_SWAP
-#define B_DESC_SWAP 0 // diagnostic: swap B's two descriptor strides (wrong results if set)
-#endif
 
 static_assert(BM == 128, "two consumer warpgroups of 64 rows each");
 static_assert(BK == 64, "one 128-byte swizzle row of fp16 per K slice");
@@ -173,9 +170,7 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, unsigned lead_bytes
 __device__ __forceinline__ uint64_t desc_a(const void* p) { return smem_desc(p, 16, 1024); }
 // B (N-major): 64-column boxes of BK rows x 128 bytes, BK * 128 bytes apart (leading offset, along
 // N); 8-row groups of K 1024 bytes apart (stride offset).
-__device__ __forceinline__ uint64_t desc_b(const void* p) {
-    return B_DESC_SWAP ? smem_desc(p, 1024, B_BOX_BYTES) : smem_desc(p, B_BOX_BYTES, 1024);
-}
+__device__ __forceinline__ uint64_t desc_b(const void* p) { return smem_desc(p, B_BOX_BYTES, 1024); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

@@ -79,11 +79,13 @@ def tensor_map(x: Any, box_rows: int, box_cols: int = BOX_COLS) -> np.ndarray:
     if cols % 8 or x.data.ptr % 16:
         raise ValueError(f"a TMA tensor map needs a 16-byte row pitch and base: got {cols} fp16 "
                          f"columns at address {x.data.ptr:#x}")
-    return _encode(x.data.ptr, rows, cols, box_rows, box_cols)
+    return encode_tensor_map(x.data.ptr, rows, cols, box_rows, box_cols)
 
 
 @functools.lru_cache(maxsize=64)
-def _encode(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> np.ndarray:
+def encode_tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> np.ndarray:
+    """Returns the tensor map of a rows x cols fp16 row-major matrix at device address ``ptr``:
+    boxes of box_rows x box_cols, 128-byte swizzle, zeros outside the matrix."""
     from cuda.bindings import driver
 
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
@@ -136,11 +138,12 @@ def launch(a: Any, b: Any, c: Any, *, defines: dict[str, int], function: str) ->
     """
     bm, bn, bk, stages = defines["BM"], defines["BN"], defines["BK"], defines["STAGES"]
     smem = dynamic_smem(bm, bn, bk, stages)
-    fn = _function(tuple(sorted(defines.items())), function, require_cupy().cuda.Device().id, smem)
+    device = require_cupy().cuda.Device().id
+    fn = _function(tuple(sorted(defines.items())), function, device, smem)
     (m, k), n = a.shape, b.shape[1]
     map_a = tensor_map(a, box_rows=bm)
     map_b = tensor_map(b, box_rows=bk)
     blocks = grid(m, n, bm, bn, defines.get("CLUSTER_M", 1),
-                  _sm_count(require_cupy().cuda.Device().id) if defines.get("PERSISTENT") else 0)
+                  _sm_count(device) if defines.get("PERSISTENT") else 0)
     fn((blocks,), (THREADS,), (map_a, map_b, c, np.int32(m), np.int32(n), np.int32(k)),
        shared_mem=smem)
