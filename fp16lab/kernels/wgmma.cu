@@ -19,7 +19,9 @@
 //   block tile, with 128 fp32 accumulators per thread for a 64 x 256 tile;
 // - with CLUSTER_M = 2, two blocks of one thread-block cluster work on the two 128-row halves of
 //   a 256-row tile: they share B's tile, each block fetching half of it and multicasting it into
-//   both blocks' shared memory (half the B traffic from L2 per block).
+//   both blocks' shared memory (half the B traffic from L2 per block);
+// - with PERSISTENT = 1, one block per SM loops over the tiles, and the producer fills the next
+//   tile's stages while the consumers store the last one's results.
 //
 // Any shape: the tensor maps are built for the true M and K (rows and columns outside read as
 // zeros), and the stores are bounds-checked. TMA needs the row pitch of A and B to be a multiple
