@@ -46,7 +46,8 @@ PEAK_ITERS = 20000
 def _ablated(spec, copies: bool, ldmatrix: bool):
     """Returns the kernel of ``spec`` compiled with its main-loop copies / ldmatrix on or off."""
     return get_function(spec.source, spec.function + "_f16", spec.dynamic_smem,
-                        defines={"LOOP_COPIES": int(copies), "LOOP_LDMATRIX": int(ldmatrix)})
+                        defines={**dict(spec.defines), "LOOP_COPIES": int(copies),
+                                 "LOOP_LDMATRIX": int(ldmatrix)})
 
 
 def _sustained(fn, flops_per_call: float, seconds: float) -> dict:

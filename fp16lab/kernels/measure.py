@@ -1,7 +1,8 @@
 """Running the ladder on the local GPU from a notebook: correctness checks and a short benchmark.
 
 :func:`check_all` multiplies fresh random matrices with every kernel and compares with a
-float64 product; :func:`run_benchmark` runs ``benchmarks/gemm.py`` (the script that produced
+float64 product (:func:`check_elementwise` does so element by element, against a bound from K and
+the unit roundoffs); :func:`run_benchmark` runs ``benchmarks/gemm.py`` (the script that produced
 ``data/gemm.json``) in a subprocess on a few sizes and returns its result file, so a notebook
 times the kernels with exactly the code that measured the recorded results.
 """
@@ -14,7 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import KERNELS, gemm
+from . import KERNELS, LADDER, gemm
+from . import wgmma as _step6
 from .compiler import require_cupy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,11 +31,53 @@ def relative_error(out: Any, a: Any, b: Any) -> float:
     return num / den if den else num
 
 
+def runnable(kernels: list[str] | None = None) -> list[str]:
+    """Returns the kernels (default: the ladder) that can run on this machine: the wgmma ones
+    only where :func:`fp16lab.kernels.wgmma.missing` finds nothing missing (a Hopper GPU, nvcc,
+    cuda-bindings)."""
+    names = list(LADDER) if kernels is None else list(kernels)
+    step6_ok = not _step6.missing()
+    return [k for k in names if KERNELS[k].builder != "nvcc" or step6_ok]
+
+
+def worst_error_ratio(out: Any, a: Any, b: Any, out_dtype: str = "float32") -> float:
+    """Returns max over the elements of |out - a@b| / bound, the product taken in float64.
+
+    The bound: fp32 sums of K exact products err by at most about K * 2^-24 of sum |a||b| (doubled
+    here for slack), plus 2^-24 absolute; an fp16 output adds one rounding, 2^-11 of |a@b|. A
+    result of at most 1 is as right as fp32 accumulation allows; a NaN anywhere gives infinity.
+    """
+    cupy = require_cupy()
+    k = a.shape[1]
+    a64, b64 = a.astype(cupy.float64), b.astype(cupy.float64)
+    ref = a64 @ b64
+    bound = 2 * k * 2.0**-24 * (cupy.abs(a64) @ cupy.abs(b64)) + 2.0**-24
+    if str(out_dtype) == "float16":
+        bound = bound + 2.0**-11 * cupy.abs(ref)
+    err = cupy.abs(out.astype(cupy.float64) - ref)
+    return float("inf") if bool(cupy.isnan(err).any()) else float((err / bound).max())
+
+
+def check_elementwise(kernel: str, shape: tuple[int, int, int] = (1000, 1001, 1003),
+                      out_dtype: str = "float32") -> float:
+    """Returns :func:`worst_error_ratio` of one kernel on fresh random inputs of shape (M, N, K),
+    its output poisoned with NaN first."""
+    cupy = require_cupy()
+    m, n, k = shape
+    rng = cupy.random.default_rng()
+    a = rng.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((k, n), dtype=cupy.float32).astype(cupy.float16)
+    out = cupy.full((m, n), cupy.nan, dtype=out_dtype)
+    gemm(a, b, kernel=kernel, out_dtype=out_dtype, out=out)
+    return worst_error_ratio(out, a, b, out_dtype)
+
+
 def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[str] | None = None,
               out_dtype: str = "float32") -> dict[str, float]:
     """Returns {kernel: relative error against float64} on fresh random inputs of shape (M, N, K).
 
-    Each output is poisoned with NaN first, so an element a kernel forgot to write shows as NaN.
+    ``kernels`` defaults to the ladder kernels that run here (:func:`runnable`). Each output is poisoned with NaN first, so
+    an element a kernel forgot to write shows as NaN.
     """
     cupy = require_cupy()
     m, n, k = shape
@@ -41,7 +85,7 @@ def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[st
     a = rng.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
     b = rng.standard_normal((k, n), dtype=cupy.float32).astype(cupy.float16)
     errors = {}
-    for name in kernels or list(KERNELS):
+    for name in kernels or runnable():
         out = cupy.full((m, n), cupy.nan, dtype=out_dtype)
         gemm(a, b, kernel=name, out_dtype=out_dtype, out=out)
         errors[name] = relative_error(out, a, b)
@@ -51,7 +95,8 @@ def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[st
 def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | None = None,
                   timeout: int = 900) -> dict[str, Any]:
     """Returns the result of ``benchmarks/gemm.py`` run here on square sizes (no odd shapes, no
-    sustained runs: a few seconds, not a minute)."""
+    sustained runs: a few seconds, not a minute); ``kernels`` defaults to the ladder kernels that
+    run here (:func:`runnable`)."""
     require_cupy()
     script = REPO / "benchmarks" / "gemm.py"
     if not script.is_file():
@@ -61,8 +106,7 @@ def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | No
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(script), "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
                "--sustained", "0", "--sizes", *map(str, sizes)]
-        if kernels:
-            cmd += ["--kernels", *kernels]
+        cmd += ["--kernels", *(kernels or runnable())]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
         if res.returncode != 0:
             raise RuntimeError(f"benchmarks/gemm.py failed ({res.returncode}):\n{res.stderr[-3000:]}")

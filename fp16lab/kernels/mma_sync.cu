@@ -227,22 +227,42 @@ __device__ __forceinline__ void gemm_mma(const __half* __restrict__ A, const __h
     }
 }
 
-#define INSTANTIATE(NAME, BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF)                          \
-    extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
-    NAME##_f32(const __half* A, const __half* B, float* C, int M, int N, int K) {                     \
-        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, float>(A, B, C, M, N, K);         \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
-    NAME##_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {                    \
-        gemm_mma<BM, BN, BK, WARPS_M, WARPS_N, STAGES, GROUP_M, PF, __half>(A, B, C, M, N, K);        \
-    }
+// One configuration per compilation: the launcher passes it as -D flags from the kernel's entry in
+// fp16lab.kernels (LADDER or VARIANTS), where the tile sizes are written once. The defaults are the
+// ladder's step 5 (for compile checks): 128x256 blocks, K slices of 64, 2 x 4 warps, 3 stages,
+// 8 block-rows per L2 group, no prefetch hint; 3 x (128x64 + 64x256) x 2 B = 144 KB.
+#ifndef CFG_BM
+#define CFG_BM 128
+#endif
+#ifndef CFG_BN
+#define CFG_BN 256
+#endif
+#ifndef CFG_BK
+#define CFG_BK 64
+#endif
+#ifndef CFG_WARPS_M
+#define CFG_WARPS_M 2
+#endif
+#ifndef CFG_WARPS_N
+#define CFG_WARPS_N 4
+#endif
+#ifndef CFG_STAGES
+#define CFG_STAGES 3
+#endif
+#ifndef CFG_GROUP_M
+#define CFG_GROUP_M 8
+#endif
+#ifndef CFG_PF
+#define CFG_PF 0
+#endif
 
-// name                        BM   BN   BK  warps stages group L2 hint   dynamic shared memory
-INSTANTIATE(mma_sync,          128, 256, 32, 2, 4, 4,  8, false)   // 4 x (128x32 + 32x256) x 2 B =  96 KB
-INSTANTIATE(mma_sync_k64,      128, 256, 64, 2, 4, 3,  8, false)   // 3 x (128x64 + 64x256) x 2 B = 144 KB
-INSTANTIATE(mma_sync_k64s4,    128, 256, 64, 2, 4, 4,  8, false)   // 4 x (128x64 + 64x256) x 2 B = 192 KB
-INSTANTIATE(mma_sync_k64_g16,  128, 256, 64, 2, 4, 3, 16, false)   // as mma_sync_k64, 16 block-rows per L2 group
-INSTANTIATE(mma_sync_k64_pf,   128, 256, 64, 2, 4, 3,  8, true)    // as mma_sync_k64, with the L2::256B hint
-INSTANTIATE(mma_sync_256x128,  256, 128, 64, 4, 2, 3,  8, false)   // 3 x (256x64 + 64x128) x 2 B = 144 KB
-INSTANTIATE(mma_sync_128,      128, 128, 32, 2, 2, 4,  8, false)   // 4 x (128x32 + 32x128) x 2 B =  64 KB, 4 warps
-INSTANTIATE(mma_sync_256x128s4,256, 128, 64, 4, 2, 4,  8, false)   // 4 x (256x64 + 64x128) x 2 B = 192 KB
+extern "C" __global__ void __launch_bounds__(CFG_WARPS_M * CFG_WARPS_N * 32)
+mma_sync_f32(const __half* A, const __half* B, float* C, int M, int N, int K) {
+    gemm_mma<CFG_BM, CFG_BN, CFG_BK, CFG_WARPS_M, CFG_WARPS_N, CFG_STAGES, CFG_GROUP_M, CFG_PF != 0, float>(
+        A, B, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(CFG_WARPS_M * CFG_WARPS_N * 32)
+mma_sync_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    gemm_mma<CFG_BM, CFG_BN, CFG_BK, CFG_WARPS_M, CFG_WARPS_N, CFG_STAGES, CFG_GROUP_M, CFG_PF != 0, __half>(
+        A, B, C, M, N, K);
+}

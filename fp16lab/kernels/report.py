@@ -30,16 +30,18 @@ def uses_tensor_cores(kernel_name: str) -> bool:
     return bool(_TC_PATTERNS.search(kernel_name))
 
 
-def kernels_table():
-    """Returns a DataFrame describing every kernel of the ladder (step, tiles, threads, shared memory)."""
+def kernels_table(variants: bool = False):
+    """Returns a DataFrame describing the ladder's kernels, one per step (step, tiles, threads,
+    shared memory); with ``variants=True`` the tuning variants of steps 4-6 too."""
     import pandas as pd
 
-    from . import KERNELS
+    from . import KERNELS, LADDER
 
+    specs = (KERNELS if variants else LADDER).values()
     return pd.DataFrame([{"step": k.step, "kernel": k.name, "what it adds": k.title,
                           "block tile": f"{k.bm}x{k.bn}", "threads": k.threads,
                           "dynamic smem (KB)": round(k.dynamic_smem / 1024, 1),
-                          "source": k.source} for k in KERNELS.values()]).set_index("kernel")
+                          "source": k.source} for k in specs]).set_index("kernel")
 
 
 def _rows(payload: dict[str, Any]):
@@ -124,16 +126,17 @@ def ladder_summary(payload: dict[str, Any], size: int | None = None):
 
 def targets(payload: dict[str, Any], size: int = 8192):
     """Returns the issue's targets at size^3 against the measurement: best WMMA-API kernel >= 50%
-    of cuBLAS, best mma.sync kernel >= 70%, with the kernel, its % of cuBLAS (burst timings
-    alternating with cuBLAS), whether that meets the target, and, where the file has it, the
-    ratio over a second of back-to-back calls each."""
+    of cuBLAS, best mma.sync kernel >= 70%, best wgmma kernel >= 90%, with the kernel, its % of
+    cuBLAS (burst timings alternating with cuBLAS), whether that meets the target, and, where the
+    file has it, the ratio over a second of back-to-back calls each."""
     import pandas as pd
 
     df = _rows(payload)
     df = df[(df["shape"] == f"{size}x{size}x{size}") & (df["kind"] == "kernel")]
     out = []
     for label, steps, goal in (("best WMMA-API kernel (steps 1-4)", (1, 2, 3, 4), 50.0),
-                               ("best mma.sync kernel (step 5)", (5,), 70.0)):
+                               ("best mma.sync kernel (step 5)", (5,), 70.0),
+                               ("best wgmma kernel (step 6)", (6,), 90.0)):
         g = df[df["step"].isin(steps)].sort_values("pct_cublas")
         if g.empty:
             continue
@@ -258,6 +261,29 @@ def source_diff(before: str, after: str, context: int = 1, max_lines: int | None
         lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more diff lines: "
                                      f"source_diff({before!r}, {after!r}) shows all)"]
     return "\n".join(lines)
+
+
+def source_function(filename: str, name: str) -> str:
+    """Returns one function of a .cu file, from the comment block above it to its closing brace.
+
+    A step that rewrites its predecessor (step 6 shares little text with step 5) reads better a
+    function at a time than as a diff.
+    """
+    lines = source_path(filename).read_text().splitlines()
+    pattern = re.compile(rf"^\S.*\b{re.escape(name)}\(")
+    try:
+        start = next(i for i, ln in enumerate(lines) if pattern.match(ln))
+    except StopIteration:
+        raise ValueError(f"no function {name!r} defined in {filename}") from None
+    while start > 0 and (lines[start - 1].startswith("//") or lines[start - 1].startswith("template")):
+        start -= 1
+    depth, end = 0, None
+    for i in range(start, len(lines)):
+        depth += lines[i].count("{") - lines[i].count("}")
+        if "{" in "".join(lines[start:i + 1]) and depth == 0:
+            end = i
+            break
+    return "\n".join(lines[start:end + 1])
 
 
 def bits_table(values: Any, printed: str | None = None):

@@ -9,8 +9,9 @@
 //   on their way, so the wait for global memory overlaps the tensor-core work;
 // - the buffers no longer fit in the 48 KB of static shared memory: they are dynamic
 //   shared memory, whose limit the launcher raises (cudaFuncSetAttribute);
-// - tile shape, K slice, warp layout and stage count are template parameters, instantiated
-//   below for 128 x 128 blocks (8 warps of 64 x 32) and 128 x 256 blocks (8 warps of 64 x 64);
+// - tile shape, K slice, warp layout and stage count are template parameters, set once per
+//   compilation by the launcher's -D flags (the ladder's step 4: 128 x 128 blocks, 4 warps of
+//   64 x 64; variants such as 128 x 256 blocks of 8 warps are fp16lab.kernels.VARIANTS);
 //   with PIPE >= 1 the A fragments of the next k16 step are loaded while the current one
 //   multiplies; with PIPE == 2 the barrier moves from the top of a slice to its last k16
 //   step, so the first fragments of the next slice load while the last multiplies run;
@@ -274,28 +275,37 @@ __device__ __forceinline__ void gemm_pipeline(const __half* __restrict__ A, cons
             store_tile<OutT>(Cs + warp * 256, acc[i][j], C, bm + wm * WM + i * 16, bn + wn * WN + j * 16, M, N, lane);
 }
 
-#define INSTANTIATE(NAME, BM, BN, BK, WARPS_M, WARPS_N, STAGES, PIPE)                                 \
-    extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
-    NAME##_f32(const __half* A, const __half* B, float* C, int M, int N, int K) {                     \
-        gemm_pipeline<BM, BN, BK, WARPS_M, WARPS_N, STAGES, PIPE, float>(A, B, C, M, N, K);           \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                               \
-    NAME##_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {                    \
-        gemm_pipeline<BM, BN, BK, WARPS_M, WARPS_N, STAGES, PIPE, __half>(A, B, C, M, N, K);          \
-    }
+// One configuration per compilation: the launcher passes it as -D flags from the kernel's entry in
+// fp16lab.kernels (LADDER or VARIANTS), where the tile sizes are written once. The defaults are the
+// ladder's step 4 (for compile checks): 128x128 blocks, K slices of 32, 2 x 2 warps of 64x64,
+// 4 stages, A fragments prefetched (PIPE 1); 4 x (128x40 + 32x136) x 2 B = 74 KB.
+#ifndef CFG_BM
+#define CFG_BM 128
+#endif
+#ifndef CFG_BN
+#define CFG_BN 128
+#endif
+#ifndef CFG_BK
+#define CFG_BK 32
+#endif
+#ifndef CFG_WARPS_M
+#define CFG_WARPS_M 2
+#endif
+#ifndef CFG_WARPS_N
+#define CFG_WARPS_N 2
+#endif
+#ifndef CFG_STAGES
+#define CFG_STAGES 4
+#endif
+#ifndef CFG_PIPE
+#define CFG_PIPE 1
+#endif
 
-// name                              BM   BN   BK warps stages PIPE  dynamic shared memory
-INSTANTIATE(wmma_pipeline,           128, 128, 32, 2, 4, 3, 0)  // 3 x (128x40 + 32x136) x 2 B =  55.5 KB
-INSTANTIATE(wmma_pipeline_k64,       128, 128, 64, 2, 4, 3, 0)  // 3 x (128x72 + 64x136) x 2 B = 105 KB
-INSTANTIATE(wmma_pipeline_256,       128, 256, 32, 2, 4, 3, 0)  // 3 x (128x40 + 32x264) x 2 B =  79.5 KB
-INSTANTIATE(wmma_pipeline_256_k64,   128, 256, 64, 2, 4, 3, 1)  // 3 x (128x72 + 64x264) x 2 B = 153 KB
-INSTANTIATE(wmma_pipeline_256_k64s4, 128, 256, 64, 2, 4, 4, 1)  // 4 x (128x72 + 64x264) x 2 B = 204 KB
-INSTANTIATE(wmma_pipeline_256x128,   256, 128, 64, 4, 2, 3, 1)  // 3 x (256x72 + 64x136) x 2 B = 159 KB
-INSTANTIATE(wmma_pipeline_128w,      128, 128, 32, 2, 2, 4, 1)  // 4 x (128x40 + 32x136) x 2 B =  74 KB, 4 warps of 64x64
-INSTANTIATE(wmma_pipeline_256_lb,    128, 256, 64, 2, 4, 4, 2)  // 4 x (128x72 + 64x264) x 2 B = 204 KB, late barrier
-INSTANTIATE(wmma_pipeline_256x128_lb,256, 128, 64, 4, 2, 4, 2)  // 4 x (256x72 + 64x136) x 2 B = 212 KB, late barrier
-INSTANTIATE(wmma_pipeline_128w_lb,   128, 128, 32, 2, 2, 4, 2)  // 4 x (128x40 + 32x136) x 2 B =  74 KB, late barrier
-INSTANTIATE(wmma_pipeline_256_mb,    128, 256, 64, 2, 4, 3, 3)  // 3 x (128x72 + 64x264) x 2 B = 153 KB, mma_sync's schedule
-INSTANTIATE(wmma_pipeline_256x128_mb,256, 128, 64, 4, 2, 3, 3)  // 3 x (256x72 + 64x136) x 2 B = 159 KB, mma_sync's schedule
-INSTANTIATE(wmma_pipeline_256_mbs4,  128, 256, 64, 2, 4, 4, 3)  // 4 x (128x72 + 64x264) x 2 B = 204 KB, mma_sync's schedule
-INSTANTIATE(wmma_pipeline_256x128_mbs4,256,128,64, 4, 2, 4, 3)  // 4 x (256x72 + 64x136) x 2 B = 212 KB, mma_sync's schedule
+extern "C" __global__ void __launch_bounds__(CFG_WARPS_M * CFG_WARPS_N * 32)
+wmma_pipeline_f32(const __half* A, const __half* B, float* C, int M, int N, int K) {
+    gemm_pipeline<CFG_BM, CFG_BN, CFG_BK, CFG_WARPS_M, CFG_WARPS_N, CFG_STAGES, CFG_PIPE, float>(A, B, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(CFG_WARPS_M * CFG_WARPS_N * 32)
+wmma_pipeline_f16(const __half* A, const __half* B, __half* C, int M, int N, int K) {
+    gemm_pipeline<CFG_BM, CFG_BN, CFG_BK, CFG_WARPS_M, CFG_WARPS_N, CFG_STAGES, CFG_PIPE, __half>(A, B, C, M, N, K);
+}
