@@ -127,6 +127,11 @@ def one_step_timeline(prof: P.StepProfile) -> list[list[Any]]:
             for r in keep.itertuples()]
 
 
+def _is_timeline_point(point: dict[str, Any]) -> bool:
+    """True for the small-batch ResNet-50 points (or their CPU stand-in): the notebook draws them."""
+    return point["role"] in ("resnet50 b64", "resnet50 stand-in b8")
+
+
 def measure(point: dict[str, Any], args: argparse.Namespace, cuda: bool,
             trace_dir: Path | None) -> tuple[dict[str, Any], list | None]:
     """Returns (the row of one point, its one-step timeline or None)."""
@@ -169,10 +174,10 @@ def measure(point: dict[str, Any], args: argparse.Namespace, cuda: bool,
             row["notes"] = "; ".join(step.notes)
         elif point["execution"] == "compile":
             row["notes"] = "; ".join(step.notes)
-        timeline = one_step_timeline(prof) if point["model"] in ("resnet50", "small_cnn") \
-            and point["batch"] in (64, 8) else None
-        if path is not None:
-            path.unlink(missing_ok=True) if not args.keep_traces else None
+        timeline = one_step_timeline(prof) if _is_timeline_point(point) else None
+        if path is not None and timeline is None:  # keep only the traces the notebook tells of
+            path.unlink(missing_ok=True)
+            row["trace_file"] = ""
         return row, timeline
     except Exception as e:  # recorded, and the run goes on: one GPU run has to tell all
         row.update(status="error", error=f"{type(e).__name__}: {str(e).strip()[:400]}",
@@ -234,6 +239,23 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def save(args: argparse.Namespace, cuda: bool, rows: list[dict[str, Any]],
+         timelines: dict[str, Any], start: float) -> tuple[Path, Path]:
+    """Writes the rows and timelines measured so far; returns the two paths."""
+    name = args.name or default_name(cuda)
+    meta = {"benchmark": "profile_step", "quick": args.quick, "steps": args.steps,
+            "repeats": args.repeats, "profile_steps": args.profile_steps,
+            "warmup_steps": E.WARMUP_STEPS, "cudnn_benchmark": args.cudnn_benchmark,
+            "summary": targets(rows), "total_s": time.perf_counter() - start,
+            "protocol": "blocks of back-to-back steps timed with CUDA events after the warm-up; "
+                        "idle fraction and kernel time from a torch.profiler trace of further steps"}
+    path = bench.write_result(name, rows, meta=meta, data_dir=args.out)
+    tl_path = bench.write_result(f"{name}_timelines", [
+        {"point": k, **v} for k, v in timelines.items()], meta={"benchmark": "profile_step"},
+        data_dir=args.out)
+    return path, tl_path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run (few points, steps)")
@@ -256,7 +278,6 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("steps", "repeats", "profile_steps"):
         if getattr(args, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be >= 1")
-    args.keep_traces = args.trace_dir is not None
     if args.trace_dir:
         args.trace_dir.mkdir(parents=True, exist_ok=True)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
@@ -278,17 +299,10 @@ def main(argv: list[str] | None = None) -> int:
             timelines[f"{row['model']} b{row['batch']} {row['precision']} {row['execution']}"] = {
                 "columns": list(TIMELINE_COLUMNS), "events": timeline,
                 "step_ms": row["step_ms"], "idle_fraction": row["idle_fraction"]}
-    name = args.name or default_name(cuda)
-    summary = targets(rows)
-    meta = {"benchmark": "profile_step", "quick": args.quick, "steps": args.steps,
-            "repeats": args.repeats, "profile_steps": args.profile_steps,
-            "warmup_steps": E.WARMUP_STEPS, "cudnn_benchmark": args.cudnn_benchmark,
-            "summary": summary, "total_s": time.perf_counter() - start}
-    path = bench.write_result(name, rows, meta=meta, data_dir=args.out)
-    tl_path = bench.write_result(f"{name}_timelines", [
-        {"point": k, **v} for k, v in timelines.items()], meta={"benchmark": "profile_step"},
-        data_dir=args.out)
+        path, tl_path = save(args, cuda, rows, timelines, start)  # after every point: a run
+        # cut short by a timeout still leaves what it measured
     print(f"\nwrote {path} and {tl_path}\n")
+    summary = targets(rows)
     print(f"{'model':>17} {'batch':>5} {'precision':>9} {'execution':>10} {'samples/s':>10} "
           f"{'spread':>7} {'idle':>6} {'kernel ms':>9} {'prof ovh':>8}")
     for r in rows:

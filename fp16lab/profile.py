@@ -374,3 +374,25 @@ def plot_timeline(events: pd.DataFrame, *, window: tuple[float, float] | None = 
     if title:
         ax.set_title(title)
     return ax
+
+
+def events_from_table(columns: list[str], rows: list[list[Any]]) -> pd.DataFrame:
+    """Returns an event table like :func:`read_trace`'s from stored rows (a measured file's).
+
+    The rows need at least the columns lane, kind, start_us and dur_us; stored CPU rows are taken
+    to be top-level operators or launches (what the benchmark keeps).
+    """
+    df = pd.DataFrame(rows, columns=list(columns))
+    missing = {"lane", "kind", "start_us", "dur_us"} - set(df.columns)
+    if missing:
+        raise ValueError(f"stored events lack the columns {sorted(missing)}; they have {list(columns)}")
+    bad = set(df["lane"]) - {"cpu", "gpu"}
+    if bad:
+        raise ValueError(f"lane must be 'cpu' or 'gpu', got {sorted(bad)}")
+    df["start_us"] = df["start_us"].astype(float)
+    df["dur_us"] = df["dur_us"].astype(float)
+    df["end_us"] = df["start_us"] + df["dur_us"]
+    df["top_level"] = (df["lane"] == "cpu") & (df["kind"] != "launch")
+    if "name" not in df:
+        df["name"] = ""
+    return df.sort_values("start_us").reset_index(drop=True)

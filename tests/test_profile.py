@@ -218,3 +218,17 @@ def pd_concat_shifted(ev, n):
     span = float(ev["end_us"].max()) + 10
     return pd.concat([ev.assign(start_us=ev["start_us"] + i * span, end_us=ev["end_us"] + i * span)
                       for i in range(n)], ignore_index=True)
+
+
+def test_stored_events_give_back_the_same_summary_and_timeline():
+    ev = P.read_trace(_synthetic_trace())
+    keep = ev[(ev["lane"] == "gpu") | ev["top_level"] | (ev["kind"] == "launch")]
+    cols = ["lane", "kind", "start_us", "dur_us", "name"]
+    back = P.events_from_table(cols, keep[cols].values.tolist())
+    a, b = P.gpu_time_summary(ev), P.gpu_time_summary(back)
+    assert (a.window_us, a.busy_us, a.kernel_us) == (b.window_us, b.busy_us, b.kernel_us)
+    assert a.by_kind["total_us"].to_dict() == b.by_kind["total_us"].to_dict()
+    with pytest.raises(ValueError, match="lack the columns"):
+        P.events_from_table(["lane", "kind"], [["gpu", "copy"]])
+    with pytest.raises(ValueError, match="'cpu' or 'gpu'"):
+        P.events_from_table(cols, [["tpu", "copy", 0, 1, "x"]])
