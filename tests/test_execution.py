@@ -23,6 +23,8 @@ def _batch(model_name="mlp", batch=16, device="cpu", seed=0):
 
 def _reference_losses(model, x, y, precision, steps):
     """The textbook loop, written out: autocast, GradScaler where fp16, plain SGD with momentum."""
+    # fp32 means TF32 off for convolutions too (cuDNN's default is on)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     dev = x.device.type
     opt = torch.optim.SGD(model.parameters(), lr=E.LR, momentum=E.MOMENTUM)
     scaler = torch.amp.GradScaler(dev) if precision == "amp-fp16" else None
@@ -190,7 +192,7 @@ def test_a_replayed_step_is_one_graph_launch_with_all_its_kernels():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("mode", ["reduce-overhead"])  # 'default' is tested on the CPU
 def test_compile_on_gpu_gives_the_eager_loss_trajectory(mode):
     eager = E.build_step("small_cnn", 32, precision="amp-bf16", seed=1)
     compiled = E.build_step("small_cnn", 32, precision="amp-bf16", execution="compile",
