@@ -122,7 +122,8 @@ def one_step_timeline(prof: P.StepProfile) -> list[list[Any]]:
     lo = float(marks["start_us"].iloc[-1])
     hi = prof.window[1] if len(marks) == 1 else max(float(marks["end_us"].iloc[-1]), prof.window[1])
     keep = ev[(ev["end_us"] > lo) & (ev["start_us"] < hi)
-              & ((ev["lane"] == "gpu") | ev["top_level"].astype(bool) | (ev["kind"] == "launch"))]
+              & ((ev["lane"] == "gpu") | ev["top_level"].astype(bool)
+                 | ev["kind"].isin(["launch", "sync"]))]
     return [[r.lane, r.kind, round(r.start_us - lo, 3), round(r.dur_us, 3), r.name[:80]]
             for r in keep.itertuples()]
 
@@ -191,11 +192,10 @@ def measure(point: dict[str, Any], args: argparse.Namespace, cuda: bool,
             torch.cuda.empty_cache()
 
 
-def default_name(cuda: bool) -> str:
-    """Returns the result file's stem: where_time_goes_h200 on an H200, ..._cpu on a CPU."""
-    if not cuda:
+def default_name(gpu: str | None) -> str:
+    """Returns the result file's stem: where_time_goes_h200 on an H200, ..._cpu without a GPU."""
+    if not gpu:
         return "where_time_goes_cpu"
-    gpu = torch.cuda.get_device_name(0)
     m = re.search(r"\b([A-Z]\d{2,4}[A-Za-z]*)\b", gpu)
     return f"where_time_goes_{(m.group(1) if m else re.sub(r'[^a-z0-9]+', '_', gpu.lower())).lower()}"
 
@@ -242,7 +242,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def save(args: argparse.Namespace, cuda: bool, rows: list[dict[str, Any]],
          timelines: dict[str, Any], start: float) -> tuple[Path, Path]:
     """Writes the rows and timelines measured so far; returns the two paths."""
-    name = args.name or default_name(cuda)
+    name = args.name or default_name(torch.cuda.get_device_name(0) if cuda else None)
     meta = {"benchmark": "profile_step", "quick": args.quick, "steps": args.steps,
             "repeats": args.repeats, "profile_steps": args.profile_steps,
             "warmup_steps": E.WARMUP_STEPS, "cudnn_benchmark": args.cudnn_benchmark,

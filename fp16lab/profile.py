@@ -67,6 +67,9 @@ _PATTERNS = (
 )
 _COMPILED = tuple((kind, re.compile(p, re.IGNORECASE)) for kind, p in _PATTERNS)
 
+#: Colours of the host's CUDA calls on the CPU lane: kernel launches and waits for the GPU.
+_HOST_COLOURS = {"launch": "black", "sync": "#e377c2"}
+
 #: Trace categories of device work, and of host calls that launch it.
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
@@ -139,8 +142,8 @@ def read_trace(trace: str | Path | dict[str, Any]) -> pd.DataFrame:
             continue  # the profiler's copy of a CPU range onto the GPU lane, not device work
         elif cat == "user_annotation":
             lane, kind = "cpu", "annotation"
-        elif cat in _LAUNCH_CATS:
-            lane, kind = "cpu", "launch"
+        elif cat in _LAUNCH_CATS:  # a host wait shows apart from the launches
+            lane, kind = "cpu", "sync" if "Synchronize" in name else "launch"
         elif cat == "cpu_op":
             lane, kind = "cpu", classify(name, cat)
         else:
@@ -335,8 +338,8 @@ def plot_timeline(events: pd.DataFrame, *, window: tuple[float, float] | None = 
                   ax: Any = None, title: str = "") -> Any:
     """Returns a matplotlib Axes with the CPU lane above the GPU lane, events coloured by kind.
 
-    The CPU lane shows top-level operators (coloured by kind) and kernel launches (black); the
-    GPU lane shows kernels and copies. White space in the GPU lane is time the device sat idle.
+    The CPU lane shows top-level operators (coloured by kind), kernel launches (black) and waits
+    for the GPU (pink); the GPU lane shows kernels and copies. White space in the GPU lane is time the device sat idle.
     Each kind is drawn with one ``broken_barh`` call, so thousands of kernels draw in well
     under a second.
     """
@@ -349,15 +352,15 @@ def plot_timeline(events: pd.DataFrame, *, window: tuple[float, float] | None = 
     if window is not None:
         lo, hi = window
         ev = ev[(ev["end_us"] > lo) & (ev["start_us"] < hi)]
-    lanes = [("CPU", (ev["lane"] == "cpu") & (ev["top_level"].astype(bool) | (ev["kind"] == "launch")),
-              1.0),
+    host_calls = ev["kind"].isin(["launch", "sync"])
+    lanes = [("CPU", (ev["lane"] == "cpu") & (ev["top_level"].astype(bool) | host_calls), 1.0),
              ("GPU", ev["lane"] == "gpu", 0.0)]
     origin = float(window[0]) if window is not None else 0.0
     used = set()
     for _, mask, y in lanes:
         sub = ev[mask]
         for kind, group in sub.groupby("kind"):
-            colour = KINDS.get(kind, "black")
+            colour = KINDS.get(kind, _HOST_COLOURS.get(kind, "black"))
             spans = list(zip((group["start_us"] - origin) / 1e3, group["dur_us"] / 1e3))
             ax.broken_barh(spans, (y + 0.1, 0.8), facecolors=colour, linewidth=0)
             used.add(kind)
@@ -367,9 +370,7 @@ def plot_timeline(events: pd.DataFrame, *, window: tuple[float, float] | None = 
     ax.set_xlabel("time (ms)")
     if window is not None:
         ax.set_xlim(0, (window[1] - window[0]) / 1e3)
-    handles = [Patch(color=KINDS[k], label=k) for k in KINDS if k in used]
-    if "launch" in used:
-        handles.append(Patch(color="black", label="launch"))
+    handles = [Patch(color=c, label=k) for k, c in {**KINDS, **_HOST_COLOURS}.items() if k in used]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     if title:
         ax.set_title(title)
@@ -392,7 +393,7 @@ def events_from_table(columns: list[str], rows: list[list[Any]]) -> pd.DataFrame
     df["start_us"] = df["start_us"].astype(float)
     df["dur_us"] = df["dur_us"].astype(float)
     df["end_us"] = df["start_us"] + df["dur_us"]
-    df["top_level"] = (df["lane"] == "cpu") & (df["kind"] != "launch")
+    df["top_level"] = (df["lane"] == "cpu") & ~df["kind"].isin(["launch", "sync"])
     if "name" not in df:
         df["name"] = ""
     return df.sort_values("start_us").reset_index(drop=True)

@@ -34,6 +34,8 @@ def _synthetic_trace():
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 995, "dur": 5},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
          "ts": 996, "dur": 3},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": 1, "tid": 1,
+         "ts": 1020, "dur": 500},
         {"ph": "X", "cat": "gpu_user_annotation", "name": "forward", "pid": 0, "tid": 7,
          "ts": 1000, "dur": 500},
         _kernel("sm90_xmma_gemm_f16f16_f32_tn_n_tilesize128x128x64", 1000, 100),
@@ -65,6 +67,7 @@ def test_synthetic_gpu_trace_idle_fraction_and_kinds_match_hand_computed_values(
     # the CPU lane: the launch, the two ops (mm nested in addmm) and the step range
     cpu = ev[ev["lane"] == "cpu"].set_index("name")
     assert cpu.loc["cudaLaunchKernel", "kind"] == "launch"
+    assert cpu.loc["cudaDeviceSynchronize", "kind"] == "sync"
     assert bool(cpu.loc["aten::addmm", "top_level"]) and not bool(cpu.loc["aten::mm", "top_level"])
     assert cpu.loc[P.STEP_MARK, "kind"] == "annotation"
 
@@ -222,7 +225,7 @@ def pd_concat_shifted(ev, n):
 
 def test_stored_events_give_back_the_same_summary_and_timeline():
     ev = P.read_trace(_synthetic_trace())
-    keep = ev[(ev["lane"] == "gpu") | ev["top_level"] | (ev["kind"] == "launch")]
+    keep = ev[(ev["lane"] == "gpu") | ev["top_level"] | ev["kind"].isin(["launch", "sync"])]
     cols = ["lane", "kind", "start_us", "dur_us", "name"]
     back = P.events_from_table(cols, keep[cols].values.tolist())
     a, b = P.gpu_time_summary(ev), P.gpu_time_summary(back)
