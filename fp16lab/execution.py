@@ -60,7 +60,7 @@ WARMUP_STEPS = 3
 
 
 def check_execution(execution: str, *, device: str, compile_mode: str = "default",
-                    precision: str = "fp32") -> None:
+                    precision: str = "fp32", fused_optimizer: bool | None = None) -> None:
     """Raises ValueError, saying what is allowed, for an execution this device cannot run."""
     if execution not in EXECUTIONS:
         raise ValueError(f"unknown execution {execution!r}; allowed: {', '.join(EXECUTIONS)}")
@@ -68,6 +68,9 @@ def check_execution(execution: str, *, device: str, compile_mode: str = "default
         extra = (" (fp16-o2, the pure-fp16 model with fp32 master weights, is not in this "
                  "module's steps yet)" if precision in ("fp16-o2", "fp16") else "")
         raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}{extra}")
+    if execution == "cuda-graph" and fused_optimizer is False:
+        raise ValueError("execution 'cuda-graph' needs fused_optimizer=True (or None): a foreach "
+                         "SGD under GradScaler reads found_inf on the host, which capture forbids")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -111,6 +114,7 @@ class TrainingStep:
     precision: str
     execution: str
     compile_mode: str | None = None
+    fused_optimizer: bool = False
     notes: list[str] = field(default_factory=list)
 
     def __call__(self) -> torch.Tensor:
@@ -127,22 +131,34 @@ class TrainingStep:
 
 def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, precision: str,
               execution: str = "eager", compile_mode: str = "default",
-              warmup: int = WARMUP_STEPS) -> TrainingStep:
+              warmup: int = WARMUP_STEPS, fused_optimizer: bool | None = None,
+              traceable: bool = True) -> TrainingStep:
     """Returns a :class:`TrainingStep` training ``model`` on the batch (x, y) as asked.
 
     The model and tensors must already be on one device, in the memory layout wanted. For
     ``cuda-graph`` this runs ``warmup`` steps and the capture (one more step) before returning,
     so the model has then taken ``warmup + 1`` optimizer steps; the other modes take none.
+
+    Args:
+        fused_optimizer: use ``SGD(fused=True)`` (one kernel for all weights, and GradScaler's
+            overflow check stays on the device: no host sync per step). By default only for
+            ``cuda-graph``, which needs it; the other modes default to PyTorch's foreach SGD.
+        traceable: for ``cuda-graph``, capture inside a short torch.profiler session, so that a
+            later profile of the replays can list the graph's kernels one by one (CUPTI, which
+            the profiler uses, may see only the whole graph if it was not active when the graph
+            was built).
     """
     device = x.device.type
-    check_execution(execution, device=device, compile_mode=compile_mode, precision=precision)
+    check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
+                    fused_optimizer=fused_optimizer)
     if warmup < 1 and execution == "cuda-graph":
         raise ValueError(f"a CUDA graph needs warmup >= 1 steps before capture, got {warmup}")
     graph = execution == "cuda-graph"
+    fused = graph if fused_optimizer is None else bool(fused_optimizer)
     amp = precision.startswith("amp-")
     amp_dtype = torch.bfloat16 if precision == "amp-bf16" else torch.float16
     # the fused SGD takes GradScaler's found_inf as a device tensor: no host sync, capturable
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, fused=graph or None)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, fused=fused or None)
     scaler = torch.amp.GradScaler(device) if precision == "amp-fp16" else None
     forward = model
     notes: list[str] = []
@@ -151,8 +167,10 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
         forward = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
         mark_step = compile_mode == "reduce-overhead"
         notes.append(f"torch.compile(model, mode={compile_mode!r}); loss, scaler, optimizer eager")
+    if fused:
+        notes.append("fused SGD (GradScaler's found_inf stays on the device)")
     if graph:
-        notes.append("fused SGD (found_inf stays on the GPU); autocast cache off; static batch")
+        notes.append("autocast cache off during capture; static batch")
 
     def body() -> torch.Tensor:
         if mark_step:  # tells compile's CUDA graphs a new iteration began
@@ -183,12 +201,13 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
 
     run = eager
     if graph:
-        run = _capture(eager, warmup)
+        run = _capture(eager, warmup, traceable)
     return TrainingStep(run, model, opt, scaler, x, y, precision, execution,
-                        compile_mode if execution == "compile" else None, notes)
+                        compile_mode if execution == "compile" else None, fused, notes)
 
 
-def _capture(step: Callable[[], torch.Tensor], warmup: int) -> Callable[[], torch.Tensor]:
+def _capture(step: Callable[[], torch.Tensor], warmup: int,
+             traceable: bool) -> Callable[[], torch.Tensor]:
     """Returns a function replaying a CUDA graph of ``step``, captured after ``warmup`` steps."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -198,8 +217,14 @@ def _capture(step: Callable[[], torch.Tensor], warmup: int) -> Callable[[], torc
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_loss = step()
+    session = contextlib.nullcontext()
+    if traceable:
+        from torch.profiler import ProfilerActivity, profile
+        session = profile(activities=[ProfilerActivity.CUDA])
+    with session:
+        with torch.cuda.graph(g):
+            static_loss = step()
+        torch.cuda.synchronize()
 
     def replay() -> torch.Tensor:
         g.replay()
@@ -211,7 +236,8 @@ def _capture(step: Callable[[], torch.Tensor], warmup: int) -> Callable[[], torc
 
 def build_step(model_name: str, batch: int, *, precision: str, execution: str = "eager",
                device: str | None = None, layout: str = "nchw", compile_mode: str = "default",
-               seed: int = 0) -> TrainingStep:
+               seed: int = 0, fused_optimizer: bool | None = None,
+               traceable: bool = True) -> TrainingStep:
     """Returns the training step of one sweep point: a fresh model on a random batch.
 
     Args:
@@ -223,11 +249,13 @@ def build_step(model_name: str, batch: int, *, precision: str, execution: str = 
         layout: 'nchw' or 'channels_last' (image models only).
         compile_mode: the torch.compile mode (``COMPILE_MODES``) when execution is 'compile'.
         seed: seeds the model's weights and the batch.
+        fused_optimizer, traceable: see :func:`make_step`.
     """
     from .models import NUM_CLASSES, build_model, input_shape, is_image_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    check_execution(execution, device=device, compile_mode=compile_mode, precision=precision)
+    check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
+                    fused_optimizer=fused_optimizer)
     if layout not in ("nchw", "channels_last"):
         raise ValueError(f"layout must be 'nchw' or 'channels_last', got {layout!r}")
     if layout == "channels_last" and not is_image_model(model_name):
@@ -242,4 +270,5 @@ def build_step(model_name: str, batch: int, *, precision: str, execution: str = 
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     return make_step(model, x, y, precision=precision, execution=execution,
-                     compile_mode=compile_mode)
+                     compile_mode=compile_mode, fused_optimizer=fused_optimizer,
+                     traceable=traceable)

@@ -269,6 +269,12 @@ class StepProfile:
     window: tuple[float, float]
 
     @property
+    def graph_launches(self) -> int:
+        """Returns how many CUDA graph replays the host launched in the profiled steps."""
+        launches = self.events[self.events["kind"] == "launch"]
+        return int(launches["name"].str.contains("GraphLaunch").sum())
+
+    @property
     def lane(self) -> str:
         """Returns the lane the summary describes: 'gpu', or 'cpu' on a machine without one."""
         return self.summary.lane

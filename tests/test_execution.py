@@ -61,6 +61,21 @@ def test_eager_step_trains_like_the_textbook_loop(precision):
         assert step.scaler.get_scale() == ref_scaler.get_scale()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "amp-fp16"])
+def test_fused_sgd_trains_like_the_textbook_loop(precision):
+    torch.manual_seed(0)
+    model = build_model("mlp")
+    ref_model = copy.deepcopy(model)
+    x, y = _batch()
+    step = E.make_step(model, x, y, precision=precision, fused_optimizer=True)
+    assert step.fused_optimizer and step.optimizer.defaults["fused"]
+    got = [float(step()) for _ in range(6)]
+    want, _ = _reference_losses(ref_model, x, y, precision, 6)
+    assert got == pytest.approx(want, rel=1e-5)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 def test_compile_gives_the_eager_loss_trajectory_on_cpu():
     eager = E.build_step("mlp", 16, precision="fp32", execution="eager", device="cpu", seed=3)
     compiled = E.build_step("mlp", 16, precision="fp32", execution="compile", device="cpu", seed=3)
@@ -105,6 +120,7 @@ def test_load_replaces_the_batch_in_place():
     (dict(precision="fp16-o2"), "fp16-o2"),
     (dict(precision="fp8"), "allowed: fp32, tf32, amp-fp16, amp-bf16"),
     (dict(device="tpu"), "'cpu' or 'cuda'"),
+    (dict(execution="cuda-graph", fused_optimizer=False), "needs fused_optimizer=True"),
     (dict(layout="channels_last"), "image models only"),
     (dict(layout="nhwc"), "'nchw' or 'channels_last'"),
 ])

@@ -30,6 +30,10 @@ def test_gpu_points_cover_the_issue_grid_with_compile_last(bench):
     kinds = [p["execution"] == "compile" for p in pts]
     assert kinds == sorted(kinds), "compile points must come last (they may be cut by the budget)"
     assert all(p["layout"] == "channels_last" for p in pts if p["model"] == "resnet50")
+    modes = [(p["model"], p["batch"], p["precision"], p["mode"]) for p in pts]
+    assert len(modes) == len(set(modes)), "two points share a label"
+    assert ("resnet50", 64, "amp-fp16", "eager + fused SGD") in modes
+    assert ("small_cnn", 64, "fp32", "eager + fused SGD") in modes
 
 
 def test_cpu_points_stand_small_cnn_in_for_resnet50_and_skip_cuda_graphs(bench):
@@ -57,12 +61,14 @@ def test_targets_are_the_ratios_of_this_run(bench):
         _row("small_cnn", 64, "fp32", "cuda-graph", 90000.0),
         _row("small_cnn", 64, "amp-fp16", "cuda-graph", 120000.0),
         {**_row("small_cnn", 64, "amp-fp16", "compile", 0.0), "status": "skipped"},
+        {**_row("small_cnn", 64, "amp-fp16", "eager", 95000.0), "mode": "eager + fused SGD"},
     ]
     t = bench.targets(rows)
     assert t["small_batch_best"]["execution"] == "cuda-graph"
     assert t["small_best_over_large_eager"] == pytest.approx(5000 / 5800)
     assert t["small_kernel_time_ceiling_samples_per_s"] == pytest.approx(64 / 0.0125)
     assert t["small_best_over_ceiling"] == pytest.approx(5000 / (64 / 0.0125))
+    # the fused-SGD eager row has no fp32 partner: no ratio, and it does not replace plain eager
     assert t["amp_over_fp32_by_execution"]["small_cnn"] == pytest.approx(
         {"eager": 22000 / 30000, "cuda-graph": 120000 / 90000})
     assert t["best_amp_over_best_fp32"]["small_cnn"] == pytest.approx(120000 / 90000)
@@ -75,3 +81,16 @@ def test_targets_are_the_ratios_of_this_run(bench):
 ])
 def test_result_file_is_named_after_the_device(bench, gpu, stem):
     assert bench.default_name(gpu) == stem
+
+
+def test_the_ceiling_comes_from_the_fused_eager_trace_when_the_graph_trace_is_incomplete(bench):
+    rows = [
+        {**_row("resnet50", 64, "amp-fp16", "eager", 4000.0, kernel_ms_per_step=12.0,
+                idle_fraction=0.3, spread=0.01, step_ms=16.0), "mode": "eager + fused SGD"},
+        _row("resnet50", 64, "amp-fp16", "cuda-graph", 5000.0, idle_fraction=0.9, spread=0.01,
+             kernel_ms_per_step=1.0, step_ms=12.8, trace_note="the trace covers 8%"),
+        _row("resnet50", 256, "amp-fp16", "eager", 5800.0),
+    ]
+    t = bench.targets(rows)
+    assert t["small_kernel_time_from"] == "eager + fused SGD"
+    assert t["small_kernel_time_ceiling_samples_per_s"] == pytest.approx(64 / 0.012)
