@@ -153,9 +153,20 @@ def measure(point: dict[str, Any], args: argparse.Namespace, cuda: bool,
     t0 = time.perf_counter()
     step = None
     try:
-        step = E.build_step(point["model"], point["batch"], precision=point["precision"],
-                            execution=point["execution"], device=device, layout=point["layout"],
-                            fused_optimizer=point.get("fused_optimizer"))
+        def build(traceable: bool = True) -> E.TrainingStep:
+            return E.build_step(point["model"], point["batch"], precision=point["precision"],
+                                execution=point["execution"], device=device,
+                                layout=point["layout"], fused_optimizer=point.get("fused_optimizer"),
+                                traceable=traceable)
+        try:
+            step = build()
+        except Exception as e:  # a capture inside a profiler session failed: capture without it
+            if point["execution"] != "cuda-graph":
+                raise
+            row["capture_note"] = (f"capture inside a profiler session failed ({type(e).__name__}: "
+                                   f"{str(e).strip()[:200]}); captured without one")
+            gc.collect()
+            step = build(traceable=False)
         if point["execution"] != "cuda-graph":
             for _ in range(E.WARMUP_STEPS):
                 step()

@@ -159,6 +159,13 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
     amp_dtype = torch.bfloat16 if precision == "amp-bf16" else torch.float16
     # the fused SGD takes GradScaler's found_inf as a device tensor: no host sync, capturable
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, fused=fused or None)
+    if fused:
+        # The fused kernel's first step would take its momentum buffers from torch.empty_like
+        # and, were that step skipped for inf gradients, leave them unset. Zeros give the same
+        # first update (buffer = 0.9 * 0 + grad = grad) and keep a skipped first step harmless.
+        for p in model.parameters():
+            if p.requires_grad:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
     scaler = torch.amp.GradScaler(device) if precision == "amp-fp16" else None
     forward = model
     notes: list[str] = []
