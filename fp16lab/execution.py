@@ -15,7 +15,9 @@ between kernels however fast its tensor cores are. Two fixes, beside plain ``eag
     optimizer (``torch.optim.SGD(fused=True)``) GradScaler hands ``found_inf`` to the optimizer
     as a device tensor and the fused kernel skips the update on the device; ``update`` already
     adjusts the scale on the device (``torch._amp_update_scale_``). So the captured step keeps
-    the exact skip-and-back-off behaviour of eager GradScaler, with no host sync;
+    the exact skip-and-back-off behaviour of eager GradScaler, with no host sync. The fused
+    SGD's momentum buffers start as zeros: left to itself it makes them uninitialised on its
+    first step, and if that step is skipped (ResNet-50's first AMP steps overflow) they stay so;
   * autocast's cast cache is off during capture (``cache_enabled=False``), as PyTorch requires;
   * warm-up steps run on a side stream before capture (cuDNN, cuBLAS and the optimizer's
     momentum buffers settle there), and the scale only changes on the device afterwards.
