@@ -336,8 +336,8 @@ def profile_steps(step: Callable[[], Any], *, steps: int = 3, warmup: int = 2,
     lo = float(marks["start_us"].min())
     end_lane = events[events["lane"] == "gpu"] if lane == "gpu" else marks
     window = (lo, float(max(end_lane["end_us"].max(), marks["end_us"].max())))
-    return StepProfile(trace_path, events, steps, wall_ms, gpu_time_summary(events, window, lane=lane),
-                       window)
+    summary = gpu_time_summary(events, window, lane=lane)
+    return StepProfile(trace_path, events, steps, wall_ms, summary, window)
 
 
 def plot_timeline(events: pd.DataFrame, *, window: tuple[float, float] | None = None,
@@ -345,9 +345,9 @@ def plot_timeline(events: pd.DataFrame, *, window: tuple[float, float] | None = 
     """Returns a matplotlib Axes with the CPU lane above the GPU lane, events coloured by kind.
 
     The CPU lane shows top-level operators (coloured by kind), kernel launches (black) and waits
-    for the GPU (pink); the GPU lane shows kernels and copies. White space in the GPU lane is time the device sat idle.
-    Each kind is drawn with one ``broken_barh`` call, so thousands of kernels draw in well
-    under a second.
+    for the GPU (pink); the GPU lane shows kernels and copies. White space in the GPU lane is
+    time the device sat idle. Each kind is drawn with one ``broken_barh`` call, so thousands of
+    kernels draw in well under a second.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
