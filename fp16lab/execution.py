@@ -1,0 +1,283 @@
+"""One training step, run three ways: eager, captured as a CUDA graph, or through torch.compile.
+
+A small step (ResNet-50 at batch 64, a transformer block, a CIFAR CNN) can be *launch-bound*:
+each kernel finishes before Python and the CUDA driver have launched the next, so the GPU idles
+between kernels however fast its tensor cores are. Two fixes, beside plain ``eager``:
+
+- ``cuda-graph``: ``torch.cuda.graph`` records every kernel of one whole step (zero_grad,
+  forward, backward, unscale, optimizer step, scaler update) once; each later step is a single
+  ``replay()``, one launch instead of hundreds. What had to change for the capture:
+
+  * the step reads its batch from *static* tensors (copy the next batch into them with
+    :meth:`TrainingStep.load`): a graph replays the same addresses;
+  * GradScaler's ``step`` normally asks the host whether any gradient was inf/NaN
+    (``found_inf.item()``), a device-to-host sync that capture forbids. With a *fused*
+    optimizer (``torch.optim.SGD(fused=True)``) GradScaler hands ``found_inf`` to the optimizer
+    as a device tensor and the fused kernel skips the update on the device; ``update`` already
+    adjusts the scale on the device (``torch._amp_update_scale_``). So the captured step keeps
+    the exact skip-and-back-off behaviour of eager GradScaler, with no host sync. The fused
+    SGD's momentum buffers start as zeros: left to itself it makes them uninitialised on its
+    first step, and if that step is skipped (ResNet-50's first AMP steps overflow) they stay so;
+  * autocast's cast cache is off during capture (``cache_enabled=False``), as PyTorch requires;
+  * warm-up steps run on a side stream before capture (cuDNN, cuBLAS and the optimizer's
+    momentum buffers settle there), and the scale only changes on the device afterwards.
+
+- ``compile``: ``torch.compile(model, mode=...)`` fuses elementwise kernels with Triton (fewer,
+  larger kernels); mode ``reduce-overhead`` also replays the model's forward and backward as CUDA
+  graphs. The loss, the scaler and the optimizer stay eager.
+
+Precisions are the workbook's: fp32 (TF32 off), tf32, amp-fp16 (autocast + GradScaler) and
+amp-bf16 (autocast, no scaler). :func:`build_step` makes the step for one sweep point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .profile import phase
+
+#: Execution modes, with what each does.
+EXECUTIONS = {
+    "eager": "Python launches every kernel of every step (PyTorch's default)",
+    "cuda-graph": "the whole step captured once with torch.cuda.graph, then replayed (CUDA only)",
+    "compile": "the model compiled with torch.compile (Triton kernels, fewer launches)",
+}
+
+#: torch.compile modes the ``compile`` execution accepts. reduce-overhead needs CUDA.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+#: Precisions these steps implement (fp16-o2 is not among them yet).
+PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
+
+# recipes: replace with fp16lab.recipes once it lands (the sweep's SGD settings, written once there)
+LR, MOMENTUM = 0.01, 0.9
+
+#: Steps run before a CUDA graph is captured (and before timing, in the benchmarks).
+WARMUP_STEPS = 3
+
+
+def check_execution(execution: str, *, device: str, compile_mode: str = "default",
+                    precision: str = "fp32", fused_optimizer: bool | None = None) -> None:
+    """Raises ValueError, saying what is allowed, for an execution this device cannot run."""
+    if execution not in EXECUTIONS:
+        raise ValueError(f"unknown execution {execution!r}; allowed: {', '.join(EXECUTIONS)}")
+    if precision not in PRECISIONS:
+        extra = (" (fp16-o2, the pure-fp16 model with fp32 master weights, is not in this "
+                 "module's steps yet)" if precision in ("fp16-o2", "fp16") else "")
+        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}{extra}")
+    if execution == "cuda-graph" and fused_optimizer is False:
+        raise ValueError("execution 'cuda-graph' needs fused_optimizer=True (or None): a foreach "
+                         "SGD under GradScaler reads found_inf on the host, which capture forbids")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
+    if execution == "cuda-graph" and device != "cuda":
+        raise ValueError("execution 'cuda-graph' needs a CUDA device; on a CPU use 'eager' or "
+                         "'compile'")
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"unknown compile mode {compile_mode!r}; allowed: {', '.join(COMPILE_MODES)}")
+    if execution == "compile" and compile_mode == "reduce-overhead" and device != "cuda":
+        raise ValueError("compile mode 'reduce-overhead' replays CUDA graphs and needs a CUDA "
+                         "device; on a CPU use 'default'")
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool) -> Iterator[None]:
+    """Sets TF32 for matmuls and convolutions (on only for 'tf32'), then restores it."""
+    b = torch.backends
+    saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
+    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved
+
+
+@dataclass
+class TrainingStep:
+    """A training step ready to call: ``loss = step()`` runs one step and returns the loss tensor.
+
+    ``x`` and ``y`` are the batch the step reads; :meth:`load` copies a new batch into them
+    (a CUDA graph reads fixed addresses, so a new batch must land in the same tensors).
+    """
+
+    run: Callable[[], torch.Tensor]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    x: torch.Tensor
+    y: torch.Tensor
+    precision: str
+    execution: str
+    compile_mode: str | None = None
+    fused_optimizer: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def __call__(self) -> torch.Tensor:
+        return self.run()
+
+    def load(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Copies a new batch into the step's input tensors (same shapes)."""
+        if x.shape != self.x.shape or y.shape != self.y.shape:
+            raise ValueError(f"the batch must keep its shapes {tuple(self.x.shape)} and "
+                             f"{tuple(self.y.shape)}; got {tuple(x.shape)} and {tuple(y.shape)}")
+        self.x.copy_(x)
+        self.y.copy_(y)
+
+
+def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, precision: str,
+              execution: str = "eager", compile_mode: str = "default",
+              warmup: int = WARMUP_STEPS, fused_optimizer: bool | None = None,
+              traceable: bool = True) -> TrainingStep:
+    """Returns a :class:`TrainingStep` training ``model`` on the batch (x, y) as asked.
+
+    The model and tensors must already be on one device, in the memory layout wanted. For
+    ``cuda-graph`` this runs ``warmup`` steps and the capture (one more step) before returning,
+    so the model has then taken ``warmup + 1`` optimizer steps; the other modes take none.
+
+    Args:
+        fused_optimizer: use ``SGD(fused=True)`` (one kernel for all weights, and GradScaler's
+            overflow check stays on the device: no host sync per step). By default only for
+            ``cuda-graph``, which needs it; the other modes default to PyTorch's foreach SGD.
+        traceable: for ``cuda-graph``, capture inside a short torch.profiler session, so that a
+            later profile of the replays can list the graph's kernels one by one (CUPTI, which
+            the profiler uses, may see only the whole graph if it was not active when the graph
+            was built).
+    """
+    device = x.device.type
+    check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
+                    fused_optimizer=fused_optimizer)
+    if warmup < 1 and execution == "cuda-graph":
+        raise ValueError(f"a CUDA graph needs warmup >= 1 steps before capture, got {warmup}")
+    graph = execution == "cuda-graph"
+    fused = graph if fused_optimizer is None else bool(fused_optimizer)
+    amp = precision.startswith("amp-")
+    amp_dtype = torch.bfloat16 if precision == "amp-bf16" else torch.float16
+    # the fused SGD takes GradScaler's found_inf as a device tensor: no host sync, capturable
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, fused=fused or None)
+    if fused:
+        # The fused kernel's first step would take its momentum buffers from torch.empty_like
+        # and, were that step skipped for inf gradients, leave them unset. Zeros give the same
+        # first update (buffer = 0.9 * 0 + grad = grad) and keep a skipped first step harmless.
+        for p in model.parameters():
+            if p.requires_grad:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    scaler = torch.amp.GradScaler(device) if precision == "amp-fp16" else None
+    forward = model
+    notes: list[str] = []
+    mark_step = False
+    if execution == "compile":
+        forward = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
+        mark_step = compile_mode == "reduce-overhead"
+        notes.append(f"torch.compile(model, mode={compile_mode!r}); loss, scaler, optimizer eager")
+    if fused:
+        notes.append("fused SGD (GradScaler's found_inf stays on the device)")
+    if graph:
+        notes.append("autocast cache off during capture; static batch")
+
+    def body() -> torch.Tensor:
+        if mark_step:  # tells compile's CUDA graphs a new iteration began
+            torch.compiler.cudagraph_mark_step_begin()
+        with phase("zero_grad"):
+            opt.zero_grad(set_to_none=True)
+        with phase("forward"):
+            with torch.autocast(device, dtype=amp_dtype, enabled=amp, cache_enabled=not graph):
+                loss = F.cross_entropy(forward(x), y)
+        with phase("backward"):
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            with phase("unscale"):
+                scaler.unscale_(opt)  # where gradient clipping would go
+        with phase("optimizer_step"):
+            if scaler is not None:
+                scaler.step(opt)
+            else:
+                opt.step()
+        if scaler is not None:
+            with phase("scaler_update"):
+                scaler.update()
+        return loss.detach()
+
+    def eager() -> torch.Tensor:
+        with _tf32(precision == "tf32"):
+            return body()
+
+    run = eager
+    if graph:
+        run = _capture(eager, warmup, traceable)
+    return TrainingStep(run, model, opt, scaler, x, y, precision, execution,
+                        compile_mode if execution == "compile" else None, fused, notes)
+
+
+def _capture(step: Callable[[], torch.Tensor], warmup: int,
+             traceable: bool) -> Callable[[], torch.Tensor]:
+    """Returns a function replaying a CUDA graph of ``step``, captured after ``warmup`` steps."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    session = contextlib.nullcontext()
+    if traceable:
+        from torch.profiler import ProfilerActivity, profile
+        session = profile(activities=[ProfilerActivity.CUDA])
+    with session:
+        with torch.cuda.graph(g):
+            static_loss = step()
+        torch.cuda.synchronize()
+
+    def replay() -> torch.Tensor:
+        g.replay()
+        return static_loss
+
+    replay.graph = g
+    return replay
+
+
+def build_step(model_name: str, batch: int, *, precision: str, execution: str = "eager",
+               device: str | None = None, layout: str = "nchw", compile_mode: str = "default",
+               seed: int = 0, fused_optimizer: bool | None = None,
+               traceable: bool = True) -> TrainingStep:
+    """Returns the training step of one sweep point: a fresh model on a random batch.
+
+    Args:
+        model_name: a name from ``fp16lab.models.MODELS``.
+        batch: the batch size.
+        precision: one of ``PRECISIONS``.
+        execution: one of ``EXECUTIONS``.
+        device: 'cuda' or 'cpu'; by default CUDA where torch sees it.
+        layout: 'nchw' or 'channels_last' (image models only).
+        compile_mode: the torch.compile mode (``COMPILE_MODES``) when execution is 'compile'.
+        seed: seeds the model's weights and the batch.
+        fused_optimizer, traceable: see :func:`make_step`.
+    """
+    from .models import NUM_CLASSES, build_model, input_shape, is_image_model
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
+                    fused_optimizer=fused_optimizer)
+    if layout not in ("nchw", "channels_last"):
+        raise ValueError(f"layout must be 'nchw' or 'channels_last', got {layout!r}")
+    if layout == "channels_last" and not is_image_model(model_name):
+        raise ValueError(f"layout 'channels_last' applies to image models only, not {model_name!r}")
+    shape = input_shape(model_name, batch)  # validates the name and the batch
+    torch.manual_seed(seed)
+    model = build_model(model_name).to(device)
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    x = torch.randn(shape, generator=gen).to(device)
+    y = torch.randint(0, NUM_CLASSES, (batch,), generator=gen).to(device)
+    if layout == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return make_step(model, x, y, precision=precision, execution=execution,
+                     compile_mode=compile_mode, fused_optimizer=fused_optimizer,
+                     traceable=traceable)
