@@ -285,7 +285,7 @@ def run_ranks(nproc: int, target: Sequence[str], items: Sequence[dict[str, Any]]
                     reason = (f"timed out: the point did not finish within {timeout_s:g} s of starting "
                               f"({phases}{'; ranks ' + str(missing) + ' never reported' if missing else ''})")
                     _stop(proc, work)
-            elif not ranks and time.monotonic() - t0 > startup_timeout_s:
+            elif done == 0 and time.monotonic() - t0 > startup_timeout_s:
                 reason = f"timed out: torchrun did not bring up the ranks within {startup_timeout_s:g} s"
                 _stop(proc, work)
     seconds = time.monotonic() - t0
@@ -349,16 +349,20 @@ def measure_point(point: DistPoint, **kwargs: Any) -> dict[str, Any]:
     return measure_points([point], **kwargs)[0]
 
 
-def run_check(task: str, nproc: int = 2, *, timeout_s: float = 60.0, **args: Any) -> dict[str, Any]:
-    """Returns rank 0's row of a small CPU (gloo) demonstration run on ``nproc`` ranks.
+def run_check(task: str, nproc: int = 2, *, device: str = "cpu", timeout_s: float = 60.0,
+              **args: Any) -> dict[str, Any]:
+    """Returns rank 0's row of a small demonstration run on ``nproc`` ranks (gloo on a CPU).
 
-    Tasks: ``'found_inf'`` (GradScaler under DDP with an inf planted on rank ``inf_rank``) and
-    ``'allreduce'`` (one gradient per rank, ``values[r]``, averaged by DDP with each comm hook).
+    Tasks: ``'found_inf'`` (GradScaler under DDP with an inf planted on rank ``inf_rank``,
+    optional ``comm_hook``) and ``'allreduce'`` (one gradient per rank, ``values[r]``, averaged
+    by DDP under each of ``hooks``, default none, fp16, bf16).
     """
     if task not in ("found_inf", "allreduce"):
         raise ValueError(f"task must be 'found_inf' or 'allreduce', got {task!r}")
-    row = run_ranks(nproc, ["-m", "fp16lab.distributed_worker"], [{"task": task, **args}],
-                    timeout_s=timeout_s).rows[0]
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' (gloo) or 'cuda' (NCCL), got {device!r}")
+    row = run_ranks(nproc, ["-m", "fp16lab.distributed_worker"],
+                    [{"task": task, "device": device, **args}], timeout_s=timeout_s).rows[0]
     if row.get("status") != "ok":
         raise RuntimeError(f"the {task} run failed: {row.get('error')}")
     return row

@@ -307,17 +307,19 @@ def found_inf(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
     inf_rank, init_scale = int(item.get("inf_rank", 1)), float(item.get("init_scale", 2.0 ** 10))
     hook_name = item.get("comm_hook", "none")
+    dev = ctx.device
+    ids = [dev.index] if dev.type == "cuda" else None
     torch.manual_seed(0)
-    model = build_model("mlp")
-    ddp = DDP(model)
+    model = build_model("mlp").to(dev)
+    ddp = DDP(model, device_ids=ids)
     hook = comm_hook(hook_name, ctx.backend)
     if hook is not None:
         ddp.register_comm_hook(None, hook)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    scaler = torch.amp.GradScaler(ctx.device.type, init_scale=init_scale)
+    scaler = torch.amp.GradScaler(dev.type, init_scale=init_scale)
     torch.manual_seed(100 + ctx.rank)
-    x = torch.randn(input_shape("mlp", 8))
-    y = torch.randint(0, NUM_CLASSES, (8,))
+    x = torch.randn(input_shape("mlp", 8)).to(dev)
+    y = torch.randint(0, NUM_CLASSES, (8,)).to(dev)
     if ctx.rank == inf_rank:
         x[0, 0] = float("inf")
 
@@ -329,7 +331,7 @@ def found_inf(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
     local = finite_grads()
     opt.zero_grad(set_to_none=True)
     before = [p.detach().clone() for p in model.parameters()]
-    with torch.autocast(ctx.device.type, dtype=torch.float16):
+    with torch.autocast(dev.type, dtype=torch.float16):
         loss = F.cross_entropy(ddp(x), y)
     scaler.scale(loss).backward()
     reduced = finite_grads()
@@ -356,14 +358,15 @@ def allreduce(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
     values = item["values"]
     if len(values) != ctx.world or len({len(v) for v in values}) != 1:
         raise ValueError(f"values needs one equally long list per rank ({ctx.world}), got {values!r}")
+    dev = ctx.device
     out = {}
     for name in item.get("hooks", ["none", "fp16", "bf16"]):
-        layer = nn.Linear(len(values[0]), 1, bias=False)
-        ddp = DDP(layer)
+        layer = nn.Linear(len(values[0]), 1, bias=False).to(dev)
+        ddp = DDP(layer, device_ids=[dev.index] if dev.type == "cuda" else None)
         hook = comm_hook(name, ctx.backend)
         if hook is not None:
             ddp.register_comm_hook(None, hook)
-        ddp(torch.tensor([values[ctx.rank]], dtype=torch.float32)).sum().backward()
+        ddp(torch.tensor([values[ctx.rank]], dtype=torch.float32, device=dev)).sum().backward()
         g = layer.weight.grad[0]
         out[name] = ctx.gather({"rank": ctx.rank, "dtype": str(g.dtype).replace("torch.", ""),
                                 "grad": g.tolist()})
@@ -382,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     items = json.loads((args.workdir / "job.json").read_text())["items"]
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     reporter = Reporter(args.workdir, rank)
-    reporter.phase("start-up", item=0)
+    reporter.phase("start-up", item=-1)  # counted against the launcher's start-up timeout
     cuda = any(it.get("device") == "cuda" for it in items)
     try:
         if cuda:
