@@ -61,8 +61,9 @@ DIST_MODELS = {**MODELS, "transformer_stack": (
     "6 pre-norm transformer encoder layers, hidden 2048, 16 heads, on 64 tokens (~300M parameters): "
     "a model whose gradient all-reduce is large next to its compute")}
 
-#: The measurement protocol, written once: warm-up steps, timed steps, cudnn.benchmark on.
-WARMUP, STEPS, CUDNN_BENCHMARK = 10, 30, True
+#: The measurement protocol, written once: warm-up steps, timed steps, cudnn.benchmark (off, as
+#: in the one-GPU sweep's default, so the two measure the same thing).
+WARMUP, STEPS, CUDNN_BENCHMARK = 10, 30, False
 
 #: Seconds a point may run once its ranks have started it, and seconds torchrun may take to
 #: bring the ranks up (import torch, rendezvous, init the process group).
