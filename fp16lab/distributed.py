@@ -350,23 +350,39 @@ def measure_point(point: DistPoint, **kwargs: Any) -> dict[str, Any]:
     return measure_points([point], **kwargs)[0]
 
 
-def run_check(task: str, nproc: int = 2, *, device: str = "cpu", timeout_s: float = 60.0,
-              **args: Any) -> dict[str, Any]:
-    """Returns rank 0's row of a small demonstration run on ``nproc`` ranks (gloo on a CPU).
+CHECKS = {
+    "found_inf": "GradScaler under DDP with an inf planted on rank inf_rank (optional comm_hook)",
+    "allreduce": "one gradient per rank, values[r], averaged by DDP under each of hooks",
+}
 
-    Tasks: ``'found_inf'`` (GradScaler under DDP with an inf planted on rank ``inf_rank``,
-    optional ``comm_hook``) and ``'allreduce'`` (one gradient per rank, ``values[r]``, averaged
-    by DDP under each of ``hooks``, default none, fp16, bf16).
+
+def run_checks(tasks: Sequence[tuple[str, dict[str, Any]]], nproc: int = 2, *, device: str = "cpu",
+               timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """Returns rank 0's row of each small demonstration run, all in one launch of ``nproc`` ranks.
+
+    ``tasks`` are ``(name, arguments)`` pairs with names from ``CHECKS``; ``device='cpu'`` runs
+    them on gloo, ``'cuda'`` on NCCL. Raises RuntimeError with the rank's message if one fails.
     """
-    if task not in ("found_inf", "allreduce"):
-        raise ValueError(f"task must be 'found_inf' or 'allreduce', got {task!r}")
+    for name, args in tasks:
+        if name not in CHECKS:
+            raise ValueError(f"task must be one of {', '.join(CHECKS)}, got {name!r}")
+        if not isinstance(args, dict):
+            raise ValueError(f"the arguments of task {name!r} must be a dict, got {args!r}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' (gloo) or 'cuda' (NCCL), got {device!r}")
-    row = run_ranks(nproc, ["-m", "fp16lab.distributed_worker"],
-                    [{"task": task, "device": device, **args}], timeout_s=timeout_s).rows[0]
-    if row.get("status") != "ok":
-        raise RuntimeError(f"the {task} run failed: {row.get('error')}")
-    return row
+    rows = run_ranks(nproc, ["-m", "fp16lab.distributed_worker"],
+                     [{"task": name, "device": device, **args} for name, args in tasks],
+                     timeout_s=timeout_s).rows
+    for (name, _), row in zip(tasks, rows):
+        if row.get("status") != "ok":
+            raise RuntimeError(f"the {name} run failed: {row.get('error')}")
+    return rows
+
+
+def run_check(task: str, nproc: int = 2, *, device: str = "cpu", timeout_s: float = 60.0,
+              **args: Any) -> dict[str, Any]:
+    """Returns rank 0's row of one demonstration run (see :func:`run_checks`)."""
+    return run_checks([(task, args)], nproc, device=device, timeout_s=timeout_s)[0]
 
 
 def comm_overlap(kernels: Sequence[tuple[str, float, float]], *, steps: int = 1,
