@@ -256,15 +256,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {rows[-1]['label']:<62} {rows[-1]['status']:>5} "
               + (f"{rows[-1]['samples_per_s']:10.1f}/s" if rows[-1]["status"] == "ok" else rows[-1]["error"][:120]),
               flush=True)
+    protocol = {"warmup": dist_lab.WARMUP, "steps": dist_lab.STEPS, "cudnn_benchmark": dist_lab.CUDNN_BENCHMARK,
+                "tf32": False, "rate": "all ranks' samples over the slowest rank's mean step",
+                "efficiency": "rate on n GPUs / (n x rate on 1 GPU), same run, same point"}
+
+    def write(complete: bool) -> Path:
+        summary = {**summarize(rows, args.gpus, model, batch), "wall_s": time.monotonic() - t0,
+                   "complete": complete}
+        meta = {"summary": summary, "gpus": args.gpus, "env": env, "protocol": protocol}
+        return bench.write_result(name, rows, meta=meta, data_dir=args.out)
+
     for points in plan(args.gpus, device):
         rows += lab_rows(points, deadline, args.timeout_s)
-    summary = summarize(rows, args.gpus, model, batch)
-    summary["wall_s"] = time.monotonic() - t0
-    meta = {"summary": summary, "gpus": args.gpus, "env": env,
-            "protocol": {"warmup": dist_lab.WARMUP, "steps": dist_lab.STEPS, "cudnn_benchmark": dist_lab.CUDNN_BENCHMARK,
-                         "tf32": False, "rate": "all ranks' samples over the slowest rank's mean step",
-                         "efficiency": "rate on n GPUs / (n x rate on 1 GPU), same run, same point"}}
-    path = bench.write_result(name, rows, meta=meta, data_dir=args.out)
+        write(complete=False)  # what is measured so far survives a run cut short
+    path = write(complete=True)
+    summary = bench.read_result(path)["meta"]["summary"]
     print(f"\nwrote {path}")
     print(json.dumps(summary, indent=1, default=str))
     print(f"\n{'point':<62} {'samples/s':>10} {'eff':>6} {'comm':>6} {'exposed':>8}")

@@ -14,6 +14,7 @@ each comm hook).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -399,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, item in enumerate(items):
             reporter.phase("start", item=i)
             reporter.row(i, TASKS[item["task"]](item, ctx))
+            gc.collect()  # DDP and FSDP hold reference cycles: free this point's model now
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     except BaseException as exc:
