@@ -8,7 +8,7 @@ Measures, in one run, with torchrun launching the ranks (``fp16lab.distributed``
 - fp16lab points on 1 and 2 GPUs: ResNet-50 at batch 256 and 64 per GPU in each precision, and a
   parameter-heavy transformer stack (hidden 2048, ~300M parameters, batch 32 per GPU) with the
   settings that decide how gradients travel: comm hooks, bucket sizes, ``static_graph``,
-  ``gradient_as_bucket_view`` and FSDP2's ``reduce_dtype``;
+  ``gradient_as_bucket_view``, FSDP2's ``reduce_dtype`` and ``NCCL_ALGO=Tree``;
 - on 2 GPUs, the share of the step the collectives take and how much of it no compute kernel
   hides (torch.profiler's NCCL kernels, :func:`fp16lab.distributed.comm_overlap`).
 
@@ -118,18 +118,23 @@ def bare_rows(gpus: int, device: str, model: str, batch: int, repeats: int, budg
     return [row]
 
 
-def lab_rows(points: list[dist_lab.DistPoint], deadline: float, timeout_s: float) -> list[dict[str, Any]]:
-    """Returns the fp16lab rows of ``points``, relaunching after a failed point so one failure costs one point."""
+def lab_rows(points: list[dist_lab.DistPoint], deadline: float, timeout_s: float,
+             env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Returns the fp16lab rows of ``points``, relaunching after a failed point so one failure costs one point.
+
+    ``env`` (NCCL variables set for these ranks only) is added to each row's label.
+    """
     rows: list[dict[str, Any]] = []
     remaining = list(points)
+    suffix = "".join(f" {k}={v}" for k, v in (env or {}).items())
     while remaining:
         if time.monotonic() > deadline:
-            rows += [{**p.settings(), "label": p.label(), "status": "error",
+            rows += [{**p.settings(), "label": p.label() + suffix, "status": "error",
                       "error": "not run: the benchmark's time budget was spent"} for p in remaining]
             break
-        got = dist_lab.measure_points(remaining, timeout_s=timeout_s)
+        got = dist_lab.measure_points(remaining, timeout_s=timeout_s, env_overrides=env)
         for p, row in zip(remaining, got):
-            row.setdefault("label", p.label())
+            row["label"] = p.label() + suffix
             print(f"  {row['label']:<62} {row['status']:>5} "
                   + (f"{row['samples_per_s']:10.1f}/s" if row["status"] == "ok" else row["error"][:120]),
                   flush=True)
@@ -139,30 +144,32 @@ def lab_rows(points: list[dist_lab.DistPoint], deadline: float, timeout_s: float
     return rows
 
 
-def plan(gpus: int, device: str) -> list[list[dist_lab.DistPoint]]:
-    """Returns the launches in order, each a list of points sharing ``gpus``.
+def plan(gpus: int, device: str) -> list[tuple[list[dist_lab.DistPoint], dict[str, str]]]:
+    """Returns the launches in order: each a list of points sharing ``gpus``, and NCCL variables.
 
     The ones that answer the questions come first (the time budget cuts from the end): the
     one-GPU baselines, then on ``gpus``: ResNet-50 at batch 256 and 64, the transformer stack
-    with each DDP setting, FSDP2's reduce dtypes; then the other precisions and settings.
+    with each DDP setting, FSDP2's reduce dtypes, NCCL_ALGO=Tree; then the other precisions and
+    settings.
     """
     if device == "cpu":
         small = dict(device="cpu", warmup=1, steps=3)
         cnn = lambda **kw: dist_lab.DistPoint(model="small_cnn", batch=16, precision="amp-fp16", **small, **kw)
-        return [[cnn(gpus=1)], [cnn(gpus=gpus, comm_hook=h) for h in ("none", "fp16")],
-                [dist_lab.DistPoint(model="mlp", batch=16, precision="amp-bf16", gpus=gpus, strategy="fsdp",
-                                    reduce_dtype="bf16", **small)]]
+        return [([cnn(gpus=1)], {}), ([cnn(gpus=gpus, comm_hook=h) for h in ("none", "fp16")], {}),
+                ([dist_lab.DistPoint(model="mlp", batch=16, precision="amp-bf16", gpus=gpus, strategy="fsdp",
+                                     reduce_dtype="bf16", **small)], {})]
     r50 = lambda batch, prec, **kw: dist_lab.DistPoint(model="resnet50", batch=batch, precision=prec,
                                                         device="cuda", **kw)
     tx = lambda prec, **kw: dist_lab.DistPoint(**TRANSFORMER, precision=prec, device="cuda", **kw)
     n = dict(gpus=gpus, profile_steps=3)
-    return [
+    launches = [
         [r50(256, "amp-fp16", gpus=1), r50(64, "amp-fp16", gpus=1), tx("amp-bf16", gpus=1)],
         [r50(256, "amp-fp16", **n), r50(256, "amp-fp16", comm_hook="fp16", **n),
          r50(64, "amp-fp16", **n), r50(64, "amp-fp16", comm_hook="fp16", **n),
          tx("amp-bf16", **n), tx("amp-bf16", comm_hook="bf16", **n), tx("amp-bf16", bucket_cap_mb=100, **n),
          tx("amp-bf16", static_graph=True, **n), tx("amp-bf16", bucket_cap_mb=400, **n)],
         [tx("amp-bf16", strategy="fsdp", reduce_dtype=r, **n) for r in ("fp32", "bf16")],
+        [tx("amp-bf16", **n), r50(64, "amp-fp16", **n)],  # again, under NCCL_ALGO=Tree (below)
         [r50(256, "amp-bf16", gpus=1), tx("amp-fp16", gpus=1), r50(256, "fp32", gpus=1), tx("fp32", gpus=1)],
         [r50(256, "amp-bf16", **n), r50(256, "amp-bf16", comm_hook="bf16", **n),
          tx("amp-fp16", **n), tx("amp-fp16", comm_hook="fp16", **n),
@@ -171,6 +178,7 @@ def plan(gpus: int, device: str) -> list[list[dist_lab.DistPoint]]:
          r50(256, "fp32", **n), tx("fp32", **n), tx("fp32", strategy="fsdp", **n),
          r50(256, "amp-fp16", **n)],  # the engine's batch-256 point again: its second repeat
     ]
+    return [(points, {"NCCL_ALGO": "Tree"} if i == 3 else {}) for i, points in enumerate(launches)]
 
 
 def setting(row: dict[str, Any]) -> str:
@@ -266,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"summary": summary, "gpus": args.gpus, "env": env, "protocol": protocol}
         return bench.write_result(name, rows, meta=meta, data_dir=args.out)
 
-    for points in plan(args.gpus, device):
-        rows += lab_rows(points, deadline, args.timeout_s)
+    for points, nccl_env in plan(args.gpus, device):
+        rows += lab_rows(points, deadline, args.timeout_s, nccl_env)
         write(complete=False)  # what is measured so far survives a run cut short
     path = write(complete=True)
     summary = bench.read_result(path)["meta"]["summary"]

@@ -317,8 +317,12 @@ def run_ranks(nproc: int, target: Sequence[str], items: Sequence[dict[str, Any]]
 
 def measure_points(points: Sequence[DistPoint], *, timeout_s: float = DEFAULT_TIMEOUT_S,
                    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-                   workdir: str | Path | None = None) -> list[dict[str, Any]]:
+                   workdir: str | Path | None = None,
+                   env_overrides: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Returns one row per point, measured in one torchrun launch of ``gpus`` ranks.
+
+    ``env_overrides`` (e.g. ``{"NCCL_ALGO": "Tree"}``) are set for the ranks on top of this
+    process's environment; every row records the NCCL variables its ranks saw.
 
     All points must share ``gpus`` and ``device``. A row holds the point's settings, ``status``
     (``ok``, ``oom`` or ``error`` with ``error``), the slowest rank's median and mean step time,
@@ -338,9 +342,13 @@ def measure_points(points: Sequence[DistPoint], *, timeout_s: float = DEFAULT_TI
         have = torch.cuda.device_count()
         if gpus > have:
             raise ValueError(f"{gpus} GPUs asked for, torch sees {have} here")
+    overrides = dict(env_overrides or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in overrides.items()):
+        raise ValueError(f"env_overrides must map names to strings, got {env_overrides!r}")
     items = [{"task": "train", **p.settings()} for p in points]
     launch = run_ranks(gpus, ["-m", "fp16lab.distributed_worker"], items, timeout_s=timeout_s,
-                       startup_timeout_s=startup_timeout_s, workdir=workdir)
+                       startup_timeout_s=startup_timeout_s, workdir=workdir,
+                       env={**os.environ, **overrides})
     return [{**row, "label": p.label(), "launch_seconds": launch.seconds}
             for p, row in zip(points, launch.rows)]
 

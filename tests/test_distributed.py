@@ -155,6 +155,8 @@ def test_launcher_refuses_bad_arguments_before_starting():
         d.run_ranks(2, ["x.py"], [])
     with pytest.raises(ValueError, match="task must be"):
         d.run_check("broadcast")
+    with pytest.raises(ValueError, match="env_overrides must map"):
+        d.measure_points([d.DistPoint(**CPU)], env_overrides={"NCCL_ALGO": 1})
 
 
 def _grid_oracle(kernels, steps):
@@ -217,10 +219,16 @@ def _two_gpus() -> bool:
 needs_two = pytest.mark.skipif("not _two_gpus()", reason="needs two CUDA GPUs (NCCL)")
 
 
+@pytest.fixture(scope="module")
+def nccl_checks():
+    return d.run_checks([("allreduce", {"values": VALUES}), ("found_inf", {"comm_hook": "fp16"})],
+                        device="cuda", timeout_s=120)
+
+
 @pytest.mark.gpu
 @needs_two
-def test_nccl_comm_hooks_round_like_the_hand_computed_mean():
-    row = d.run_check("allreduce", device="cuda", values=VALUES, timeout_s=120)
+def test_nccl_comm_hooks_round_like_the_hand_computed_mean(nccl_checks):
+    row = nccl_checks[0]
     assert row["backend"] == "nccl"
     for hook, dtype in [("none", np.float32), ("fp16", np.float16), ("bf16", ml_dtypes.bfloat16)]:
         for r in row["hooks"][hook]:
@@ -229,8 +237,8 @@ def test_nccl_comm_hooks_round_like_the_hand_computed_mean():
 
 @pytest.mark.gpu
 @needs_two
-def test_nccl_found_inf_agrees_across_ranks():
-    row = d.run_check("found_inf", device="cuda", comm_hook="fp16", timeout_s=120)
+def test_nccl_found_inf_agrees_across_ranks(nccl_checks):
+    row = nccl_checks[1]
     assert [r["local_grads_finite"] for r in row["ranks"]] == [True, False]
     assert all(not r["stepped"] and r["scale_after"] == row["init_scale"] / 2 for r in row["ranks"])
 
