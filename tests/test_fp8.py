@@ -371,3 +371,30 @@ def test_same_outputs_as_torchao_on_gpu():
     _cuda_fp8_or_skip()
     # both call torch._scaled_mm; torchao's forward uses fast accumulation as ours does
     _compare_with_torchao("tensorwise", "cuda", emulate=False, tol=1e-3)
+
+
+def test_granularity_census_agrees_with_ml_dtypes_casts():
+    from fp16lab.fp8 import ranges
+    from fp16lab.models import build_model, input_shape
+    torch.manual_seed(0)
+    model = build_model("transformer_block")
+    x, y = torch.randn(input_shape("transformer_block", 2)), torch.randint(10, (2,))
+    captured = ranges.capture_linear_tensors(model, x, y)
+    assert set(captured["activations"]) == {"block.linear1", "block.linear2", "head"}
+    g = captured["gradients"]["block.linear2"]
+    assert g.shape == (2 * 64, 256)
+    table = ranges.granularity_census({"g": g}, "e5m2")
+    for scaling, row in table.set_index("scaling").iterrows():
+        tile = TILES[scaling](*g.shape) if scaling != "none" else None
+        arr = g.numpy()
+        if tile is None:
+            vals = arr.astype(NP["e5m2"]).astype(np.float64)
+        else:
+            vals = ref_quant(arr, "e5m2", tile)[2]
+        lost = np.count_nonzero((vals == 0) & (arr != 0)) / arr.size * 100
+        assert row["underflow"] == pytest.approx(lost, abs=1e-9), scaling
+        if scaling != "none":
+            assert row["overflow"] == 0
+    # unscaled gradients of this size sit low: much of them underflow e5m2 until scaled
+    by = table.set_index("scaling")
+    assert by.loc["none", "underflow"] > by.loc["tensorwise", "underflow"] >= by.loc["rowwise", "underflow"]
