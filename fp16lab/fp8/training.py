@@ -35,8 +35,8 @@ WEIGHT_DECAY = 0.0
 class GPTConfig:
     """Sizes of :class:`TinyGPT` and its task; the defaults train on a CPU in seconds."""
 
-    d_model: int = 64
-    n_layers: int = 2
+    d_model: int = 128
+    n_layers: int = 1
     n_heads: int = 4
     seq_len: int = 32
     vocab: int = 32
