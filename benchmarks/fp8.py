@@ -11,7 +11,10 @@ per sequence, batch 8), the same seed and batches for ``amp-bf16`` and each FP8 
 per recipe: the median step time after the warm-up steps (host clock, synchronized), the step
 rate against amp-bf16, and the final loss (mean of the last 10 steps) against amp-bf16's.
 Blockwise, and any case ``torch._scaled_mm`` rejects, runs emulated (fp32 matmuls): its speed is
-not an FP8 speed, and the ``backend`` column says so.
+not an FP8 speed, and the ``backend`` column says so. Last, on a GPU, tensorwise once more with
+the casts fused by torch.compile (``fp8.compile_casts``; ``casts`` column "compiled"), since the
+eager casts make three passes over each tensor. The result file is rewritten after each part, so
+a run cut short keeps what it measured.
 
     PYTHONPATH=. python3 benchmarks/fp8.py            # full run on a GPU -> data/fp8_h200.json
     PYTHONPATH=. python3 benchmarks/fp8.py --quick    # a smoke run (CPU or GPU), small sizes
@@ -74,19 +77,36 @@ def gemm_rows(sizes: tuple[int, ...], device: str) -> list[dict[str, Any]]:
     return rows
 
 
-def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float) -> list[dict[str, Any]]:
-    """Returns one row per precision: losses, median step ms, rate and final loss against the baseline."""
+def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float,
+                  runs: tuple[tuple[str, str], ...] | None = None) -> list[dict[str, Any]]:
+    """Returns one row per (precision, casts): losses, median step ms, rate and final loss against the baseline.
+
+    ``runs`` lists (precision, "eager" or "compiled"); the first is the baseline. A compiled run
+    that raises is reported with its error instead of numbers.
+    """
     baseline = "amp-bf16" if device == "cuda" else "fp32"
+    runs = runs or tuple((p, "eager") for p in (baseline, *(f"fp8-{r}" for r in fp8.RECIPES)))
+    baseline = runs[0][0]
     rows = []
-    for precision in (baseline, *(f"fp8-{r}" for r in fp8.RECIPES)):
+    for precision, casts in runs:
         fp8.FALLBACKS.clear()
-        r = train_curve(precision, cfg, steps=steps, device=device, lr=lr,
-                        warmup=min(WARMUP_STEPS, steps // 2))
+        fp8.compile_casts(casts == "compiled")
+        try:
+            r = train_curve(precision, cfg, steps=steps, device=device, lr=lr,
+                            warmup=min(WARMUP_STEPS, steps // 2))
+        except Exception as exc:  # noqa: BLE001 - only the compiled casts may fail; say how
+            if casts != "compiled":
+                raise
+            rows.append({"part": "training", "precision": precision, "casts": casts,
+                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+            continue
+        finally:
+            fp8.compile_casts(False)
         emulated = sorted(set(fp8.FALLBACKS.values()))
         backend = ("-" if precision == baseline else
                    "emulate" if device != "cuda" or precision == "fp8-blockwise" else
                    "scaled_mm" if not emulated else "scaled_mm, partly emulated")
-        rows.append({"part": "training", "precision": precision, "backend": backend,
+        rows.append({"part": "training", "precision": precision, "casts": casts, "backend": backend,
                      "fallbacks": emulated, "step_ms": r["step_ms"], "losses": r["losses"],
                      "final_loss": sum(r["losses"][-LAST:]) / len(r["losses"][-LAST:]),
                      "steps": steps, "lr": lr, "config": r["config"],
@@ -96,7 +116,9 @@ def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float) -> list[di
             torch.cuda.empty_cache()
     base = rows[0]
     for row in rows:
-        row["baseline"] = base["precision"]
+        if "error" in row:
+            continue
+        row["baseline"], row["baseline_step_ms"] = base["precision"], base["step_ms"]
         row["rate_vs_baseline"] = base["step_ms"] / row["step_ms"]
         row["loss_vs_baseline"] = row["final_loss"] / base["final_loss"] - 1
     return rows
@@ -117,31 +139,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and a few steps")
     parser.add_argument("--out", type=Path, default=bench.DATA_DIR, help="directory for the JSON")
     parser.add_argument("--skip-training", action="store_true", help="GEMM part only")
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled-casts run")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sizes = QUICK_SIZES if args.quick or device == "cpu" else SIZES
+    name = _result_name(device, args.quick)
     rows = gemm_rows(sizes, device)
+    path = _write(name, rows, args)
     if not args.skip_training:
         cfg = GPU_MODEL if device == "cuda" and not args.quick else CPU_MODEL
         steps = QUICK_STEPS if args.quick else STEPS
-        rows += training_rows(cfg, steps, device, GPU_LR if cfg is GPU_MODEL else 3e-3)
-    meta = {"benchmark": "fp8", "protocol": f"GEMM: time_cuda_interleaved rounds={ROUNDS} "
-            f"warmup={WARMUP} repeat={REPEAT}; training: median host-clock step after "
-            f"{WARMUP_STEPS} warm-up steps, synchronized", "quick": args.quick,
-            "scaled_mm": fp8.scaled_mm_available(device)}
-    path = bench.write_result(_result_name(device, args.quick), rows, meta=meta, data_dir=args.out)
-    print(f"device: {bench.describe_source(bench.read_result(path)["meta"])}")
+        lr = GPU_LR if cfg is GPU_MODEL else 3e-3
+        train = training_rows(cfg, steps, device, lr)
+        path = _write(name, rows + train, args)
+        if device == "cuda" and not args.no_compile:
+            # its rate is against an amp-bf16 run measured just before it (baseline_step_ms)
+            train += training_rows(cfg, steps, device, lr, runs=(
+                ("amp-bf16", "eager"), ("fp8-tensorwise", "compiled")))[1:]
+            path = _write(name, rows + train, args)
+        rows += train
+    print(f"device: {bench.describe_source(bench.read_result(path)['meta'])}")
     print(f"{'GEMM N':>7} {'variant':<22} {'TFLOP/s':>9} {'x fp16':>7}")
     for r in rows:
         if r["part"] == "gemm":
             print(f"{r['n']:>7} {r['variant']:<22} {r['tflops']:>9.1f} {r['speedup_vs_fp16']:>7.2f}")
-    print(f"{'precision':<16} {'backend':<26} {'step ms':>8} {'rate x':>7} {'final loss':>10} {'vs base':>8}")
+    print(f"{'precision':<16} {'casts':<9} {'backend':<26} {'step ms':>8} {'rate x':>7} "
+          f"{'final loss':>10} {'vs base':>8}")
     for r in rows:
-        if r["part"] == "training":
-            print(f"{r['precision']:<16} {r['backend']:<26} {r['step_ms']:>8.1f} "
-                  f"{r['rate_vs_baseline']:>7.2f} {r['final_loss']:>10.4f} {100 * r['loss_vs_baseline']:>+7.2f}%")
+        if r["part"] == "training" and "error" in r:
+            print(f"{r['precision']:<16} {r['casts']:<9} failed: {r['error'][:80]}")
+        elif r["part"] == "training":
+            print(f"{r['precision']:<16} {r['casts']:<9} {r['backend']:<26} {r['step_ms']:>8.1f} "
+                  f"{r['rate_vs_baseline']:>7.2f} {r['final_loss']:>10.4f} "
+                  f"{100 * r['loss_vs_baseline']:>+7.2f}%")
     print(f"wrote {path}")
     return 0
+
+
+def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> Path:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    meta = {"benchmark": "fp8", "protocol": f"GEMM: time_cuda_interleaved rounds={ROUNDS} "
+            f"warmup={WARMUP} repeat={REPEAT}; training: median host-clock step after "
+            f"{WARMUP_STEPS} warm-up steps, synchronized", "quick": args.quick,
+            "scaled_mm": fp8.scaled_mm_available(device)}
+    return bench.write_result(name, rows, meta=meta, data_dir=args.out)
 
 
 if __name__ == "__main__":

@@ -398,3 +398,20 @@ def test_granularity_census_agrees_with_ml_dtypes_casts():
     # unscaled gradients of this size sit low: much of them underflow e5m2 until scaled
     by = table.set_index("scaling")
     assert by.loc["none", "underflow"] > by.loc["tensorwise", "underflow"] >= by.loc["rowwise", "underflow"]
+
+
+@pytest.mark.gpu
+def test_compiled_casts_give_the_eager_codes():
+    _cuda_fp8_or_skip()
+    x = torch.randn(512, 384, device="cuda") * torch.logspace(-3, 3, 384, device="cuda")
+    cases = [(x, "e4m3", "tensorwise", None), (x.bfloat16(), "e5m2", "rowwise", None),
+             (x.t(), "e4m3", "tensorwise", None), (x, "e4m3", "tensorwise", torch.tensor(1.0))]
+    eager = [fp8.quantize(t, f, g, scale=s) for t, f, g, s in cases]
+    try:
+        fp8.compile_casts(True)
+        fused = [fp8.quantize(t, f, g, scale=s) for t, f, g, s in cases]
+    finally:
+        fp8.compile_casts(False)
+    for e, c in zip(eager, fused):
+        assert torch.equal(e.scale, c.scale)
+        assert torch.equal(e.data.view(torch.uint8), c.data.view(torch.uint8))

@@ -7,10 +7,10 @@ matmul (``torch._scaled_mm`` on GPUs that have it, an fp32 emulation elsewhere) 
 
 from .linear import (BACKENDS, FALLBACKS, GEMM_MULTIPLE, RECIPES, Float8Linear, convert_to_fp8,
                      fp8_mm, granularity, scaled_mm_available)
-from .scales import (DTYPES, EPS, GRANULARITIES, DelayedScaling, Quantized, amax, dequantize,
-                     fp8_max, quantize, scale_from_amax, tile_shape)
+from .scales import (DTYPES, EPS, GRANULARITIES, DelayedScaling, Quantized, amax, compile_casts,
+                     dequantize, fp8_max, quantize, scale_from_amax, tile_shape)
 
 __all__ = ["BACKENDS", "DTYPES", "EPS", "FALLBACKS", "GEMM_MULTIPLE", "GRANULARITIES", "RECIPES",
-           "DelayedScaling", "Float8Linear", "Quantized", "amax", "convert_to_fp8", "dequantize",
+           "DelayedScaling", "Float8Linear", "Quantized", "amax", "compile_casts", "convert_to_fp8", "dequantize",
            "fp8_max", "fp8_mm", "granularity", "quantize", "scale_from_amax", "scaled_mm_available",
            "tile_shape"]

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DTYPES", "EPS", "GRANULARITIES", "DelayedScaling", "Quantized", "amax", "dequantize",
-           "fp8_max", "quantize", "scale_from_amax", "tile_shape"]
+__all__ = ["DTYPES", "EPS", "GRANULARITIES", "DelayedScaling", "Quantized", "amax", "compile_casts",
+           "dequantize", "fp8_max", "quantize", "scale_from_amax", "tile_shape"]
 
 #: The two FP8 formats by their short names: e4m3 (forward), e5m2 (gradients).
 DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -99,6 +99,27 @@ def _expand(scale: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
     return scale
 
 
+def _scale_and_cast(x: torch.Tensor, scale: torch.Tensor, top: float, dtype: torch.dtype,
+                    saturate: bool) -> torch.Tensor:
+    """Returns fp8(clamp(x * scale, -top, top)), the product in fp32."""
+    scaled = x.float() * scale
+    if saturate:
+        scaled = scaled.clamp_(-top, top)
+    return scaled.to(dtype)
+
+
+# Eager, the cast is three passes over the tensor (to fp32, times the scale, to fp8), each
+# writing a full temporary; torch.compile fuses them into one. Off by default: compiling takes
+# seconds per shape, and the eager path is what the CPU tests check.
+_CASTS = {"compiled": None}
+
+
+def compile_casts(enabled: bool = True) -> bool:
+    """Turns on (or off) a torch.compile-fused cast for CUDA tensors; returns whether it is on."""
+    _CASTS["compiled"] = torch.compile(_scale_and_cast, dynamic=None) if enabled else None
+    return _CASTS["compiled"] is not None
+
+
 @dataclass(frozen=True)
 class Quantized:
     """An FP8 tensor with its scales: ``data / scale`` (scale repeated per tile) is the value.
@@ -143,11 +164,9 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str = "tensorwise", *,
         scale = scale_from_amax(amax(x, tile), fmt)
     else:
         scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(grid)
-    scaled = x.float() * _expand(scale, tile)
-    if saturate:
-        top = fp8_max(fmt)
-        scaled = scaled.clamp_(-top, top)
-    return Quantized(scaled.to(dtype), scale, tile, fmt)
+    cast = _CASTS["compiled"] if x.is_cuda and _CASTS["compiled"] is not None else _scale_and_cast
+    data = cast(x, _expand(scale, tile), fp8_max(fmt), dtype, saturate)
+    return Quantized(data, scale, tile, fmt)
 
 
 def dequantize(q: Quantized) -> torch.Tensor:
