@@ -79,7 +79,7 @@ def gemm_rows(sizes: tuple[int, ...], device: str) -> list[dict[str, Any]]:
 
 def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float,
                   runs: tuple[tuple[str, str], ...] | None = None) -> list[dict[str, Any]]:
-    """Returns one row per (precision, casts): losses, median step ms, rate and final loss against the baseline.
+    """Returns one row per (precision, casts): losses, median step ms, rate and loss against the baseline.
 
     ``runs`` lists (precision, "eager" or "compiled"); the first is the baseline. A compiled run
     that raises is reported with its error instead of numbers.

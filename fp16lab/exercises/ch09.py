@@ -119,11 +119,19 @@ q3 = Exercise(
     solution_code="def current_scale(x):\n    return 448.0 / x.abs().max()")
 
 
+def _binades(dtype) -> float:
+    """Returns log2(largest finite / smallest subnormal) of an ml_dtypes format."""
+    info = ml_dtypes.finfo(dtype)
+    return float(np.log2(float(info.max) / float(info.smallest_subnormal)))
+
+
+_SPANS = {"e4m3": _binades(ml_dtypes.float8_e4m3fn), "e5m2": _binades(ml_dtypes.float8_e5m2)}
+
+
 def _check_q4(answer: object) -> str:
     if not isinstance(answer, str) or answer.strip().lower() not in ("e4m3", "e5m2"):
         raise Wrong("answer 'e4m3' or 'e5m2'.")
-    spans = {name: np.log2(float(ml_dtypes.finfo(dt).max) / float(ml_dtypes.finfo(dt).smallest_subnormal))
-             for name, dt in (("e4m3", ml_dtypes.float8_e4m3fn), ("e5m2", ml_dtypes.float8_e5m2))}
+    spans = _SPANS
     if answer.strip().lower() == "e5m2":
         return (f"e5m2: from its smallest subnormal to its largest value it spans "
                 f"{spans['e5m2']:.1f} binades against e4m3's {spans['e4m3']:.1f}; gradients spread "
@@ -137,6 +145,9 @@ q4 = Exercise(
     _check_q4,
     hint="Compare the binades each format spans (np.log2(max / smallest subnormal)), and the census "
          "of the gradients above.",
-    solution="e5m2: one more exponent bit, about 9 more binades of range, for one less mantissa bit.",
-    solution_code="import ml_dtypes, numpy as np\nfor dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):\n"
-                  "    f = ml_dtypes.finfo(dt); print(dt.__name__, np.log2(float(f.max) / float(f.smallest_subnormal)))")
+    solution=f"e5m2: one more exponent bit buys {_SPANS['e5m2'] - _SPANS['e4m3']:.0f} more binades of "
+             "range, at the price of one mantissa bit.",
+    solution_code="import ml_dtypes, numpy as np\n"
+                  "for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):\n"
+                  "    f = ml_dtypes.finfo(dt)\n"
+                  "    print(dt.__name__, np.log2(float(f.max) / float(f.smallest_subnormal)))")

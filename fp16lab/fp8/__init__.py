@@ -11,6 +11,6 @@ from .scales import (DTYPES, EPS, GRANULARITIES, DelayedScaling, Quantized, amax
                      dequantize, fp8_max, quantize, scale_from_amax, tile_shape)
 
 __all__ = ["BACKENDS", "DTYPES", "EPS", "FALLBACKS", "GEMM_MULTIPLE", "GRANULARITIES", "RECIPES",
-           "DelayedScaling", "Float8Linear", "Quantized", "amax", "compile_casts", "convert_to_fp8", "dequantize",
-           "fp8_max", "fp8_mm", "granularity", "quantize", "scale_from_amax", "scaled_mm_available",
-           "tile_shape"]
+           "DelayedScaling", "Float8Linear", "Quantized", "amax", "compile_casts", "convert_to_fp8",
+           "dequantize", "fp8_max", "fp8_mm", "granularity", "quantize", "scale_from_amax",
+           "scaled_mm_available", "tile_shape"]

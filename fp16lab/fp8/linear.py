@@ -139,7 +139,7 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
         elif key not in FALLBACKS:
             try:
                 return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
-            except RuntimeError as exc:  # e.g. a format pair this torch's kernel lacks
+            except (RuntimeError, ValueError, TypeError) as exc:  # e.g. a format pair it lacks
                 FALLBACKS[key] = f"emulated: torch._scaled_mm raised {str(exc).splitlines()[0]}"
     return (dequantize(qa) @ dequantize(qb)).to(out_dtype)
 
