@@ -416,3 +416,25 @@ def test_compiled_casts_give_the_eager_codes():
     for e, c in zip(eager, fused):
         assert torch.equal(e.scale, c.scale)
         assert torch.equal(e.data.view(torch.uint8), c.data.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_notebook_09_runs_live_on_the_gpu(monkeypatch, tmp_path):
+    """The GPU host has no Jupyter: run the notebook's code cells in order, as a kernel would."""
+    _cuda_fp8_or_skip()
+    import json
+    import pathlib
+
+    import matplotlib
+    matplotlib.use("Agg")
+    path = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "09_fp8.ipynb"
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    monkeypatch.chdir(path.parent)
+    namespace = {"display": print, "__name__": "__main__"}
+    for i, cell in enumerate(cells):
+        source = "".join(cell["source"])
+        try:
+            exec(compile(source, f"09_fp8.ipynb cell {i}", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"code cell {i} failed: {type(exc).__name__}: {exc}\n{source}") from exc
+    assert namespace["GPU_FP8"] and namespace["live"], "the live GEMM section did not run"
