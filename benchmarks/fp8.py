@@ -38,7 +38,7 @@ QUICK_SIZES = (256, 512)
 WARMUP, REPEAT, ROUNDS = 5, 20, 4
 GPU_MODEL = GPTConfig(d_model=2048, n_layers=4, n_heads=16, seq_len=1024, vocab=256, batch=8)
 CPU_MODEL = GPTConfig()
-STEPS, QUICK_STEPS, WARMUP_STEPS = 60, 8, 10
+STEPS, QUICK_STEPS, WARMUP_STEPS = 50, 8, 10
 GPU_LR = 3e-4
 LAST = 10  # the final loss is the mean of the last LAST steps
 
