@@ -13,7 +13,7 @@ This module has four parts:
   every parameter's gradient at several loss scales (lost at scale 1, kept at scale S);
 * :class:`GradientMonitor`: per-parameter statistics collected by hooks during backward, computed
   on the device for all parameters at once in a handful of passes and never read back until
-  asked - cheap enough to leave on (``benchmarks/diagnostics_overhead.py`` measures it);
+  asked - cheap enough to leave on (``fp16lab.bench.diagnostics_overhead`` measures it);
 * :func:`locate_first_nonfinite`: runs one step and names the first module whose forward output
   or backward gradient became inf/NaN;
 * measured demonstrations: :func:`fp32_island_demo`, :func:`clipping_demo`,

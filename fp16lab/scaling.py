@@ -115,6 +115,34 @@ def _check_dynamic_params(growth_factor: float, backoff_factor: float,
                          f"got {growth_interval!r}")
 
 
+@dataclass(frozen=True)
+class ScalerSettings:
+    """Dynamic loss-scaler settings, with torch.amp.GradScaler's defaults (checked on creation).
+
+    The scale starts at ``init_scale``; a step whose gradients hold an inf or NaN is skipped and
+    the scale multiplied by ``backoff_factor``; after ``growth_interval`` finite steps in a row
+    the scale is multiplied by ``growth_factor``. The sweep, notebook 02's runs and
+    :class:`DynamicLossScaler` take their defaults from here.
+    """
+
+    init_scale: float = DEFAULT_INIT_SCALE
+    growth_factor: float = DEFAULT_GROWTH_FACTOR
+    backoff_factor: float = DEFAULT_BACKOFF_FACTOR
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+
+    def __post_init__(self) -> None:
+        problems = []
+        for check in (lambda: _check_scale_value("init_scale", self.init_scale),
+                      lambda: _check_dynamic_params(self.growth_factor, self.backoff_factor,
+                                                    self.growth_interval)):
+            try:
+                check()
+            except ValueError as e:
+                problems.append(str(e))
+        if problems:
+            raise ValueError("bad scaler settings: " + "; ".join(problems))
+
+
 class _LossScalerBase:
     """What static and dynamic scalers share: the history and GradScaler's loop calls."""
 
