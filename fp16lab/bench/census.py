@@ -77,7 +77,7 @@ def _with_launch_path(rows: list[dict]) -> list[dict]:
     """Returns rows stamped with whether the CUDA kernel went through the direct cuLaunchKernel path."""
     import importlib
 
-    from fp16lab._cupy import direct_launches
+    from fp16lab.kernels.launch import direct_launches
 
     launched = bool(importlib.import_module("fp16lab.census")._STATES)
     direct = direct_launches() if launched else None
