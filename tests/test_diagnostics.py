@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from fp16lab import diagnostics as d
+from fp16lab.diagnostics import histogram
 
 
 def _numpy_fates(x32: np.ndarray, scale: float) -> dict[str, float]:
@@ -421,13 +422,13 @@ def test_bin_codes_match_numpy_frexp(method):
     edges = np.concatenate([powers, np.nextafter(powers, np.float32(0)),
                             np.nextafter(powers, np.float32(np.inf)), -powers, specials])
     x = np.concatenate([x, edges.astype(np.float32)])
-    got = d._bin_codes(torch.from_numpy(x.copy()), method=method)
+    got = histogram._bin_codes(torch.from_numpy(x.copy()), method=method)
     assert got.dtype == torch.int32
     np.testing.assert_array_equal(got.numpy(), _numpy_bins(x))
     with pytest.raises(ValueError, match="1-D float32"):
-        d._bin_codes(torch.zeros(3, dtype=torch.float64), method=method)
+        histogram._bin_codes(torch.zeros(3, dtype=torch.float64), method=method)
     with pytest.raises(ValueError, match="method must be"):
-        d._bin_codes(torch.zeros(3), method="frexp")
+        histogram._bin_codes(torch.zeros(3), method="frexp")
 
 
 def test_monitor_histc_path_orders_rows_like_the_parameters():
