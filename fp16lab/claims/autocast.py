@@ -215,25 +215,28 @@ def judge_amp_ratio(f: Figures) -> Judgement:
     return (HOLDS if saves else FAILS), facts
 
 
-CLAIM_7 = Claim(7, "allow_tf32 = bf16 grad accum",
-                "torch.backends.cuda.matmul.allow_tf32 = True turns on bf16 gradient accumulation.",
-                "Gradients under bf16 autocast with the flag on: bf16 holds; otherwise the switch does "
-                "not exist (shown: what the flag sets, and on a GPU whether its error matches TF32 or "
-                "bf16 rounding).",
-                experiment_allow_tf32, judge_allow_tf32)
+CLAIM_7 = Claim(
+    7, "allow_tf32 = bf16 grad accum",
+    "torch.backends.cuda.matmul.allow_tf32 = True turns on bf16 gradient accumulation.",
+    "Gradients under bf16 autocast with the flag on: bf16 holds; otherwise the switch does "
+    "not exist (shown: what the flag sets, and on a GPU whether its error matches TF32 or "
+    "bf16 rounding).",
+    experiment_allow_tf32, judge_allow_tf32)
 
 
-CLAIM_8 = Claim(8, "autocast(enabled=False) = fp32",
-                "Nesting autocast(enabled=False) inside an FP16 autocast region keeps a sensitive "
-                "layer in FP32.",
-                "Linear and softmax on autocast outputs inside the disabled region: float32 without a "
-                "cast: holds; only with .float() inputs: holds in part; never: does not hold.",
-                experiment_autocast_disable, judge_autocast_disable)
+CLAIM_8 = Claim(
+    8, "autocast(enabled=False) = fp32",
+    "Nesting autocast(enabled=False) inside an FP16 autocast region keeps a sensitive "
+    "layer in FP32.",
+    "Linear and softmax on autocast outputs inside the disabled region: float32 without a "
+    "cast: holds; only with .float() inputs: holds in part; never: does not hold.",
+    experiment_autocast_disable, judge_autocast_disable)
 
 
-CLAIM_10 = Claim(10, "lower the 'AMP ratio'",
-                 "Under memory pressure, lower the share of FP16 work (an \"AMP ratio\") to save memory.",
-                 "No ratio parameter on autocast or GradScaler: names something that does not exist "
-                 "(shown: per-op dtypes and saved activations for narrower regions); else holds if a "
-                 "narrower fp16 region saves memory.",
-                 experiment_amp_ratio, judge_amp_ratio)
+CLAIM_10 = Claim(
+    10, "lower the 'AMP ratio'",
+    "Under memory pressure, lower the share of FP16 work (an \"AMP ratio\") to save memory.",
+    "No ratio parameter on autocast or GradScaler: names something that does not exist "
+    "(shown: per-op dtypes and saved activations for narrower regions); else holds if a "
+    "narrower fp16 region saves memory.",
+    experiment_amp_ratio, judge_amp_ratio)

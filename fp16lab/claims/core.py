@@ -127,6 +127,17 @@ def _brief(figures: Figures, limit: int = 600) -> str:
     return s if len(s) <= limit else s[:limit] + " ..."
 
 
+def verdict_of_parts(parts: dict[str, bool], facts: str) -> Judgement:
+    """Returns the verdict on a claim of several parts: holds when every part held, holds in part
+    (naming the parts that held) when some did, does not hold when none did."""
+    held = [name for name, ok in parts.items() if ok]
+    if len(held) == len(parts):
+        return HOLDS, facts
+    if held:
+        return PARTLY, f"only the {' and '.join(held)} part. {facts}"
+    return FAILS, facts
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else math.inf
 

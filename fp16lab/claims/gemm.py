@@ -143,18 +143,20 @@ def judge_fp16_vs_fp32(f: Figures) -> Judgement:
     return FAILS, facts
 
 
-CLAIM_1 = Claim(1, "dims x16, batch x256",
-                "Matrix dimensions must be multiples of 16, or Tensor Cores fall back to CUDA cores; "
-                "batch sizes that are multiples of 256 give peak Tensor Core use.",
-                "fp16 GEMM at N=4096+d: 'fall back' holds if at odd N the profiled kernel is not a "
-                "tensor-core kernel by name and runs no faster than 2x the fp32 CUDA-core GEMM; 'x16' if N%16 beats N%8 by >=10%; 'x256' if a Linear at batch 256 beats "
-                "batches 192 and 320 by >=10%; all three: holds; none and aligned/odd < 1.1x: does not "
-                "hold; else holds in part.",
-                experiment_alignment, judge_alignment, needs_gpu=True)
+CLAIM_1 = Claim(
+    1, "dims x16, batch x256",
+    "Matrix dimensions must be multiples of 16, or Tensor Cores fall back to CUDA cores; "
+    "batch sizes that are multiples of 256 give peak Tensor Core use.",
+    "fp16 GEMM at N=4096+d: 'fall back' holds if at odd N the profiled kernel is not a "
+    "tensor-core kernel by name and runs no faster than 2x the fp32 CUDA-core GEMM; 'x16' if N%16 beats N%8 by >=10%; 'x256' if a Linear at batch 256 beats "
+    "batches 192 and 320 by >=10%; all three: holds; none and aligned/odd < 1.1x: does not "
+    "hold; else holds in part.",
+    experiment_alignment, judge_alignment, needs_gpu=True)
 
 
-CLAIM_11 = Claim(11, "fp16 = 8x fp32",
-                 "FP16 Tensor Core throughput is 8 times FP32 throughput.",
-                 "cuBLAS GEMM fp16/fp32 (TF32 off) TFLOP/s ratio within 25% of 8: holds; otherwise "
-                 "does not hold.",
-                 experiment_fp16_vs_fp32, judge_fp16_vs_fp32, needs_gpu=True)
+CLAIM_11 = Claim(
+    11, "fp16 = 8x fp32",
+    "FP16 Tensor Core throughput is 8 times FP32 throughput.",
+    "cuBLAS GEMM fp16/fp32 (TF32 off) TFLOP/s ratio within 25% of 8: holds; otherwise "
+    "does not hold.",
+    experiment_fp16_vs_fp32, judge_fp16_vs_fp32, needs_gpu=True)

@@ -187,19 +187,21 @@ def judge_clipping(f: Figures) -> Judgement:
     return FAILS, facts
 
 
-CLAIM_6 = Claim(6, "growth_interval = NaN check",
-                "GradScaler's growth_interval is the interval at which NaNs are checked; the scale "
-                "should be halved only after three NaNs in a row.",
-                "torch GradScaler with planted NaN/inf steps: each caught at its step, one halves the "
-                "scale, growth after growth_interval clean steps: does not hold; checks only every "
-                "interval and needs three: holds; else holds in part.",
-                experiment_gradscaler, judge_gradscaler)
+CLAIM_6 = Claim(
+    6, "growth_interval = NaN check",
+    "GradScaler's growth_interval is the interval at which NaNs are checked; the scale "
+    "should be halved only after three NaNs in a row.",
+    "torch GradScaler with planted NaN/inf steps: each caught at its step, one halves the "
+    "scale, growth after growth_interval clean steps: does not hold; checks only every "
+    "interval and needs three: holds; else holds in part.",
+    experiment_gradscaler, judge_gradscaler)
 
 
-CLAIM_9 = Claim(9, "clip 1.0; mean-|g| better",
-                "In FP16 training a gradient-clipping threshold of 1.0 is a good start, and a "
-                "threshold set each epoch to the mean absolute gradient works better.",
-                "Short fp16+GradScaler training: clip 1.0 (after unscale_) ends within 5% of no "
-                "clipping and mean-|g| beats it by >=5%: holds; one of the two: holds in part; neither: "
-                "does not hold.",
-                experiment_clipping, judge_clipping)
+CLAIM_9 = Claim(
+    9, "clip 1.0; mean-|g| better",
+    "In FP16 training a gradient-clipping threshold of 1.0 is a good start, and a "
+    "threshold set each epoch to the mean absolute gradient works better.",
+    "Short fp16+GradScaler training: clip 1.0 (after unscale_) ends within 5% of no "
+    "clipping and mean-|g| beats it by >=5%: holds; one of the two: holds in part; neither: "
+    "does not hold.",
+    experiment_clipping, judge_clipping)

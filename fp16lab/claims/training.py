@@ -9,8 +9,8 @@ from typing import Any
 
 from . import core
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, NONEXISTENT, PARTLY, UNTESTABLE, Claim, Figures,
-                   Judgement, saved_activation_bytes, _autocast_dtype, _device, _sizes, _timer,
-                   _torch)
+                   Judgement, _autocast_dtype, _device, _sizes, _timer, _torch,
+                   saved_activation_bytes, verdict_of_parts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,11 +188,7 @@ def judge_amp_vs_fp32(f: Figures) -> Judgement:
     fast, lean = s >= AMP_SPEEDUP, m >= AMP_SAVING
     if s >= 2 * 1.6:
         facts += " (over twice the claimed 1.6x: fp32 with TF32 off runs on CUDA cores)"
-    if fast and lean:
-        return HOLDS, facts
-    if fast or lean:
-        return PARTLY, f"only the {'throughput' if fast else 'memory'} part. {facts}"
-    return FAILS, facts
+    return verdict_of_parts({"throughput": fast, "memory": lean}, facts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,11 +232,7 @@ def judge_utilisation(f: Figures) -> Judgement:
     facts = (f"GPU busy fp32 {busy[0]:.0f}% -> AMP {busy[1]:.0f}%; memory busy "
              f"{mem[0]:.0f}% -> {mem[1]:.0f}%")
     up, high = rise >= BUSY_RISE, min(mem) >= MEM_BUSY_HIGH
-    if up and high:
-        return HOLDS, f"{facts}. {caveat}"
-    if up or high:
-        return PARTLY, f"only the {'busy rise' if up else 'memory-busy'} part. {facts}. {caveat}"
-    return FAILS, f"{facts}. {caveat}"
+    return verdict_of_parts({"busy rise": up, "memory-busy": high}, f"{facts}. {caveat}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,40 +307,45 @@ def judge_profiling_executor(f: Figures) -> Judgement:
     return FAILS, facts
 
 
-CLAIM_2 = Claim(2, "channels_last +20-30%",
-                "Converting a CNN to channels_last (NHWC) speeds convolution up by 20-30%.",
-                "channels_last/NCHW training throughput (ResNet-50): >=1.15x under both AMP fp16 and "
-                "fp32: holds; under one, or 1.05-1.15x: holds in part; <1.05x: does not hold.",
-                experiment_channels_last, judge_channels_last, needs_gpu=True)
+CLAIM_2 = Claim(
+    2, "channels_last +20-30%",
+    "Converting a CNN to channels_last (NHWC) speeds convolution up by 20-30%.",
+    "channels_last/NCHW training throughput (ResNet-50): >=1.15x under both AMP fp16 and "
+    "fp32: holds; under one, or 1.05-1.15x: holds in part; <1.05x: does not hold.",
+    experiment_channels_last, judge_channels_last, needs_gpu=True)
 
 
-CLAIM_3 = Claim(3, "bf16 15% less memory",
-                "bf16 uses about 15% less memory than fp16.",
-                "bf16/fp16 memory (GPU peak training memory, else saved activations): <=0.90 holds, "
-                "0.90-0.97 holds in part, >0.97 does not hold.",
-                experiment_bf16_memory, judge_bf16_memory)
+CLAIM_3 = Claim(
+    3, "bf16 15% less memory",
+    "bf16 uses about 15% less memory than fp16.",
+    "bf16/fp16 memory (GPU peak training memory, else saved activations): <=0.90 holds, "
+    "0.90-0.97 holds in part, >0.97 does not hold.",
+    experiment_bf16_memory, judge_bf16_memory)
 
 
-CLAIM_4 = Claim(4, "AMP +60% speed, -30% memory",
-                "AMP FP16 gives about 60% more training throughput than FP32 and about 30% less memory.",
-                "AMP fp16 vs fp32 (TF32 off) training: speedup >=1.45x and peak memory >=20% lower: "
-                "holds; one of the two: holds in part; neither: does not hold.",
-                experiment_amp_vs_fp32, judge_amp_vs_fp32, needs_gpu=True)
+CLAIM_4 = Claim(
+    4, "AMP +60% speed, -30% memory",
+    "AMP FP16 gives about 60% more training throughput than FP32 and about 30% less memory.",
+    "AMP fp16 vs fp32 (TF32 off) training: speedup >=1.45x and peak memory >=20% lower: "
+    "holds; one of the two: holds in part; neither: does not hold.",
+    experiment_amp_vs_fp32, judge_amp_vs_fp32, needs_gpu=True)
 
 
-CLAIM_5 = Claim(5, "AMP raises SM util",
-                "AMP raises SM utilisation (e.g. from about 51% to 68%) while memory-bandwidth "
-                "utilisation stays around 90%.",
-                "NVML busy % during training: AMP raises GPU busy by >=10 points and memory busy stays "
-                ">=80% in both: holds; one of the two: holds in part; neither: does not hold.",
-                experiment_utilisation, judge_utilisation, needs_gpu=True)
+CLAIM_5 = Claim(
+    5, "AMP raises SM util",
+    "AMP raises SM utilisation (e.g. from about 51% to 68%) while memory-bandwidth "
+    "utilisation stays around 90%.",
+    "NVML busy % during training: AMP raises GPU busy by >=10 points and memory busy stays "
+    ">=80% in both: holds; one of the two: holds in part; neither: does not hold.",
+    experiment_utilisation, judge_utilisation, needs_gpu=True)
 
 
-CLAIM_12 = Claim(12, "no profiling executor = faster",
-                 "Disabling the TorchScript profiling executor "
-                 "(torch._C._jit_set_profiling_executor(False)) speeds up training.",
-                 "Training-step time, executor on/off: TorchScript counts as faster with it off when "
-                 ">=1.10x and by more than twice what eager moves (eager, which the flag cannot touch, "
-                 "gauges the noise); eager >=1.10x too: holds; TorchScript only: holds in part; "
-                 "otherwise does not hold.",
-                 experiment_profiling_executor, judge_profiling_executor)
+CLAIM_12 = Claim(
+    12, "no profiling executor = faster",
+    "Disabling the TorchScript profiling executor "
+    "(torch._C._jit_set_profiling_executor(False)) speeds up training.",
+    "Training-step time, executor on/off: TorchScript counts as faster with it off when "
+    ">=1.10x and by more than twice what eager moves (eager, which the flag cannot touch, "
+    "gauges the noise); eager >=1.10x too: holds; TorchScript only: holds in part; "
+    "otherwise does not hold.",
+    experiment_profiling_executor, judge_profiling_executor)

@@ -2,25 +2,14 @@
 
 A sweep is a grid of :class:`Point` s built from a :class:`SweepSpec` (:mod:`.spec`). Each
 point is one full training step (:func:`fp16lab.recipes.make_train_step`) on synthetic data
-already on the device, measured by :mod:`.engine` like this:
-
-1. build a fresh model and batch, run ``warmup`` steps (cuDNN picks algorithms, the caching
-   allocator fills, clocks rise);
-2. time ``steps`` steps back to back, with CUDA events between consecutive steps on a GPU
-   (so gaps between steps count) and ``time.perf_counter`` on a CPU;
-3. report the median step time and its 10th-90th percentile spread, samples/s, peak memory
-   allocated and reserved, the final loss scale and how many steps the scaler skipped, and GPU
-   telemetry sampled by :class:`fp16lab.telemetry.TelemetrySampler` during the timed steps.
+already on the device, timed by :mod:`.engine` (which states the measurement protocol).
 
 Repeats of a point are interleaved with the other points (repeat r of every point before repeat
 r+1 of any), so a slow drift of clocks or temperature spreads over all points instead of biasing
 one; a point whose repeat medians differ by more than ``tolerance`` is flagged ``unstable``.
-
-Nothing is lost: every finished repeat is appended to a parquet file (with a CSV copy,
-:mod:`.results`) as soon as it finishes, atomically. A CUDA out-of-memory point is recorded with
-status ``oom`` and its memory released; any other failure is recorded with its message;
-re-running the same sweep skips what the file already holds. :mod:`.report` and :mod:`.plots`
-read the rows; :mod:`.cli` is the command line.
+Every finished repeat is appended to a parquet file (with a CSV copy, :mod:`.results`) as soon
+as it finishes, atomically. :mod:`.report` and :mod:`.plots` read the rows; :mod:`.cli` is the
+command line.
 """
 
 from ..recipes import PRECISIONS, SCALED_PRECISIONS

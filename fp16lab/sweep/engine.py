@@ -1,8 +1,6 @@
-"""Running a sweep: measuring each point's training step, repeats interleaved, resumable.
+"""Running a sweep: each point's training step measured, repeats interleaved, every row saved at once.
 
-A sweep is a grid of :class:`Point` s built from a :class:`SweepSpec`. Each point is one
-full training step (forward, loss, backward, scaler step, optimizer step) on synthetic data
-already on the device, measured like this:
+How one point is measured:
 
 1. build a fresh model and batch, run ``warmup`` steps (cuDNN picks algorithms, the caching
    allocator fills, clocks rise);
@@ -12,14 +10,8 @@ already on the device, measured like this:
    allocated and reserved, the final loss scale and how many steps the scaler skipped, and GPU
    telemetry sampled by :class:`fp16lab.telemetry.TelemetrySampler` during the timed steps.
 
-Repeats of a point are interleaved with the other points (repeat r of every point before repeat
-r+1 of any), so a slow drift of clocks or temperature spreads over all points instead of biasing
-one; a point whose repeat medians differ by more than ``tolerance`` is flagged ``unstable``.
-
-Nothing is lost: every finished repeat is appended to a parquet file (with a CSV copy) as soon
-as it finishes, atomically. A CUDA out-of-memory point is recorded with status ``oom`` and its
-memory released; any other failure is recorded with its message; re-running the same sweep
-skips what the file already holds.
+A CUDA out-of-memory point is recorded with status ``oom`` and its memory released; any other
+failure is recorded with its message; re-running the same sweep skips what the file holds.
 """
 
 from __future__ import annotations
