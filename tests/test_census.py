@@ -246,7 +246,7 @@ def test_cuda_kernel_raw_output_and_reuse(dtype):
     """The raw output (cumulative class counts, NaNs, histogram), launch after launch: the
     kernel leaves its scratch buffer zeroed for the next one, on any stream."""
     pytest.importorskip("cupy")
-    from fp16lab.census import cupy_kernel_launcher
+    from fp16lab.kernels.census import cupy_kernel_launcher
 
     x = torch.from_numpy(wide_sample(1_000_003, 7, -30, 30)).to(dtype)
     x[100:5000] = 0  # a run of zeros
@@ -267,7 +267,7 @@ def test_cuda_kernel_raw_output_and_reuse(dtype):
     from fp16lab.kernels.launch import direct_launches
 
     assert direct_launches(), "fell back to CuPy's launch path"
-    states = importlib.import_module("fp16lab.census")._STATES
+    states = importlib.import_module("fp16lab.kernels.census")._STATES
     assert states and all(st.host is not None for st in states.values()), "no mapped host result"
 
 
@@ -279,7 +279,7 @@ def test_cuda_result_paths_agree(monkeypatch):
     pytest.importorskip("cupy")
     import importlib
 
-    mod = importlib.import_module("fp16lab.census")
+    mod = importlib.import_module("fp16lab.kernels.census")
     x = torch.from_numpy(wide_sample(3_000_001, 11, -40, 20))
     want = census(x, "fp16")
     xg = x.cuda()

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from fp16lab import bench
-from fp16lab.census import census, cupy_kernel_launcher
+from fp16lab.census import census
+from fp16lab.kernels.census import cupy_kernel_launcher
 
 
 def cpu_copy_gbs(nbytes: int, repeat: int) -> float:
@@ -79,7 +80,7 @@ def _with_launch_path(rows: list[dict]) -> list[dict]:
 
     from fp16lab.kernels.launch import direct_launches
 
-    launched = bool(importlib.import_module("fp16lab.census")._STATES)
+    launched = bool(importlib.import_module("fp16lab.kernels.census")._STATES)
     direct = direct_launches() if launched else None
     print(f"kernel launched by one cuLaunchKernel call (not CuPy's argument path): {direct}",
           flush=True)
