@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..scaling import GradScalerRecorder, ScaleCollapseWarning, classify_skips
+from ..scaling import DEFAULT_INIT_SCALE, GradScalerRecorder, ScaleCollapseWarning, classify_skips
 from .islands import Gram
 
 
@@ -42,7 +42,8 @@ def overflow_demo(device: str = "cpu") -> tuple[nn.Module, Callable[[], torch.Te
     return model, step
 
 
-def clipping_demo(device: str = "cpu", max_norm: float = 1.0, init_scale: float = 2.0**16,
+def clipping_demo(device: str = "cpu", max_norm: float = 1.0,
+                  init_scale: float = DEFAULT_INIT_SCALE,
                   seed: int = 0) -> "Any":
     """Returns a DataFrame: gradient clipping with and without ``scaler.unscale_`` first.
 

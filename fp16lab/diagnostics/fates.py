@@ -15,6 +15,8 @@ from typing import Iterable
 
 import torch
 
+from ..scaling import DEFAULT_INIT_SCALE
+
 
 #: FP16 facts used below (IEEE binary16).
 FP16_MIN_SUBNORMAL = 2.0**-24
@@ -60,7 +62,7 @@ def fp16_fate(values: torch.Tensor, scale: float = 1.0) -> dict[str, float]:
 
 
 def gradient_fate_table(named_grads: Iterable[tuple[str, torch.Tensor]],
-                        scales: Iterable[float] = (1.0, 2.0**16)):
+                        scales: Iterable[float] = (1.0, DEFAULT_INIT_SCALE)):
     """Returns a DataFrame: per parameter and scale, the FP16 fate fractions of its gradient.
 
     ``lost`` is the underflow fraction (non-zero values FP16 turns to 0) and ``kept`` the
@@ -79,7 +81,8 @@ def gradient_fate_table(named_grads: Iterable[tuple[str, torch.Tensor]],
     return pd.DataFrame(rows)
 
 
-def census_lost_kept(named_grads: Iterable[tuple[str, torch.Tensor]], scale: float = 2.0**16):
+def census_lost_kept(named_grads: Iterable[tuple[str, torch.Tensor]],
+                     scale: float = DEFAULT_INIT_SCALE):
     """Returns a DataFrame from :func:`fp16lab.census.census`: per parameter, the fraction of its
     gradient lost to FP16 underflow at scale 1 and the fraction kept (finite, non-zero) at
     ``scale``, with the overflow fraction at ``scale``. Feed it FP32 gradients."""

@@ -73,10 +73,12 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--layout", default="nchw", help=f"comma-separated; of {', '.join(LAYOUTS)}")
     p.add_argument("--precision", default="fp32",
                    help=f"comma-separated; of {', '.join(PRECISIONS)}")
-    p.add_argument("--init-scale", default="65536", help="comma-separated GradScaler init_scale")
-    p.add_argument("--growth-factor", type=float, default=2.0)
-    p.add_argument("--backoff-factor", type=float, default=0.5)
-    p.add_argument("--growth-interval", type=int, default=2000)
+    d = ScalerSettings()  # GradScaler's defaults, written once in fp16lab.scaling
+    p.add_argument("--init-scale", default=f"{d.init_scale:g}",
+                   help="comma-separated GradScaler init_scale")
+    p.add_argument("--growth-factor", type=float, default=d.growth_factor)
+    p.add_argument("--backoff-factor", type=float, default=d.backoff_factor)
+    p.add_argument("--growth-interval", type=int, default=d.growth_interval)
     p.add_argument("--cudnn-benchmark", default="off", help="on, off or on,off")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--warmup", type=int, default=3)
