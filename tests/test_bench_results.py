@@ -71,7 +71,9 @@ def test_an_installed_package_uses_the_data_it_ships(tmp_path, monkeypatch):
     # no pyproject.toml beside the package: not a checkout
     monkeypatch.delenv("FP16LAB_DATA", raising=False)
     monkeypatch.setattr(results, "_PACKAGE", tmp_path / "site-packages" / "fp16lab")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert bench.data_dir() == tmp_path / "site-packages" / "fp16lab" / "measured"
+    assert bench.local_dir() == tmp_path / "cache" / "fp16lab"  # not inside site-packages
 
 
 def test_a_benchmark_writes_locally_unless_told_to_replace(tmp_path, monkeypatch):

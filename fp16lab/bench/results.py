@@ -10,7 +10,8 @@ Where the files are (one rule, used by every loader and every benchmark):
   is imported from a git checkout; else in the ``measured/`` folder shipped inside the
   installed package;
 * **your** results go to the ``local/`` folder inside that data folder (git-ignored), or to
-  ``~/.cache/fp16lab`` when the data folder cannot be written (an installed package). A
+  ``$XDG_CACHE_HOME/fp16lab`` (``~/.cache/fp16lab``) for an installed package's shipped copy
+  or a data folder that cannot be written. A
   benchmark writes there unless it is told ``--replace``, which writes the committed file.
 * A loader reads your file when there is one, else the committed one, and its provenance line
   (:func:`describe_source`) says which.
@@ -31,24 +32,29 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 
 def data_dir() -> Path:
     """Returns the folder of the committed measured results (see the module docstring's rule)."""
+    return _committed()[0]
+
+
+def _committed() -> tuple[Path, bool]:
+    """Returns (the committed results' folder, whether it is the copy inside the installed package)."""
     env = os.environ.get(DATA_ENV)
     if env is not None:
         if not env.strip():
             raise ValueError(f"{DATA_ENV} is set but empty; set it to the folder holding the "
                              f"measured result files, or unset it to use fp16lab's own data/")
-        return Path(env).expanduser()
+        return Path(env).expanduser(), False
     checkout = _PACKAGE.parent
     if (checkout / "pyproject.toml").is_file() and (checkout / "data").is_dir():
-        return checkout / "data"
-    return _PACKAGE / "measured"
+        return checkout / "data", False
+    return _PACKAGE / "measured", True
 
 
 def local_dir() -> Path:
     """Returns the folder where results measured here are written and preferred when read."""
-    base = data_dir()
-    if os.access(base, os.W_OK) or not base.exists():
+    base, shipped = _committed()
+    if not shipped and (os.access(base, os.W_OK) or not base.exists()):
         return base / "local"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fp16lab"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fp16lab"
 
 
 def find_result(name: str, suffix: str = ".json") -> Path:
