@@ -13,9 +13,9 @@ CUDA events around it ("census()") and by the host clock ("census() wall clock":
 caller waits, without the events' own latency), and the torch fallback (several torch passes), for fp32, fp16 and bf16 input. With --gpu-only
 (or --cpu-only) the rows of the other device already in the result file are kept.
 
-    PYTHONPATH=. python3 benchmarks/census.py             # 1e8 elements, CPU and GPU if present
-    PYTHONPATH=. python3 benchmarks/census.py --gpu-only  # skip the (slow) CPU rows
-    PYTHONPATH=. python3 benchmarks/census.py --quick     # 1e6 elements on the CPU, a smoke test
+    python -m fp16lab.bench.census             # 1e8 elements, CPU and GPU if present
+    python -m fp16lab.bench.census --gpu-only  # skip the (slow) CPU rows
+    python -m fp16lab.bench.census --quick     # 1e6 elements on the CPU, a smoke test
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from fp16lab import bench  # noqa: E402
-from fp16lab.census import census, cupy_kernel_launcher  # noqa: E402
+from fp16lab import bench
+from fp16lab.census import census
+from fp16lab.kernels.census import cupy_kernel_launcher
 
 
 def cpu_copy_gbs(nbytes: int, repeat: int) -> float:
@@ -78,9 +78,9 @@ def _with_launch_path(rows: list[dict]) -> list[dict]:
     """Returns rows stamped with whether the CUDA kernel went through the direct cuLaunchKernel path."""
     import importlib
 
-    from fp16lab._cupy import direct_launches
+    from fp16lab.kernels.launch import direct_launches
 
-    launched = bool(importlib.import_module("fp16lab.census")._STATES)
+    launched = bool(importlib.import_module("fp16lab.kernels.census")._STATES)
     direct = direct_launches() if launched else None
     print(f"kernel launched by one cuLaunchKernel call (not CuPy's argument path): {direct}",
           flush=True)
@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-only", action="store_true")
     p.add_argument("--gpu-only", action="store_true")
     p.add_argument("--name", default="census_bench", help="result file stem under data/")
+    p.add_argument("--replace", action="store_true",
+                   help="write the committed file in data/ instead of data/local/")
     a = p.parse_args(argv)
     if a.quick:
         a.size, a.repeat, a.cpu_only = 1e6, 5, True
@@ -176,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("no CUDA GPU: GPU rows skipped", flush=True)
     if not a.quick:  # keep the rows of the device not measured now (e.g. CPU with --gpu-only)
-        rows = bench.merge_with_previous(a.name, rows)
+        rows = bench.merge_with_previous(a.name, rows, data_dir=bench.data_dir() if a.replace else None)
     import tempfile
 
     data_dir = Path(tempfile.mkdtemp()) if a.quick else None  # a smoke test leaves data/ alone
-    path = bench.write_result(a.name, rows, data_dir=data_dir,
+    path = bench.write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
                               meta={"benchmark": "census", "n": n, "format": a.format,
                                     "quick": a.quick})
     print(f"\nwrote {path}")

@@ -1,25 +1,17 @@
-"""Timing that can be trusted, and measured results that say where they came from.
+"""Timing that can be trusted: CUDA events or perf_counter, warm-up, median and spread.
 
 GPU work is asynchronous, so GPU timings use CUDA events around the region after a warm-up;
 CPU timings use ``time.perf_counter``. Every timing is many repeats summarised by the median
 and the spread (10th to 90th percentile), never a single run.
-
-Measured results are written as JSON files under ``data/``: ``{"meta": ..., "rows": [...]}``
-where ``meta`` is :func:`fp16lab.device.metadata` (device, driver, versions, date).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable
-
-#: Where measured results live: the repository's data/ folder, or $FP16LAB_DATA.
-DATA_DIR = Path(os.environ.get("FP16LAB_DATA", Path(__file__).resolve().parent.parent / "data"))
 
 
 @dataclass(frozen=True)
@@ -248,74 +240,3 @@ def copy_bandwidth_gbs(nbytes: int = 2**30, *, repeat: int = 20) -> float:
     dst = torch.empty_like(src)
     t = time_cuda(lambda: dst.copy_(src), warmup=3, repeat=repeat)
     return 2 * src.numel() * 4 / (t.median_ms * 1e-3) / 1e9
-
-
-def write_result(name: str, rows: list[dict[str, Any]], *, meta: dict[str, Any] | None = None,
-                 data_dir: Path | None = None) -> Path:
-    """Writes measured rows with their provenance to ``data/<name>.json`` and returns the path."""
-    from .device import metadata
-
-    if not name or "/" in name or name.startswith("."):
-        raise ValueError(f"result name must be a plain file stem like 'census_bench', got {name!r}")
-    path = Path(data_dir or DATA_DIR) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": {**metadata(), **(meta or {})}, "rows": rows}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
-    tmp.replace(path)  # atomic: a reader never sees half a file
-    return path
-
-
-def read_result(name_or_path: str | Path, *, data_dir: Path | None = None) -> dict[str, Any]:
-    """Returns ``{"meta": ..., "rows": [...]}`` from a file written by :func:`write_result`."""
-    p = Path(name_or_path)
-    if p.suffix != ".json":
-        p = Path(data_dir or DATA_DIR) / f"{name_or_path}.json"
-    if not p.exists():
-        known = sorted(x.stem for x in Path(data_dir or DATA_DIR).glob("*.json"))
-        raise FileNotFoundError(f"no measured result {p}; data/ has: {', '.join(known) or 'nothing'}")
-    payload = json.loads(p.read_text())
-    if not isinstance(payload, dict) or "meta" not in payload or "rows" not in payload:
-        raise ValueError(f"{p} is not a fp16lab result file (needs 'meta' and 'rows' keys)")
-    return payload
-
-
-def merge_with_previous(name: str, rows: list[dict[str, Any]], *, key: str = "device",
-                        data_dir: Path | None = None) -> list[dict[str, Any]]:
-    """Returns ``rows`` plus the rows of an earlier ``data/<name>.json`` whose ``key`` this run did not measure.
-
-    A benchmark run on one machine (say ``--gpu-only`` on the GPU host) then keeps the rows
-    measured elsewhere (the CPU rows). Each row says where it was measured in ``measured_on``,
-    since the file's ``meta`` describes only the latest run.
-    """
-    from .device import metadata
-
-    here = describe_source(metadata())
-    rows = [{**r, "measured_on": r.get("measured_on", here)} for r in rows]
-    try:
-        old = read_result(name, data_dir=data_dir)
-    except FileNotFoundError:
-        return rows
-    measured = {r.get(key) for r in rows}
-    there = describe_source(old["meta"])
-    kept = [{**r, "measured_on": r.get("measured_on", there)}
-            for r in old["rows"] if r.get(key) not in measured]
-    return kept + rows
-
-
-def describe_source(meta: dict[str, Any]) -> str:
-    """Returns one line saying which device, driver and versions produced a result."""
-    gpu = meta.get("gpu_name") or "CPU"
-    return (f"measured on {gpu} (driver {meta.get('driver_version') or 'n/a'}, "
-            f"torch {meta.get('torch')}, CuPy {meta.get('cupy_version') or 'n/a'}) "
-            f"at {meta.get('measured_at', '?')}")
-
-
-def _jsonable(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if isinstance(x, (tuple, set)):
-        return list(x)
-    if isinstance(x, Path):
-        return str(x)
-    raise TypeError(f"cannot write {type(x).__name__} to a result file")

@@ -11,10 +11,10 @@ and overhead = median(on) / median(off) - 1, also from the 10th percentiles (the
 load from other processes on a shared machine disturbs least); on the CPU also the process's CPU
 time per step.
 
-    PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py            # GPU (if any) and CPU
-    PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py --gpu-only
-    PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py --quick    # CPU smoke test
-    PYTHONPATH=. python3 benchmarks/diagnostics_overhead.py --profile  # where statistics() goes
+    python -m fp16lab.bench.diagnostics_overhead            # GPU (if any) and CPU
+    python -m fp16lab.bench.diagnostics_overhead --gpu-only
+    python -m fp16lab.bench.diagnostics_overhead --quick    # CPU smoke test
+    python -m fp16lab.bench.diagnostics_overhead --profile  # where statistics() goes
 
 Results go to data/diagnostics_overhead.json; rows for a device not measured in this run are
 kept from the existing file, and every row names the device and torch version that produced it.
@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
 
-from fp16lab import bench  # noqa: E402
-from fp16lab.diagnostics import GradientMonitor, auto_backend  # noqa: E402
-from fp16lab.models import build_model, input_shape  # noqa: E402
+from fp16lab import bench, recipes
+from fp16lab.diagnostics import GradientMonitor, auto_backend
+from fp16lab.models import build_model, input_shape
 
 NAME = "diagnostics_overhead"
 
@@ -49,17 +46,8 @@ def make_step(model_name: str, device: str, batch: int, amp: bool):
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scaler = torch.amp.GradScaler(device, enabled=amp)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device, dtype=torch.float16, enabled=amp):
-            loss = F.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-
+    step, _ = recipes.make_train_step("amp-fp16" if amp else "fp32", model, x, y, device=device,
+                                      optimizer=lambda p: recipes.sgd(p, lr=1e-3, momentum=0.9))
     return model, step
 
 
@@ -184,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="only print a torch.profiler breakdown of one statistics() call "
                         "(ResNet-50 on the GPU if any, else small_cnn on the CPU)")
+    p.add_argument("--replace", action="store_true",
+                   help="write the committed file in data/ instead of data/local/")
     a = p.parse_args(argv)
     if a.profile:
         if torch.cuda.is_available():
@@ -203,12 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         rows += measure("small_cnn", "cpu", a.cpu_batch, False, a.rounds, a.steps, warmup=3)
     if not a.quick:  # keep the rows of the device not measured now (e.g. CPU with --gpu-only)
-        rows = bench.merge_with_previous(a.name, rows)
+        rows = bench.merge_with_previous(a.name, rows, data_dir=bench.data_dir() if a.replace else None)
     import tempfile
 
     data_dir = Path(tempfile.mkdtemp()) if a.quick else None  # a smoke test leaves data/ alone
-    path = bench.write_result(a.name, rows, data_dir=data_dir,
-                              meta={"benchmark": "benchmarks/diagnostics_overhead.py",
+    path = bench.write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
+                              meta={"benchmark": "fp16lab.bench.diagnostics_overhead",
                                     "rounds": a.rounds, "steps_per_block": a.steps})
     print(f"wrote {path}")
     print(f"{'device':<6} {'model':<10} {'batch':>5} {'amp':<5} {'variant':<10} "

@@ -13,12 +13,12 @@ Every row is an M = N = K = SIZE product in fp16 with fp32 accumulation, or a ra
   few tile configurations each: what a mature compiler gets out of each instruction here.
 
 Two measurements per row. *Burst*: CUDA events over alternating blocks of every row and cuBLAS
-(``bench.time_cuda_interleaved``), as in ``benchmarks/gemm.py``. *Sustained*: about a second of
+(``bench.time_cuda_interleaved``), as in ``fp16lab.bench.gemm``. *Sustained*: about a second of
 back-to-back calls while nvidia-smi samples the SM clock and the board power every 50 ms; the
 card holds its top clock only while under its power limit. Triton rows have burst figures only
 (they run in a subprocess, paired with torch.matmul there).
 
-    PYTHONPATH=. python3 benchmarks/gemm_ceiling.py            # 8192^3, writes data/gemm_ceiling.json
+    python -m fp16lab.bench.gemm_ceiling            # 8192^3, writes data/gemm_ceiling.json
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp16lab import bench  # noqa: E402
-from fp16lab.kernels import KERNELS, KernelUnavailable, gemm_flops  # noqa: E402
-from fp16lab.kernels.compiler import find_cuda_include, get_function, require_cupy  # noqa: E402
-from fp16lab.kernels.peak import peak_launch  # noqa: E402
+from fp16lab import bench
+from fp16lab.kernels import KERNELS, KernelUnavailable, gemm_flops
+from fp16lab.kernels.compiler import find_cuda_include, get_function, require_cupy
+from fp16lab.kernels.peak import peak_launch
 
 #: Triton tile configurations tried per instruction: (BM, BN, BK, stages, warps).
 TRITON_CONFIGS = ((128, 256, 64, 3, 8), (256, 128, 64, 4, 8), (128, 256, 64, 4, 8),
@@ -123,7 +122,7 @@ def _triton_rows(size: int) -> list[dict]:
     rows = []
     for forced in (True, False):
         env = {**os.environ, "DISABLE_MMA_V3": "1" if forced else "0"}
-        res = subprocess.run([sys.executable, __file__, "--triton-worker", "--size", str(size)],
+        res = subprocess.run([sys.executable, "-m", "fp16lab.bench.gemm_ceiling", "--triton-worker", "--size", str(size)],
                              capture_output=True, text=True, env=env, timeout=600)
         if res.returncode != 0:
             print(f"Triton ({'mma.sync' if forced else 'wgmma'}) skipped: {res.stderr.strip()[-400:]}")
@@ -149,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--triton-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--name", default="gemm_ceiling")
     p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--replace", action="store_true",
+                   help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)
     if args.triton_worker:
         print(json.dumps(triton_worker(args.size)))
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         cupy = require_cupy()
         find_cuda_include()
     except KernelUnavailable as e:
-        print(f"benchmarks/gemm_ceiling.py needs a CUDA GPU with CuPy: {e}", file=sys.stderr)
+        print(f"fp16lab.bench.gemm_ceiling needs a CUDA GPU with CuPy: {e}", file=sys.stderr)
         return 2
     import numpy as np
 
@@ -210,11 +211,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['power_w']} W", flush=True)
     if not args.no_triton:
         rows += _triton_rows(n)
-    meta = {"benchmark": "benchmarks/gemm_ceiling.py", "size": n, "kernel": args.kernel,
+    meta = {"benchmark": "fp16lab.bench.gemm_ceiling", "size": n, "kernel": args.kernel,
             "relative_error_of_kernel": err, "sustained_seconds": args.seconds,
             "timing": "burst: 4 interleaved rounds of 10 calls; sustained: one run of about "
                       f"{args.seconds} s with nvidia-smi sampled every 50 ms"}
-    path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir)
+    path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir, replace=args.replace)
     print(f"\nwrote {path}")
     return 0
 

@@ -12,8 +12,8 @@ GPU default: ResNet-50, AMP fp16, channels_last, batch 256 (goals on the H200: e
 of the bare loop, repeat spread at most 3%, telemetry overhead under 1%).
 ``--quick``: small_cnn on the CPU (perf_counter instead of events), a smoke test of the script.
 
-    PYTHONPATH=. python3 benchmarks/sweep_engine_vs_loop.py            # GPU, about 2 minutes
-    PYTHONPATH=. python3 benchmarks/sweep_engine_vs_loop.py --quick    # CPU smoke test
+    python -m fp16lab.bench.sweep_engine_vs_loop            # GPU, about 2 minutes
+    python -m fp16lab.bench.sweep_engine_vs_loop --quick    # CPU smoke test
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from fp16lab import bench, sweep  # noqa: E402
-from fp16lab.models import NUM_CLASSES, build_model, input_shape  # noqa: E402
+from fp16lab import bench, sweep
+from fp16lab.models import NUM_CLASSES, build_model, input_shape
 
 
 def bare_loop_ms(model_name: str, batch: int, layout: str, warmup: int, steps: int,
@@ -87,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--name", default=None, help="result file stem under data/")
+    ap.add_argument("--replace", action="store_true",
+                   help="write the committed file in data/ instead of data/local/")
     args = ap.parse_args(argv)
 
     gpu = torch.cuda.is_available() and not args.quick
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"engine_vs_bare_within": 0.05, "repeat_spread_at_most": 0.03,
                   "telemetry_overhead_under": 0.01},
     }
-    path = bench.write_result(name, rows, meta={"summary": summary})
+    path = bench.write_result(name, rows, meta={"summary": summary}, replace=args.replace)
     print()
     print(f"wrote {path} ({wall:.0f} s)")
     print(f"{'variant':>22} {'ms/step':>9} {'samples/s':>10} {'repeat spread':>14}")

@@ -1,7 +1,8 @@
-"""What fp16lab's CuPy kernels share: finding CuPy, wrapping torch's CUDA stream, launching.
+"""Launching compiled kernels on torch's CUDA stream: finding CuPy, wrapping the stream, one cuLaunchKernel.
 
-fp16lab's own CUDA kernels (the census, the gradient monitor) run on torch tensors, on torch's
-current stream, so they order with the torch work around them without any synchronisation.
+The census and the gradient monitor run on torch tensors, on torch's current stream, so they
+order with the torch work around them without any synchronisation. Their ``.cu`` files are
+compiled by :mod:`fp16lab.kernels.compiler`.
 """
 
 from __future__ import annotations

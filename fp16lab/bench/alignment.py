@@ -4,8 +4,8 @@ For d = 0..16: an fp16 torch.matmul of (4096+d)^3 ("square": every dimension mov
 4096 x (4096+d) x 4096 ("n_only"), CUDA-event medians after a warm-up, TFLOP/s, and the names of
 the GPU kernels that torch.profiler records for one call. Results go to data/<name>.json.
 
-    PYTHONPATH=. python3 benchmarks/alignment.py            # d = 0..16, both modes
-    PYTHONPATH=. python3 benchmarks/alignment.py --quick    # base 1024, d in 0, 1, 8
+    python -m fp16lab.bench.alignment            # d = 0..16, both modes
+    python -m fp16lab.bench.alignment --quick    # base 1024, d in 0, 1, 8
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp16lab import bench  # noqa: E402
-from fp16lab.kernels.report import gemm_kernel_names, uses_tensor_cores  # noqa: E402
+from fp16lab import bench
+from fp16lab.alignment import gemm_kernel_names, uses_tensor_cores
 
 
 def kernel_names(fn) -> list[str]:
@@ -66,19 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="alignment")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--replace", action="store_true",
+                   help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
-        print("benchmarks/alignment.py needs a CUDA GPU (torch.cuda.is_available() is False)",
+        print("fp16lab.bench.alignment needs a CUDA GPU (torch.cuda.is_available() is False)",
               file=sys.stderr)
         return 2
     ds = list(range(args.max_d + 1))
     if args.quick:
         args.base, ds, args.repeat = 1024, [0, 1, 8], 5
     rows = measure(args.base, ds, args.modes, args.warmup, args.repeat)
-    path = bench.write_result(args.name, rows, meta={"benchmark": "benchmarks/alignment.py",
+    path = bench.write_result(args.name, rows, meta={"benchmark": "fp16lab.bench.alignment",
                                                      "base": args.base, "repeat": args.repeat},
-                              data_dir=args.data_dir)
+                              data_dir=args.data_dir, replace=args.replace)
     print(f"\nwrote {path}\n\n{'mode':7s} {'d':>3s} {'TFLOP/s':>8s} tensor-core kernel")
     for r in rows:
         print(f"{r['mode']:7s} {r['d']:3d} {r['tflops']:8.1f} {r['tensor_core_by_name']}  "

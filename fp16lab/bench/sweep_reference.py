@@ -13,8 +13,8 @@ short resumes where it stopped when started again; how long each part took goes 
 ``data/sweep_reference_<gpu>.json``. ``--quick`` runs a tiny CPU grid into
 ``data/sweep_reference_cpu.parquet`` instead.
 
-    PYTHONPATH=. python3 benchmarks/sweep_reference.py            # GPU
-    PYTHONPATH=. python3 benchmarks/sweep_reference.py --quick    # CPU smoke test
+    python -m fp16lab.bench.sweep_reference            # GPU
+    python -m fp16lab.bench.sweep_reference --quick    # CPU smoke test
 """
 
 from __future__ import annotations
@@ -23,15 +23,13 @@ import argparse
 import re
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from fp16lab import bench, sweep  # noqa: E402
-from fp16lab.device import device_info  # noqa: E402
-from fp16lab.sweep import ScalerSettings, SweepSpec  # noqa: E402
+from fp16lab import bench, sweep
+from fp16lab.device import device_info
+from fp16lab.sweep import ScalerSettings, SweepSpec
 
 ALL4 = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 BOTH = ("nchw", "channels_last")
@@ -50,7 +48,7 @@ def gpu_parts() -> dict[str, SweepSpec]:
                      ScalerSettings(init_scale=2.0**40), ScalerSettings(growth_interval=1)),
             **common),
         "resnet50_pure_fp16": SweepSpec(models=("resnet50",), batches=(256,),
-                                        layouts=("channels_last",), precisions=("fp16", "amp-fp16"),
+                                        layouts=("channels_last",), precisions=("fp16-o2", "amp-fp16"),
                                         warmup=4, steps=12, **common),
         "small_models": SweepSpec(models=("small_cnn", "resnet18"), batches=(64, 256), layouts=BOTH,
                                   precisions=ALL4, warmup=5, steps=20, **common),
@@ -70,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny CPU grid")
     ap.add_argument("--only", default=None, help="comma-separated part names to run")
+    ap.add_argument("--replace", action="store_true",
+                   help="write the committed file in data/ instead of data/local/")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
     parts = gpu_parts() if gpu else cpu_parts()
@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         slug = "cpu"
     stem = f"sweep_reference_{slug}"
-    out = bench.DATA_DIR / f"{stem}.parquet"
+    out = (bench.data_dir() if args.replace else bench.local_dir()) / f"{stem}.parquet"
     total_points = sum(len(s.points()) * s.repeats for s in parts.values())
     print(f"{len(parts)} sweeps, {total_points} measurements, results to {out}")
     # a resumed run keeps the timings of parts it had nothing left to measure
     try:
-        timings = {t["part"]: t for t in bench.read_result(stem)["rows"]}
+        timings = {t["part"]: t for t in bench.read_result(stem, data_dir=out.parent)["rows"]}
     except (FileNotFoundError, ValueError):
         timings = {}
     t_all = time.perf_counter()
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                              "unstable": int(s["unstable"].sum())}
     total = time.perf_counter() - t_all
     timings = list(timings.values())
-    bench.write_result(stem, timings, meta={"results_file": out.name, "wall_s_this_run": total})
+    bench.write_result(stem, timings, meta={"results_file": out.name, "wall_s_this_run": total},
+                       data_dir=out.parent)
     print()
     print(sweep.format_report(sweep.read_results(out)))
     print()

@@ -10,9 +10,9 @@ roofline. Results go to data/<name>.json with device, driver and versions. Step 
 kernels) is timed only where it can run (a Hopper GPU, nvcc, cuda-bindings); elsewhere the script
 says what is missing and times the rest.
 
-    PYTHONPATH=. python3 benchmarks/gemm.py                      # full: 1024..8192 cubed + odd shapes
-    PYTHONPATH=. python3 benchmarks/gemm.py --quick              # 1024 and one odd shape
-    PYTHONPATH=. python3 benchmarks/gemm.py --sizes 4096 8192 --kernels mma_sync wmma_pipeline
+    python -m fp16lab.bench.gemm                      # full: 1024..8192 cubed + odd shapes
+    python -m fp16lab.bench.gemm --quick              # 1024 and one odd shape
+    python -m fp16lab.bench.gemm --sizes 4096 8192 --kernels mma_sync wmma_pipeline
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from fp16lab import bench  # noqa: E402
-from fp16lab.kernels import KERNELS, KernelUnavailable, gemm, gemm_flops  # noqa: E402
-from fp16lab.kernels import wgmma as launcher  # noqa: E402
-from fp16lab.kernels.compiler import require_cupy  # noqa: E402
-from fp16lab.kernels.measure import runnable  # noqa: E402
-from fp16lab.kernels.peak import mma_sync_peak  # noqa: E402
+from fp16lab import bench
+from fp16lab.kernels import KERNELS, KernelUnavailable, gemm, gemm_flops
+from fp16lab.kernels import wgmma as launcher
+from fp16lab.kernels.compiler import require_cupy
+from fp16lab.kernels.measure import runnable
+from fp16lab.kernels.peak import mma_sync_peak
 
 SIZES = (1024, 2048, 4096, 8192)
 ODD_SHAPES = ((1000, 1001, 1003), (4097, 4097, 4097), (8191, 8191, 8191))
@@ -180,13 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dtype", default="float16", choices=["float16", "float32"],
                    help="output dtype of our kernels (cuBLAS writes fp16)")
     p.add_argument("--name", default="gemm", help="result file stem under the data directory")
-    p.add_argument("--data-dir", type=Path, default=None, help="default: the repository's data/")
+    p.add_argument("--data-dir", type=Path, default=None, help="default: data/local/ (data/ with --replace)")
     p.add_argument("--quick", action="store_true", help="1024 cubed and one odd shape, 5 repeats")
+    p.add_argument("--replace", action="store_true",
+                   help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)
     try:
         cupy = require_cupy()
     except KernelUnavailable as e:
-        print(f"benchmarks/gemm.py needs a CUDA GPU with CuPy: {e}", file=sys.stderr)
+        print(f"fp16lab.bench.gemm needs a CUDA GPU with CuPy: {e}", file=sys.stderr)
         return 2
     try:
         import torch
@@ -213,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     squares = [s for s, n_, k_ in shapes if s == n_ == k_]
     if args.sustained > 0 and squares:
         sustained_best(max(squares), rows, seconds=args.sustained, out_dtype=args.out_dtype)
-    meta = {"benchmark": "benchmarks/gemm.py", "sustained_seconds": args.sustained, "copy_gbs": copy_gbs, "mma_sync_peak": peak,
+    meta = {"benchmark": "fp16lab.bench.gemm", "sustained_seconds": args.sustained, "copy_gbs": copy_gbs, "mma_sync_peak": peak,
             "repeat": args.repeat, "rounds": args.rounds, "timing": "interleaved with cupy.matmul",
             "warmup": args.warmup, "out_dtype": args.out_dtype, **versions(cupy)}
-    path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir)
+    path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir, replace=args.replace)
     print(f"\nwrote {path}\n")
     print("mma.sync peak: " + ", ".join(f"{p_['tflops']:.0f} TFLOP/s at {p_['warps_per_sm']} warps/SM"
                                         for p_ in peak))
