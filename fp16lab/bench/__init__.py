@@ -21,6 +21,11 @@ BENCHMARKS = {
     "sweep_engine_vs_loop": "the sweep engine against a bare training loop",
     "sweep_reference": "the reference sweep grid whose results ship in data/",
     "claims": "the twelve claims of notebook 05, verdicts for this GPU",
+    "wgmma_cluster": "step 6 (wgmma) with thread-block clusters taken apart (Hopper)",
+    "profile_step": "idle fraction and samples/s per execution mode (notebook 06)",
+    "input_pipeline": "input backends alone and feeding ResNet-50 training (notebook 07)",
+    "distributed": "two GPUs against one: DDP and FSDP2 settings (notebook 08; needs 2 GPUs)",
+    "fp8": "FP8 GEMM against fp16/bf16 cuBLAS and FP8 training per recipe (notebook 09)",
 }
 
 __all__ = ["BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "data_dir",

@@ -18,8 +18,8 @@ is not wrapped (the single-GPU baseline). Protocol: ``fp16lab.distributed.WARMUP
 mean step. The environment passes through to every rank (keep NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 set where the host needs them).
 
-    PYTHONPATH=. python3 benchmarks/distributed.py            # 2 GPUs, about 3 minutes
-    PYTHONPATH=. python3 benchmarks/distributed.py --quick    # CPU, two gloo ranks, smoke test
+    python -m fp16lab.bench.distributed            # 2 GPUs, about 3 minutes
+    python -m fp16lab.bench.distributed --quick    # CPU, two gloo ranks, smoke test
 """
 
 from __future__ import annotations
@@ -232,7 +232,9 @@ def _gpu_slug() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CPU, two gloo ranks, tiny models: a smoke test")
-    ap.add_argument("--out", type=Path, default=bench.DATA_DIR, help="folder for the result file (default: data/)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for the result file (default: data/local/, or data/ with --replace)")
+    ap.add_argument("--replace", action="store_true", help="write the committed file in data/")
     ap.add_argument("--name", default=None, help="result file stem (default distributed_<gpu>x<n>)")
     ap.add_argument("--gpus", type=int, default=2, help="ranks of the multi-GPU points (default 2)")
     ap.add_argument("--budget-s", type=float, default=160.0,
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {**summarize(rows, args.gpus, model, batch), "wall_s": time.monotonic() - t0,
                    "complete": complete}
         meta = {"summary": summary, "gpus": args.gpus, "env": env, "protocol": protocol}
-        return bench.write_result(name, rows, meta=meta, data_dir=args.out)
+        return bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
 
     for points, nccl_env in plan(args.gpus, device):
         rows += lab_rows(points, deadline, args.timeout_s, nccl_env)

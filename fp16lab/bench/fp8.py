@@ -16,8 +16,8 @@ the casts fused by torch.compile (``fp8.compile_casts``; ``casts`` column "compi
 eager casts make three passes over each tensor. The result file is rewritten after each part, so
 a run cut short keeps what it measured.
 
-    PYTHONPATH=. python3 benchmarks/fp8.py            # full run on a GPU -> data/fp8_h200.json
-    PYTHONPATH=. python3 benchmarks/fp8.py --quick    # a smoke run (CPU or GPU), small sizes
+    python -m fp16lab.bench.fp8            # full run on a GPU -> data/fp8_h200.json
+    python -m fp16lab.bench.fp8 --quick    # a smoke run (CPU or GPU), small sizes
 """
 
 from __future__ import annotations
@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     """Runs both parts, writes data/fp8_<gpu>.json and prints a table; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and a few steps")
-    parser.add_argument("--out", type=Path, default=bench.DATA_DIR, help="directory for the JSON")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="directory for the JSON (default: data/local/, or data/ with --replace)")
+    parser.add_argument("--replace", action="store_true", help="write the committed file in data/")
     parser.add_argument("--skip-training", action="store_true", help="GEMM part only")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled-casts run")
     args = parser.parse_args(argv)
@@ -182,7 +184,7 @@ def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> P
             f"warmup={WARMUP} repeat={REPEAT}; training: median host-clock step after "
             f"{WARMUP_STEPS} warm-up steps, synchronized", "quick": args.quick,
             "scaled_mm": fp8.scaled_mm_available(device)}
-    return bench.write_result(name, rows, meta=meta, data_dir=args.out)
+    return bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
 
 
 if __name__ == "__main__":

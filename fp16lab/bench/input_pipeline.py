@@ -20,8 +20,8 @@ A row that cannot run here is recorded as ``skipped`` with the reason (e.g. DALI
 one that fails as ``error`` with the message; rows are written to the result file as they are
 measured, and rows still waiting when ``--budget-s`` runs out are recorded as ``skipped``.
 
-    PYTHONPATH=. python3 benchmarks/input_pipeline.py            # GPU, about 2.5 minutes
-    PYTHONPATH=. python3 benchmarks/input_pipeline.py --quick    # small smoke run (CPU is fine)
+    python -m fp16lab.bench.input_pipeline            # GPU, about 2.5 minutes
+    python -m fp16lab.bench.input_pipeline --quick    # small smoke run (CPU is fine)
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="small_cnn, batch 16, 64 pixels, 48 images, few steps (a smoke test)")
     p.add_argument("--out", type=Path, default=None,
-                   help="where the result file goes (default: data/; --quick: a temporary folder)")
+                   help="where the result file goes (default: data/local/, data/ with --replace; "
+                        "--quick: a temporary folder)")
+    p.add_argument("--replace", action="store_true", help="write the committed file in data/")
     p.add_argument("--name", default=None, help="result file stem (default: input_pipeline_<gpu>)")
     p.add_argument("--images-dir", type=Path, default=None,
                    help="where the JPEG data set is made or reused (default: a folder under /tmp)")
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     data = make_image_folder(a.images_dir, images=a.images, classes=10)
     print(f"data set: {data.images} JPEGs, mean {data.mean_kb:.0f} kB, "
           f"{'reused' if data.reused else 'made'} in {time.perf_counter() - t0:.1f} s at {data.root}")
-    meta = {"benchmark": "benchmarks/input_pipeline.py", "quick": a.quick, "protocol": PROTOCOL,
+    meta = {"benchmark": "fp16lab.bench.input_pipeline", "quick": a.quick, "protocol": PROTOCOL,
             "model": a.model, "batch": a.batch, "image_size": a.image_size,
             "cpu_cores": cpu_cores(), "default_workers": default_workers(),
             "data_set": {"images": data.images, "classes": data.classes, "size": data.size,
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             ips = row.get("images_per_s")
             print(f"{time.perf_counter() - t0:6.1f} s  {label:38s} {row['status']:7s} "
                   f"{'' if ips is None else f'{ips:8.0f} img/s'} {row['error'][:90]}", flush=True)
-        path = bench.write_result(name, rows, meta=meta, data_dir=out)  # a kill keeps what ran
+        path = bench.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
     print()
     print(f"{'row':38s} {'status':7s} {'img/s':>8s} {'CPU cores':>9s} {'CPU %':>6s}")
     for r in rows:

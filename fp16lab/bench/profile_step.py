@@ -23,9 +23,9 @@ Points on a GPU: ResNet-50 channels_last amp-fp16 at batch 64 (eager, cuda-graph
 execution. Compile points run last and are skipped, saying so, once ``--budget-s`` is spent.
 On a CPU, small_cnn stands in for ResNet-50 at small batches (a ResNet-50 step takes seconds there).
 
-    PYTHONPATH=. python3 benchmarks/profile_step.py                 # full, writes data/
-    PYTHONPATH=. python3 benchmarks/profile_step.py --quick         # smoke run
-    PYTHONPATH=. python3 benchmarks/profile_step.py --trace-dir $OUT/traces
+    python -m fp16lab.bench.profile_step                 # full, writes data/
+    python -m fp16lab.bench.profile_step --quick         # smoke run
+    python -m fp16lab.bench.profile_step --trace-dir $OUT/traces
 
 Results: data/where_time_goes_<device>.json (rows) and ..._timelines.json (one step's events of
 the ResNet-50 batch-64 points, for notebook 06 to draw).
@@ -286,17 +286,19 @@ def save(args: argparse.Namespace, cuda: bool, rows: list[dict[str, Any]],
             "summary": targets(rows), "total_s": time.perf_counter() - start,
             "protocol": "blocks of back-to-back steps timed with CUDA events after the warm-up; "
                         "idle fraction and kernel time from a torch.profiler trace of further steps"}
-    path = bench.write_result(name, rows, meta=meta, data_dir=args.out)
+    path = bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
     tl_path = bench.write_result(f"{name}_timelines", [
         {"point": k, **v} for k, v in timelines.items()], meta={"benchmark": "profile_step"},
-        data_dir=args.out)
+        data_dir=args.out, replace=args.replace)
     return path, tl_path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run (few points, steps)")
-    ap.add_argument("--out", type=Path, default=bench.DATA_DIR, help="where the JSON goes")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where the JSON goes (default: data/local/, or data/ with --replace)")
+    ap.add_argument("--replace", action="store_true", help="write the committed files in data/")
     ap.add_argument("--name", default=None, help="result file stem (default by device)")
     ap.add_argument("--steps", type=int, default=None, help="steps per timed block")
     ap.add_argument("--repeats", type=int, default=None, help="timed blocks per point")

@@ -18,7 +18,7 @@ and times each alongside cupy.matmul at 4096^3 and 8192^3, in alternating blocks
 
 Each is first checked element by element against float64. Results go to data/wgmma_cluster.json.
 
-    PYTHONPATH=. python3 benchmarks/wgmma_cluster.py [--sizes 4096 8192]
+    python -m fp16lab.bench.wgmma_cluster [--sizes 4096 8192]
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp16lab import bench  # noqa: E402
-from fp16lab.kernels import KERNELS, gemm_flops  # noqa: E402
-from fp16lab.kernels import wgmma as launcher  # noqa: E402
-from fp16lab.kernels.compiler import require_cupy  # noqa: E402
-from fp16lab.kernels.measure import worst_error_ratio  # noqa: E402
+from fp16lab import bench
+from fp16lab.kernels import KERNELS, gemm_flops
+from fp16lab.kernels import wgmma as launcher
+from fp16lab.kernels.compiler import require_cupy
+from fp16lab.kernels.measure import worst_error_ratio
 
 CASES = {
     "wgmma": dict(KERNELS["wgmma"].defines),
@@ -50,7 +49,9 @@ CASES = {
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192])
-    p.add_argument("--data-dir", type=Path, default=None, help="default: the repository's data/")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="default: data/local/ (data/ with --replace)")
+    p.add_argument("--replace", action="store_true", help="write the committed file in data/")
     args = p.parse_args(argv)
     cupy = require_cupy()
     launcher.require()
@@ -79,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                          "worst_error_over_bound": errors.get(label)})
         del a, b, c
         cupy.get_default_memory_pool().free_all_blocks()
-    path = bench.write_result("wgmma_cluster", rows, meta={"benchmark": "benchmarks/wgmma_cluster.py",
+    path = bench.write_result("wgmma_cluster", rows, meta={"benchmark": "fp16lab.bench.wgmma_cluster",
                                                           "timing": "interleaved with cupy.matmul",
                                                           "rounds": 4, "repeat": 10, "warmup": 3},
-                              data_dir=args.data_dir)
+                              data_dir=args.data_dir, replace=args.replace)
     print(f"wrote {path}\n")
     print(f"{'size':>6s} {'what':22s} {'TFLOP/s':>8s} {'% cuBLAS':>9s} {'err/bound':>10s}")
     for r in rows:

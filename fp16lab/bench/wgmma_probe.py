@@ -6,7 +6,7 @@ a float64 product against a bound from K and the unit roundoffs, and the worst r
 is printed. Run it under `timeout`: a pipeline that waits on a barrier nothing will arrive at
 hangs instead of failing.
 
-    PYTHONPATH=. timeout 120 python3 benchmarks/wgmma_probe.py [--ok-file FILE]
+    timeout 120 python -m fp16lab.bench.wgmma_probe [--ok-file FILE]
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp16lab.kernels import KERNELS, gemm  # noqa: E402
-from fp16lab.kernels import wgmma as launcher  # noqa: E402
-from fp16lab.kernels.compiler import require_cupy  # noqa: E402
-from fp16lab.kernels.measure import worst_error_ratio  # noqa: E402
+from fp16lab.kernels import KERNELS, gemm
+from fp16lab.kernels import wgmma as launcher
+from fp16lab.kernels.compiler import require_cupy
+from fp16lab.kernels.measure import worst_error_ratio
 
 SHAPES = ((128, 256, 64), (256, 512, 256), (129, 264, 72), (1000, 1001, 1003), (2048, 2048, 2048))
 
