@@ -402,3 +402,29 @@ def test_recorded_figures_that_do_not_fit_the_rule_are_reported(tmp_path):
                        meta={"gpu_name": "NVIDIA H200"}, data_dir=tmp_path)
     c = claims.check(11, data_dir=tmp_path)
     assert c.verdict == UNTESTABLE and "do not fit this rule" in c.reason
+
+
+def test_training_claims_measure_by_the_sweeps_protocol(monkeypatch):
+    """Claims and the reference sweep share one protocol: cudnn.benchmark and warm-up from
+    fp16lab.sweep.GPU_PROTOCOL, and at full size its timed steps too."""
+    from fp16lab import sweep
+    from fp16lab.claims import training
+
+    seen = []
+
+    def fake_measure(point, *, warmup, steps, telemetry):
+        seen.append((point.cudnn_benchmark, warmup, steps))
+        return {"status": "ok", "step_ms_median": 10.0, "spread": 0.01, "samples_per_s": 100.0,
+                "peak_mem_allocated_mb": 1024.0}
+
+    monkeypatch.setattr(claims.core, "EXERCISE_ON_CPU", True)
+    monkeypatch.setattr(sweep, "measure_point", fake_measure)
+    training.train_step_figures.cache_clear()
+    try:
+        training.train_step_figures("small_cnn", "fp32", "nchw", 2, 7)
+    finally:
+        training.train_step_figures.cache_clear()
+    p = sweep.GPU_PROTOCOL
+    assert seen == [(p.cudnn_benchmark, p.warmup, 7)]
+    monkeypatch.setattr(claims.core, "EXERCISE_ON_CPU", False)
+    assert training._train_sizes(quick=False)[1] == p.steps

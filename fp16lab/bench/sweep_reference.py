@@ -37,23 +37,25 @@ BOTH = ("nchw", "channels_last")
 
 def gpu_parts() -> dict[str, SweepSpec]:
     """Returns the named sweeps of the GPU reference run, in the order they run."""
-    common = dict(device="cuda", repeats=3)
+    protocol = sweep.GPU_PROTOCOL  # the claims measure the same way
+    common = dict(device="cuda", repeats=3, cudnn_benchmark=protocol.cudnn_benchmark,
+                  warmup=protocol.warmup, steps=protocol.steps)
     return {
         "resnet50_grid": SweepSpec(models=("resnet50",), batches=(64, 128, 256), layouts=BOTH,
-                                   precisions=ALL4, warmup=4, steps=12, **common),
+                                   precisions=ALL4, **common),
         "resnet50_scaler": SweepSpec(
             models=("resnet50",), batches=(128,), layouts=("channels_last",),
-            precisions=("amp-fp16",), warmup=4, steps=12,
+            precisions=("amp-fp16",),
             scalers=(ScalerSettings(), ScalerSettings(init_scale=2.0**24),
                      ScalerSettings(init_scale=2.0**40), ScalerSettings(growth_interval=1)),
             **common),
         "resnet50_pure_fp16": SweepSpec(models=("resnet50",), batches=(256,),
                                         layouts=("channels_last",), precisions=("fp16-o2", "amp-fp16"),
-                                        warmup=4, steps=12, **common),
+                                        **common),
         "small_models": SweepSpec(models=("small_cnn", "resnet18"), batches=(64, 256), layouts=BOTH,
-                                  precisions=ALL4, warmup=5, steps=20, **common),
+                                  precisions=ALL4, **common),
         "transformer": SweepSpec(models=("transformer_block",), batches=(64, 256),
-                                 precisions=ALL4, warmup=5, steps=20, **common),
+                                 precisions=ALL4, **common),
     }
 
 

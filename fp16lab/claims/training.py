@@ -28,9 +28,10 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
                        telemetry: bool = False) -> dict[str, Any]:
     """Returns samples/s, peak memory and NVML busy % of training steps, from the sweep engine.
 
-    One point of :func:`fp16lab.sweep.measure_point` (cuDNN autotuning on), cached for the
-    session so that claims sharing a configuration run it once. A point that fails (out of
-    memory, or any error) raises, naming the point.
+    One point of :func:`fp16lab.sweep.measure_point`, measured by the sweep's
+    :data:`fp16lab.sweep.GPU_PROTOCOL` (cuDNN autotuning and warm-up; ``steps`` timed steps),
+    cached for the session so that claims sharing a configuration run it once. A point that
+    fails (out of memory, or any error) raises, naming the point.
 
     Args:
         model_name: a name from :data:`fp16lab.models.MODELS`.
@@ -40,14 +41,14 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
         steps: timed steps.
         telemetry: sample NVML during the timed steps.
     """
-    from ..sweep import Point, measure_point
+    from ..sweep import GPU_PROTOCOL, Point, measure_point
 
     dev = _device()
     if dev != "cuda" and not core.EXERCISE_ON_CPU:
         raise RuntimeError("train_step_figures needs a CUDA GPU; torch sees none")
     point = Point(model=model_name, batch=batch, layout=layout, precision=precision,
-                  cudnn_benchmark=True, device=dev)
-    row = measure_point(point, warmup=max(2, steps // 4), steps=steps, telemetry=telemetry)
+                  cudnn_benchmark=GPU_PROTOCOL.cudnn_benchmark, device=dev)
+    row = measure_point(point, warmup=GPU_PROTOCOL.warmup, steps=steps, telemetry=telemetry)
     if row["status"] != "ok":
         raise RuntimeError(f"training point {point.label()} ended with {row['status']}: "
                            f"{row['error']}")
@@ -64,8 +65,10 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
 
 
 def _train_sizes(quick: bool) -> tuple[int, int]:
-    """Returns (batch, timed steps) for the GPU training claims."""
-    return _sizes(quick, (128, 20), (16, 5), (2, 2))
+    """Returns (batch, timed steps) for the GPU training claims (full: the sweep's protocol)."""
+    from ..sweep import GPU_PROTOCOL
+
+    return _sizes(quick, (128, GPU_PROTOCOL.steps), (16, 5), (2, 2))
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ from .plots import plot_results, plot_style
 from .report import (describe_rows, engine_check, format_report, load_reference, ratio_table,
                      scaler_table, summarize_results, throughput_table)
 from .results import META_COLUMNS, ROW_COLUMNS, STATUSES, append_rows, read_results
-from .spec import LAYOUTS, Point, SweepSpec
+from .spec import GPU_PROTOCOL, LAYOUTS, Point, Protocol, SweepSpec
 
-__all__ = ["LAYOUTS", "LR", "META_COLUMNS", "MOMENTUM", "PRECISIONS", "ROW_COLUMNS",
-           "SCALED_PRECISIONS", "STATUSES", "FaultInjector", "Point", "ScalerSettings",
+__all__ = ["GPU_PROTOCOL", "LAYOUTS", "LR", "META_COLUMNS", "MOMENTUM", "PRECISIONS", "ROW_COLUMNS",
+           "SCALED_PRECISIONS", "STATUSES", "FaultInjector", "Point", "Protocol", "ScalerSettings",
            "SweepSpec", "append_rows", "describe_rows", "engine_check", "format_report",
            "is_oom", "load_reference", "measure_point", "plot_results", "plot_style",
            "ratio_table", "read_results", "run_sweep", "scaler_table", "summarize_results",
