@@ -428,3 +428,10 @@ def test_training_claims_measure_by_the_sweeps_protocol(monkeypatch):
     assert seen == [(p.cudnn_benchmark, p.warmup, 7)]
     monkeypatch.setattr(claims.core, "EXERCISE_ON_CPU", False)
     assert training._train_sizes(quick=False)[1] == p.steps
+
+
+def test_every_claim_names_the_practice_it_comes_from():
+    for c in claims.CLAIMS:
+        assert len(c.origin.split()) >= 8, f"claim {c.id} does not say where it comes from"
+        assert ".txt" not in c.origin and "_" not in c.origin, c.origin
+        assert f"where it comes from: {c.origin}" in c.report()

@@ -329,7 +329,9 @@ CLAIM_2 = Claim(
     "Converting a CNN to channels_last (NHWC) speeds convolution up by 20-30%.",
     "channels_last/NCHW training throughput (ResNet-50): >=1.15x under both AMP fp16 and "
     "fp32: holds; under one, or 1.05-1.15x: holds in part; <1.05x: does not hold.",
-    experiment_channels_last, judge_channels_last, needs_gpu=True)
+    experiment_channels_last, judge_channels_last, needs_gpu=True,
+    origin=("a practical FP16 guide (WMMA kernel, loss scaling, NaN debugging, a BERT recipe) "
+            "that recommends converting CNNs to NHWC"))
 
 
 CLAIM_3 = Claim(
@@ -337,7 +339,9 @@ CLAIM_3 = Claim(
     "bf16 uses about 15% less memory than fp16.",
     "bf16/fp16 memory (GPU peak training memory, else saved activations): <=0.90 holds, "
     "0.90-0.97 holds in part, >0.97 does not hold.",
-    experiment_bf16_memory, judge_bf16_memory)
+    experiment_bf16_memory, judge_bf16_memory,
+    origin=("an RTX 3090 FP16 tuning recipe that recommends bf16 partly for its lower memory "
+            "use"))
 
 
 CLAIM_4 = Claim(
@@ -345,7 +349,9 @@ CLAIM_4 = Claim(
     "AMP FP16 gives about 60% more training throughput than FP32 and about 30% less memory.",
     "AMP fp16 vs fp32 (TF32 off) training: speedup >=1.45x and peak memory >=20% lower: "
     "holds; one of the two: holds in part; neither: does not hold.",
-    experiment_amp_vs_fp32, judge_amp_vs_fp32, needs_gpu=True)
+    experiment_amp_vs_fp32, judge_amp_vs_fp32, needs_gpu=True,
+    origin=("a write-up of AMP plus a hand-written fp16 kernel on two large GPUs, whose "
+            "before/after table reports these gains"))
 
 
 CLAIM_5 = Claim(
@@ -356,7 +362,9 @@ CLAIM_5 = Claim(
     "GPU reports them (Hopper and newer), else from NVML's busy % (time shares, named as such): "
     "AMP raises SM utilisation by >=10 points and memory stays >=80% in both: holds; one of "
     "the two: holds in part; neither: does not hold.",
-    experiment_utilisation, judge_utilisation, needs_gpu=True)
+    experiment_utilisation, judge_utilisation, needs_gpu=True,
+    origin=("the same two-GPU write-up, which reads SM utilisation and bandwidth use from "
+            "profiler tables before and after AMP"))
 
 
 CLAIM_12 = Claim(
@@ -367,4 +375,5 @@ CLAIM_12 = Claim(
     ">=1.10x and by more than twice what eager moves (eager, which the flag cannot touch, "
     "gauges the noise); eager >=1.10x too: holds; TorchScript only: holds in part; "
     "otherwise does not hold.",
-    experiment_profiling_executor, judge_profiling_executor)
+    experiment_profiling_executor, judge_profiling_executor,
+    origin=("an RTX 3090 FP16 tuning recipe that lists this flag among its speed settings"))
