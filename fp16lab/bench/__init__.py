@@ -17,6 +17,7 @@ BENCHMARKS = {
     "gemm": "the kernel ladder against cuBLAS",
     "gemm_ceiling": "what holds the mma.sync kernels back",
     "alignment": "cuBLAS at N = 4096 + d: which kernels run",
+    "wave_quantization": "a Linear(4096, 4096) at batch 64..2048: tiles, waves and TFLOP/s",
     "diagnostics_overhead": "step-time cost of the per-layer gradient monitor",
     "sweep_engine_vs_loop": "the sweep engine against a bare training loop",
     "sweep_reference": "the reference sweep grid whose results ship in data/",
