@@ -20,7 +20,10 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["efficiency", "tile_count", "tile_from_kernel", "wave_count"]
+__all__ = ["H200_SMS", "efficiency", "tile_count", "tile_from_kernel", "wave_count"]
+
+#: The SM count of an NVIDIA H200 (NVIDIA's specification; the measured file records it too).
+H200_SMS = 132
 
 _TILE = re.compile(r"(?:nvjet_sm\d+a?_\w+?_|_)(\d+)x(\d+)(?:_|x\d)")
 
