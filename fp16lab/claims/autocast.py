@@ -244,4 +244,4 @@ CLAIM_10 = Claim(
     "(shown: per-op dtypes and saved activations for narrower regions); else holds if a "
     "narrower fp16 region saves memory.",
     experiment_amp_ratio, judge_amp_ratio,
-    origin=("the two-GPU write-up, which adjusts a dynamic 'FP16 ratio' under memory pressure"))
+    origin=("a write-up of AMP on two large GPUs, which adjusts a dynamic 'FP16 ratio' under memory pressure"))

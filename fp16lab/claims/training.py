@@ -363,8 +363,8 @@ CLAIM_5 = Claim(
     "AMP raises SM utilisation by >=10 points and memory stays >=80% in both: holds; one of "
     "the two: holds in part; neither: does not hold.",
     experiment_utilisation, judge_utilisation, needs_gpu=True,
-    origin=("the same two-GPU write-up, which reads SM utilisation and bandwidth use from "
-            "profiler tables before and after AMP"))
+    origin=("a write-up of AMP plus a hand-written fp16 kernel on two large GPUs, which reads "
+            "SM utilisation and bandwidth use from profiler tables before and after AMP"))
 
 
 CLAIM_12 = Claim(
