@@ -244,4 +244,5 @@ CLAIM_10 = Claim(
     "(shown: per-op dtypes and saved activations for narrower regions); else holds if a "
     "narrower fp16 region saves memory.",
     experiment_amp_ratio, judge_amp_ratio,
-    origin=("a write-up of AMP on two large GPUs, which adjusts a dynamic 'FP16 ratio' under memory pressure"))
+    origin=("a write-up of AMP on two large GPUs, which adjusts a dynamic 'FP16 ratio' under "
+            "memory pressure"))

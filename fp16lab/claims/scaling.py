@@ -206,5 +206,5 @@ CLAIM_9 = Claim(
     "clipping and mean-|g| beats it by >=5%: holds; one of the two: holds in part; neither: "
     "does not hold.",
     experiment_clipping, judge_clipping,
-    origin=("an RTX 3090 tuning recipe (clip at 1.0 before scaler.step()) and the two-GPU "
-            "write-up (a threshold adapted each epoch)"))
+    origin=("an RTX 3090 tuning recipe (clip at 1.0 before scaler.step()) and a write-up of "
+            "AMP on two large GPUs (a threshold adapted each epoch)"))
