@@ -86,6 +86,7 @@ def execute(path: Path, timeout: int = 1200) -> dict[str, Any]:
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}"
     wall = time.perf_counter() - t0
     return {"notebook": path.stem, "wall_s": wall, "finished": not error, "error": error,
+            "load_average_1min": os.getloadavg()[0], "cpus": os.cpu_count(),
             "sections": [{"section": t, "seconds": s} for t, s in sections(nb)],
             "problems": problems(nb)}
 
