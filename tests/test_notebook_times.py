@@ -61,3 +61,48 @@ def test_unknown_notebook_number_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
     with pytest.raises(SystemExit, match="no notebook numbered 42"):
         nt.main(["--only", "42"])
+
+
+def test_workshop_table_and_update_from_the_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
+    row = {"notebook": "03_x", "wall_s": 90.0, "finished": True, "error": "", "problems": [],
+           "sections": [], "load_average_1min": 11.6, "cpus": 2}
+    (tmp_path / "notebook_times_cpu.json").write_text(json.dumps(
+        {"meta": {"measured_at": "today"}, "rows": [row, {**row, "notebook": "04_y",
+                                                           "finished": False}]}))
+    table = nt.workshop_table()
+    assert "| `03_x` | 1.5 (load 12 on 2 cores) | not measured yet |" in table
+    assert "| `04_y` | did not finish (load 12 on 2 cores) | not measured yet |" in table
+    (tmp_path / "notebook_times.json").write_text(json.dumps(
+        {"meta": {"gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
+    assert "| notebook | minutes on a CPU | minutes on NVIDIA H200 |" in nt.workshop_table()
+    assert "| `03_x` | 1.5 (load 12 on 2 cores) | 0.5 |" in nt.workshop_table()
+    guide = tmp_path / "WORKSHOP.md"
+    start, end = nt.WORKSHOP_MARKERS
+    guide.write_text(f"intro\n{start}\nold table\n{end}\nafter\n")
+    nt.update_workshop(guide)
+    text = guide.read_text()
+    assert "old table" not in text and text.startswith("intro\n") and text.endswith(f"{end}\nafter\n")
+    assert nt.workshop_table() in text
+    guide.write_text("no markers")
+    with pytest.raises(ValueError, match="notebook-times:start"):
+        nt.update_workshop(guide)
+
+
+def test_the_guide_shows_the_measured_table_and_every_exercise():
+    import importlib
+    import pkgutil
+
+    import fp16lab.exercises as exercises
+
+    guide = (nt.NOTEBOOKS_DIR / "WORKSHOP.md").read_text()
+    start, end = nt.WORKSHOP_MARKERS
+    assert guide.split(start, 1)[1].split(end, 1)[0].strip() == nt.workshop_table().strip(), \
+        "WORKSHOP.md's table is stale: run python -m fp16lab.bench.notebook_times --workshop"
+    for info in pkgutil.iter_modules(exercises.__path__):
+        if not info.name.startswith("ch"):
+            continue
+        module = importlib.import_module(f"fp16lab.exercises.{info.name}")
+        row = next((line for line in guide.splitlines() if line.startswith(f"| {info.name[2:]} |")), "")
+        for q in (n for n in module.__all__ if n[0] == "q" and n[1:].isdigit()):
+            assert f"{q} " in row, f"WORKSHOP.md does not list {info.name}.{q}"

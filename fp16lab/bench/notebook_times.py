@@ -9,6 +9,7 @@ openings read both files (:func:`section_minutes`) to say how long each section 
 
     python -m fp16lab.bench.notebook_times               # every notebook
     python -m fp16lab.bench.notebook_times --only 03,04  # some of them
+    python -m fp16lab.bench.notebook_times --workshop    # only rewrite WORKSHOP.md's table
 """
 
 from __future__ import annotations
@@ -120,12 +121,58 @@ def section_minutes(notebook: str):
                          for label, c in columns.items()}, index=index)
 
 
+#: notebooks/WORKSHOP.md's measured-minutes table sits between these two lines.
+WORKSHOP_MARKERS = ("<!-- notebook-times:start -->", "<!-- notebook-times:end -->")
+
+
+def workshop_table() -> str:
+    """Returns the markdown table of minutes per notebook on a CPU and on a GPU, from the files."""
+    found = {}
+    for gpu in (False, True):
+        try:
+            found[gpu] = bench.read_result(result_name(gpu))
+        except FileNotFoundError:
+            found[gpu] = None
+    gpu_name = (found[True] or {}).get("meta", {}).get("gpu_name") or "a GPU"
+    rows = {}
+    for gpu, payload in found.items():
+        for r in (payload or {}).get("rows", []):
+            minutes = f"{r['wall_s'] / 60:.1f}" if r["finished"] else "did not finish"
+            load = f" (load {r['load_average_1min']:.0f} on {r['cpus']} cores)" \
+                if not gpu and "load_average_1min" in r else ""
+            rows.setdefault(r["notebook"], {})[gpu] = minutes + load
+    lines = [f"| notebook | minutes on a CPU | minutes on {gpu_name} |", "| --- | --- | --- |"]
+    for name in sorted(rows):
+        lines.append(f"| `{name}` | {rows[name].get(False, 'not measured yet')} | "
+                     f"{rows[name].get(True, 'not measured yet')} |")
+    sources = [f"{result_name(gpu)}.json: {bench.describe_source(p['meta'], with_file=False)}"
+               for gpu, p in found.items() if p is not None]
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in sources) + "\n"
+
+
+def update_workshop(path: Path = NOTEBOOKS_DIR / "WORKSHOP.md") -> Path:
+    """Rewrites the measured-minutes table of the instructor's guide from the files; returns the path."""
+    text = path.read_text()
+    start, end = WORKSHOP_MARKERS
+    if start not in text or end not in text:
+        raise ValueError(f"{path} has no {start} ... {end} lines to put the table between")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{workshop_table()}{end}{tail}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated notebook numbers, e.g. 03,04")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
+    p.add_argument("--workshop", action="store_true",
+                   help="execute nothing: rewrite notebooks/WORKSHOP.md's table from the files")
     args = p.parse_args(argv)
+    if args.workshop:
+        print(f"wrote {update_workshop()}")
+        return 0
     import torch
 
     paths = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -138,19 +185,19 @@ def main(argv: list[str] | None = None) -> int:
         paths = [x for x in paths if x.name[:2] in wanted]
     gpu = torch.cuda.is_available()
     name = result_name(gpu)
-    rows = []
+    folder = bench.data_dir() if args.replace else bench.local_dir()
+    rows: list[dict[str, Any]] = []
     for path in paths:
         row = execute(path)
-        rows.append(row)
         print(f"{path.name}: {row['wall_s']:.0f} s, {'finished' if row['finished'] else row['error']}"
               f"{'; ' + str(len(row['problems'])) + ' problems in outputs' if row['problems'] else ''}",
               flush=True)
-    folder = bench.data_dir() if args.replace else bench.local_dir()
-    rows = bench.merge_with_previous(name, rows, key="notebook", data_dir=folder)
-    rows.sort(key=lambda r: r["notebook"])
-    path = bench.write_result(name, rows, meta={"benchmark": "fp16lab.bench.notebook_times"},
-                              data_dir=folder)
-    print(f"\nwrote {path}\n\n{'notebook':40s} {'minutes':>8s}  problems")
+        # written after every notebook, so a run cut short keeps what it measured
+        rows = sorted(bench.merge_with_previous(name, [row], key="notebook", data_dir=folder),
+                      key=lambda r: r["notebook"])
+        written = bench.write_result(name, rows, meta={"benchmark": "fp16lab.bench.notebook_times"},
+                                     data_dir=folder)
+    print(f"\nwrote {written}\n\n{'notebook':40s} {'minutes':>8s}  problems")
     for r in rows:
         print(f"{r['notebook']:40s} {r['wall_s'] / 60:8.1f}  {len(r['problems'])}"
               f"{'' if r['finished'] else '  DID NOT FINISH'}")
