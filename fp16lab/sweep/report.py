@@ -9,10 +9,12 @@ import pandas as pd
 
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
+from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, read_results
 
 _POINT_COLUMNS = ("model", "batch", "layout", "precision", "init_scale", "growth_factor",
-                  "backoff_factor", "growth_interval", "cudnn_benchmark", "device")
+                  "backoff_factor", "growth_interval", "cudnn_benchmark", "device",
+                  *AXIS_DEFAULTS)
 
 
 def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.DataFrame:
@@ -28,7 +30,7 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
         ok = g[g["status"] == "ok"]
         bad = g[g["status"] != "ok"]
         tol = tolerance if tolerance is not None else float(first.get("tolerance") or 0.03)
-        rec: dict[str, Any] = {c: first[c] for c in _POINT_COLUMNS}
+        rec: dict[str, Any] = {c: first.get(c, AXIS_DEFAULTS.get(c)) for c in _POINT_COLUMNS}
         rec["key"] = key
         rec["status"] = bad["status"].iloc[0] if len(bad) else "ok"
         rec["error"] = bad["error"].iloc[0] if len(bad) else ""
@@ -37,7 +39,8 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
             med = ok["step_ms_median"].astype(float)
             m = float(med.median())
             rec["step_ms"] = m
-            rec["samples_per_s"] = float(first["batch"]) / (m / 1e3)
+            gpus = rec["gpus"] if rec["gpus"] == rec["gpus"] and rec["gpus"] else 1  # NaN: 1
+            rec["samples_per_s"] = float(first["batch"]) * float(gpus) / (m / 1e3)
             rec["spread"] = float(ok["spread"].astype(float).median())
             rec["repeat_spread"] = float((med.max() - med.min()) / m) if len(ok) > 1 else 0.0
             rec["unstable"] = bool(rec["repeat_spread"] > tol)
@@ -82,6 +85,7 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
     show = pd.DataFrame({
         "model": s["model"], "batch": s["batch"], "layout": s["layout"],
         "precision": s["precision"],
+        "variant": _variants(s),
         "scale0": s["init_scale"].map(_pow2),
         "grow every": s["growth_interval"].map(lambda v: "" if pd.isna(v) else f"{int(v)}"),
         "status": s["status"],
@@ -98,16 +102,24 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         "GPU busy": s["gpu_busy_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}%"),
         "power W": s["power_w_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
     })
+    if not show["variant"].astype(bool).any():  # no execution, input or gpus but the defaults
+        show = show.drop(columns="variant")
     lines = [describe_rows(rows), show.to_string(index=False)]
     errs = s[s["status"] != "ok"]
     for _, e in errs.iterrows():
-        lines.append(f"{e['status']}: {e['model']} b{e['batch']} {e['layout']} {e['precision']}: "
-                     f"{e['error']}")
+        v = variant_label(e.to_dict())
+        lines.append(f"{e['status']}: {e['model']} b{e['batch']} {e['layout']} {e['precision']}"
+                     f"{' ' + v if v else ''}: {e['error']}")
     n_unstable = int(s["unstable"].sum())
     if n_unstable:
         lines.append(f"{n_unstable} point(s) UNSTABLE: their repeat medians differ by more than "
                      f"the tolerance; re-run them on a quieter machine or with more steps")
     return "\n".join(lines)
+
+
+def _variants(s: pd.DataFrame) -> list[str]:
+    """Returns each summarized point's non-default execution, input and gpus ('' for none)."""
+    return [variant_label(r) for r in s.to_dict("records")]
 
 
 def _pow2(v: Any) -> str:
@@ -123,11 +135,11 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
                      ) -> pd.DataFrame:
     """Returns samples/s pivoted by batch size (rows) and layout/precision (columns).
 
-    Only points measured with the default scaler settings (or none) are used, so scaler
-    variations do not average into the table.
+    Only points measured with the default scaler settings (or none), eager on synthetic input
+    on one GPU, are used, so those variations do not average into the table.
     """
     s = summarize_results(rows)
-    s = s[s["status"] == "ok"]
+    s = s[(s["status"] == "ok") & (pd.Series(_variants(s), index=s.index) == "")]
     if model is not None:
         s = s[s["model"] == model]
     default = ScalerSettings().init_scale
