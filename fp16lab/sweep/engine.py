@@ -250,6 +250,19 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
 
 # --------------------------------------------------------------------------- running a sweep
 
+def _prepare_images(spec: SweepSpec, points: list[Point]) -> None:
+    """Writes the image folder file inputs read (``spec.images`` JPEGs) unless it holds images,
+    then checks it is an image folder: a missing or empty one fails before any point runs."""
+    if all(p.input == "synthetic" for p in points):
+        return
+    from ..data import make_image_folder, scan_image_folder
+
+    root = Path(spec.images_dir)
+    if not root.exists() or not any(root.iterdir()):
+        make_image_folder(root, images=spec.images)
+    scan_image_folder(root)
+
+
 ResultCallback = Callable[[dict[str, Any], int, int], None]
 
 
@@ -259,7 +272,8 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
     """Runs a sweep and returns its rows (one per point and repeat), resuming from ``out``.
 
     Args:
-        spec: the grid and how to measure it.
+        spec: the grid and how to measure it. With a file input, ``spec.images_dir`` is
+            written first when it holds no images yet (:func:`fp16lab.data.make_image_folder`).
         out: a ``.parquet`` results file; each finished repeat is appended at once (with a CSV
             copy). Repeats the file already holds are skipped, as are the remaining repeats of
             a point recorded as ``oom`` or ``error`` (delete those rows to retry them). A point's
@@ -271,6 +285,7 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
         fault_injector: called before every training step; for tests.
     """
     points = spec.points()
+    _prepare_images(spec, points)
     keys = {p.key for p in points}
     existing = read_results(out) if out is not None else pd.DataFrame(columns=list(ROW_COLUMNS))
     existing = existing[existing["key"].isin(keys)] if len(existing) else existing
