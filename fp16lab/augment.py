@@ -144,9 +144,11 @@ def resized_crops(images: torch.Tensor | list[torch.Tensor], params: list[tuple[
     wx = _resize_weights(p[:, 1], p[:, 3], size, batch.shape[3], dtype)
     flip = torch.tensor(flips, dtype=torch.bool).to(device)
     wx = torch.where(flip[:, None, None], wx.flip(1), wx)
-    # (N,3,H,W) @ (N,1,W,size) -> (N,3,H,size); (N,1,size,H) @ that -> (N,3,size,size)
-    out = wy[:, None] @ (batch.to(dtype) @ wx.transpose(1, 2)[:, None])
-    return out.float()
+    # (N, 3H, W) @ (N, W, size): every row of every channel at once, no broadcast copy;
+    # then (N, 1, size, H) @ (N, 3, H, size) -> (N, 3, size, size)
+    n, c, h, w = batch.shape
+    rows = batch.to(dtype).reshape(n, c * h, w) @ wx.transpose(1, 2)
+    return (wy[:, None] @ rows.view(n, c, h, size)).float()
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
