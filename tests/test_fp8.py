@@ -375,6 +375,45 @@ def hopper_accumulation_bound(a: torch.Tensor, b: torch.Tensor) -> float:
     return 2.0 ** -ACC_BITS * total ** 0.5 / float((a @ b).norm())
 
 
+def _truncating_fp8_mma(a: np.ndarray, b: np.ndarray, promote_every: int | None) -> np.ndarray:
+    """A software model of the FP8 MMA: after each step of MMA_K products the running sum is cut
+    to ACC_BITS mantissa bits (toward zero); every ``promote_every`` products it is added into an
+    exact (here float64) total and restarted, as cuBLAS does without fast accumulation."""
+    k = a.shape[1]
+    promote_every = promote_every or k
+    total = np.zeros((a.shape[0], b.shape[1]))
+    for c0 in range(0, k, promote_every):
+        acc = np.zeros_like(total)
+        for s0 in range(c0, min(k, c0 + promote_every), MMA_K):
+            acc = acc + a[:, s0:s0 + MMA_K] @ b[s0:s0 + MMA_K]
+            ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(acc), 1e-300))) - ACC_BITS)
+            acc = np.trunc(acc / ulp) * ulp
+        total += acc
+    return total
+
+
+@pytest.mark.parametrize("k", [512, 2048])
+def test_accumulation_bound_covers_a_13_bit_accumulator_and_little_more(k):
+    # the GPU test's bound against the model above: it must hold with promotion, not be loose, and
+    # fail for the same sums left unpromoted (fast accumulation) once K is long
+    rng = np.random.default_rng(k)
+    a = (rng.standard_normal((64, k)) * np.logspace(-2, 2, 64)[:, None]).astype(np.float32)
+    b = rng.standard_normal((k, 48)).astype(np.float32)
+    qa = fp8.dequantize(fp8.quantize(torch.from_numpy(a), "e4m3")).double()
+    qb = fp8.dequantize(fp8.quantize(torch.from_numpy(b), "e4m3", contraction_dim=0)).double()
+    exact = (qa @ qb).numpy()
+    bound = hopper_accumulation_bound(qa, qb)
+
+    def err(promote_every):
+        got = _truncating_fp8_mma(qa.numpy(), qb.numpy(), promote_every)
+        return np.linalg.norm(got - exact) / np.linalg.norm(exact)
+
+    promoted = err(PROMOTE_EVERY)
+    assert bound / 5 < promoted < bound
+    if k >= 2048:
+        assert err(None) > bound
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
 @pytest.mark.parametrize("shape", [(256, 512, 128), (1024, 2048, 4096)])
@@ -419,6 +458,19 @@ def test_float8_linear_on_gpu_matches_the_emulation(recipe):
     assert not any(k.startswith(("tensorwise", "rowwise e4m3 x e4m3")) for k in fp8.FALLBACKS)
     for a, r in zip(out["auto"], out["emulate"]):
         assert ((a - r).norm() / r.norm()).item() < 5e-3
+
+
+@pytest.mark.gpu
+def test_compiled_fp8_training_follows_the_eager_run():
+    """train_curve(compile=True) traces _scaled_mm and the casts into the blocks' graph: same losses."""
+    _cuda_fp8_or_skip()
+    cfg = training.GPTConfig(d_model=256, n_layers=2, n_heads=4, seq_len=64, vocab=32, batch=8)
+    eager = training.train_curve("fp8-tensorwise", cfg, steps=6, device="cuda")
+    compiled = training.train_curve("fp8-tensorwise", cfg, steps=6, device="cuda", compile=True)
+    torch._dynamo.reset()
+    assert compiled["compiled"] and not fp8.FALLBACKS.get("tensorwise e4m3 x e4m3")
+    # bf16 autocast: fused kernels round a few intermediates differently, so FP8 codes may flip
+    np.testing.assert_allclose(compiled["losses"], eager["losses"], rtol=5e-3)
 
 
 @pytest.mark.gpu
