@@ -10,8 +10,8 @@ from ..recipes import PRECISIONS
 from ..scaling import ScalerSettings
 from .engine import run_sweep
 from .report import format_report
-from .results import read_results
-from .spec import LAYOUTS, SweepSpec
+from .results import check_results_path, read_results
+from .spec import LAYOUTS, SweepSpec, check_tolerance
 
 def _split(text: str, kind: type = str) -> tuple[Any, ...]:
     items = [t.strip() for t in text.split(",") if t.strip()]
@@ -40,27 +40,39 @@ def _cmd_sweep(args: Any) -> int:
                      device=args.device, warmup=args.warmup, steps=args.steps,
                      repeats=args.repeats, tolerance=args.tolerance,
                      telemetry=not args.no_telemetry)
+    check_results_path(args.out)
     n = len(spec.points())
     print(f"sweep: {n} points x {spec.repeats} repeats on {spec.resolved_device()}, "
           f"results appended to {args.out}")
     t0 = time.perf_counter()
+    measured: list[dict[str, Any]] = []
     try:
-        rows = run_sweep(spec, args.out, progress=True)
+        rows = run_sweep(spec, args.out, progress=True,
+                         on_result=lambda row, done, total: measured.append(row))
     except KeyboardInterrupt:
         kept = len(read_results(args.out))
         print(f"\ninterrupted: {args.out} keeps {kept} finished rows; run the same command "
               f"again to resume")
         return 130
-    print(f"took {time.perf_counter() - t0:.1f} s")
+    earlier = len(rows) - len(measured)
+    print(f"measured {len(measured)} rows in {time.perf_counter() - t0:.1f} s"
+          + (f"; {earlier} rows were already in {args.out} (same points, {spec.warmup} warm-up "
+             f"+ {spec.steps} steps), measured earlier, at the times in its finished_at column"
+             if earlier else ""))
     print(format_report(rows))
     return 0
 
 
 def _cmd_report(args: Any) -> int:
     p = Path(args.file)
+    if args.tolerance is not None:
+        check_tolerance(args.tolerance, "--tolerance")
     if not p.exists():
         raise FileNotFoundError(f"no results file {p}")
-    print(format_report(read_results(p), args.tolerance))
+    rows = read_results(p)
+    if not len(rows):
+        raise ValueError(f"{p}: holds no rows yet")
+    print(format_report(rows, args.tolerance))
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..recipes import make_train_step, math_flags, sgd
-from .results import META_COLUMNS, ROW_COLUMNS, append_rows, read_results
+from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
 from .spec import Point, SweepSpec
 
 #: Learning rate and momentum of the SGD optimizer every point uses.
@@ -36,14 +36,22 @@ LR, MOMENTUM = 0.01, 0.9
 #: it to raise an out-of-memory error or an interrupt from inside a point.
 FaultInjector = Callable[[Point, int, int], None]
 
+#: What torch's allocators say when memory runs out (CUDA, the CPU allocator on Linux, Windows).
+_OOM_WORDS = ("out of memory", "can't allocate memory", "not enough memory")
+
 
 def is_oom(exc: BaseException) -> bool:
-    """Returns True when an exception is an out-of-memory error (CUDA or host)."""
+    """Returns True when an exception is an out-of-memory error (CUDA or host).
+
+    On the host, torch's CPU allocator raises a RuntimeError saying "DefaultCPUAllocator: can't
+    allocate memory" (Linux) or "not enough memory" (Windows), not "out of memory".
+    """
     import torch
 
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in _OOM_WORDS)
 
 
 class _ScaleHistory:
@@ -228,11 +236,12 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
 
     Args:
         spec: the grid and how to measure it.
-        out: a ``.parquet`` results file; each finished repeat is appended at once (with a CSV
-            copy). Repeats the file already holds are skipped, as are the remaining repeats of
-            a point recorded as ``oom`` or ``error`` (delete those rows to retry them). A point's
-            key holds its settings, not warmup/steps: measure with another protocol into
-            another file.
+        out: a ``.parquet`` results file, checked before anything runs; each finished repeat
+            is appended at once (with a CSV copy). Repeats the file already holds with this
+            spec's protocol (``warmup`` and ``steps``) are skipped, as are the remaining repeats
+            of a point recorded as ``oom`` or ``error`` with it (delete those rows to retry
+            them). Rows measured with another protocol are kept but not counted: their points
+            are measured again, and the rows returned are this protocol's only.
         stop: when set (from another thread), the sweep ends after the current point.
         on_result: called as ``on_result(row, done, total)`` after every finished repeat.
         progress: show a tqdm progress bar.
@@ -240,8 +249,10 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
     """
     points = spec.points()
     keys = {p.key for p in points}
-    existing = read_results(out) if out is not None else pd.DataFrame(columns=list(ROW_COLUMNS))
-    existing = existing[existing["key"].isin(keys)] if len(existing) else existing
+    if out is not None:
+        check_results_path(out)
+    existing = _this_protocol(read_results(out), spec, keys) if out is not None else \
+        pd.DataFrame(columns=list(ROW_COLUMNS))
     done = {(k, int(r)) for k, r, s in zip(existing.get("key", []), existing.get("repeat", []),
                                             existing.get("status", [])) if s == "ok"}
     failed = {k for k, s in zip(existing.get("key", []), existing.get("status", [])) if s != "ok"}
@@ -280,6 +291,14 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
         if bar is not None:
             bar.close()
     if out is not None:
-        df = read_results(out)
-        return df[df["key"].isin(keys)].reset_index(drop=True)
+        return _this_protocol(read_results(out), spec, keys)
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+
+
+def _this_protocol(df: pd.DataFrame, spec: SweepSpec, keys: set[str]) -> pd.DataFrame:
+    """Returns the rows of ``df`` for these points measured with the spec's warm-up and steps."""
+    if not len(df):
+        return df
+    same = (df["key"].isin(keys) & (pd.to_numeric(df["warmup"]) == spec.warmup)
+            & (pd.to_numeric(df["steps"]) == spec.steps))
+    return df[same].reset_index(drop=True)
