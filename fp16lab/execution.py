@@ -20,7 +20,9 @@ between kernels however fast its tensor cores are. Two fixes, beside plain ``eag
     first step, and if that step is skipped (ResNet-50's first AMP steps overflow) they stay so;
   * autocast's cast cache is off during capture (``cache_enabled=False``), as PyTorch requires;
   * warm-up steps run on a side stream before capture (cuDNN, cuBLAS and the optimizer's
-    momentum buffers settle there), and the scale only changes on the device afterwards.
+    momentum buffers settle there), and the scale only changes on the device afterwards;
+  * capture records the step's kernels but does not run them: after ``make_step`` the model
+    has taken only the warm-up steps, and the first ``replay`` takes the next one.
 
 - ``compile``: ``torch.compile(model, mode=...)`` fuses elementwise kernels with Triton (fewer,
   larger kernels); mode ``reduce-overhead`` also replays the model's forward and backward as CUDA
@@ -137,8 +139,9 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
     """Returns a :class:`TrainingStep` training ``model`` on the batch (x, y) as asked.
 
     The model and tensors must already be on one device, in the memory layout wanted. For
-    ``cuda-graph`` this runs ``warmup`` steps and the capture (one more step) before returning,
-    so the model has then taken ``warmup + 1`` optimizer steps; the other modes take none.
+    ``cuda-graph`` this runs ``warmup`` steps and then captures one more without running it
+    (capture only records kernels; the GPU executes them at the first ``replay``), so the model
+    has then taken ``warmup`` optimizer steps; the other modes take none.
 
     Args:
         fused_optimizer: use ``SGD(fused=True)`` (one kernel for all weights, and GradScaler's

@@ -267,7 +267,8 @@ def _row(key, repeat, ms, status="ok", batch=8):
     r = dict.fromkeys(sweep.ROW_COLUMNS)
     r.update(key=key, model="small_cnn", batch=batch, layout="nchw", precision="fp32",
              device="cpu", repeat=repeat, status=status, error="" if status == "ok" else "boom",
-             step_ms_median=ms, spread=0.01, tolerance=0.03, cudnn_benchmark=False)
+             step_ms_median=ms, spread=0.01, tolerance=0.03, cudnn_benchmark=False, warmup=3,
+             steps=10, elapsed_s=1.0, finished_at="2026-01-01T00:00:00+00:00")
     return r
 
 

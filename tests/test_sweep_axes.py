@@ -1,4 +1,4 @@
-"""The sweep's later axes (execution, input, gpus, fp8-<recipe>): validation, the grid, rows, old files."""
+"""The sweep's later axes (execution, input, gpus, fp8-<recipe>): checks, grid, rows, old files."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_dataloader_input_feeds_every_step_a_new_batch(images, monkeypatch):
                 layouts=("channels_last",), images_dir=images, warmup=0, steps=3)
     row = sweep.run_sweep(spec).iloc[0]
     assert row["status"] == "ok", row["error"]
-    assert row["warmup"] == 2  # at least num_workers + 2
+    assert row["warmup"] == 0 and row["input_warmup"] == 2  # at least num_workers + 2 run
     assert len(drawn) == 2 + 3 and drawn[0] == (8, 3, 32, 32)  # small_cnn's 32-pixel crops
     assert row["input"] == "dataloader" and row["num_workers"] == 0
     assert "workers" in row["input_implementation"]
@@ -327,7 +327,7 @@ def test_panel_offers_the_axes_and_refuses_an_input_that_cannot_run_here():
         assert f"fp16lab-sweep-{name}" in getattr(panel, attr)._dom_classes
 
 
-# --------------------------------------------------------------------------- GPU: one point per axis
+# ------------------------------------------------------------------------- GPU: a point per axis
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=2048, help="JPEGs in a new --images-dir")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
-    images_dir = args.images_dir or str(Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{args.images}")
+    images_dir = args.images_dir or str(Path(tempfile.gettempdir())
+                                        / f"fp16lab_jpegs_{args.images}")
     parts = gpu_parts(images_dir, args.images) if gpu else cpu_parts()
     if args.only:
         unknown = set(args.only.split(",")) - set(parts)

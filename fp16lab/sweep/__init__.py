@@ -9,8 +9,8 @@ Repeats of a point are interleaved with the other points (repeat r of every poin
 r+1 of any), so a slow drift of clocks or temperature spreads over all points instead of biasing
 one; a point whose repeat medians differ by more than ``tolerance`` is flagged ``unstable``.
 Every finished repeat is appended to a parquet file (with a CSV copy, :mod:`.results`) as soon
-as it finishes, atomically. :mod:`.report` and :mod:`.plots` read the rows; :mod:`.cli` is the
-command line.
+as it finishes, atomically and under a lock, so several sweeps may share one file. :mod:`.report`
+and :mod:`.plots` read the rows; :mod:`.cli` is the command line.
 """
 
 from ..recipes import PRECISIONS, SCALED_PRECISIONS
@@ -20,12 +20,14 @@ from .engine import LR, MOMENTUM, FaultInjector, is_oom, measure_point, run_swee
 from .plots import plot_results, plot_style
 from .report import (describe_rows, engine_check, format_report, load_reference, ratio_table,
                      scaler_table, summarize_results, throughput_table)
-from .results import META_COLUMNS, ROW_COLUMNS, STATUSES, append_rows, read_results
+from .results import (META_COLUMNS, ROW_COLUMNS, STATUSES, append_rows, check_results_path,
+                      read_results)
 from .spec import LAYOUTS, Point, SweepSpec
 
-__all__ = ["AXIS_DEFAULTS", "LAYOUTS", "LR", "META_COLUMNS", "MOMENTUM", "PRECISIONS", "ROW_COLUMNS",
-           "SCALED_PRECISIONS", "STATUSES", "SWEEP_PRECISIONS", "FaultInjector", "Point", "ScalerSettings",
-           "SweepSpec", "append_rows", "describe_rows", "engine_check", "format_report",
-           "is_oom", "load_reference", "measure_point", "plot_results", "plot_style",
+__all__ = ["AXIS_DEFAULTS", "LAYOUTS", "LR", "META_COLUMNS", "MOMENTUM", "PRECISIONS",
+           "ROW_COLUMNS", "SCALED_PRECISIONS", "STATUSES", "SWEEP_PRECISIONS", "FaultInjector",
+           "Point", "ScalerSettings", "SweepSpec", "append_rows", "check_results_path",
+           "describe_rows", "engine_check", "format_report", "is_oom", "load_reference",
+           "measure_point", "plot_results", "plot_style",
            "ratio_table", "read_results", "run_sweep", "scaler_table", "summarize_results",
            "throughput_table", "variant_label"]

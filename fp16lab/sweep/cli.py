@@ -10,8 +10,8 @@ from ..scaling import ScalerSettings
 from .axes import BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS
 from .engine import run_sweep
 from .report import format_report
-from .results import read_results
-from .spec import LAYOUTS, SweepSpec
+from .results import check_results_path, read_results
+from .spec import LAYOUTS, SweepSpec, check_tolerance
 
 
 def _split(text: str, kind: type = str) -> tuple[Any, ...]:
@@ -51,30 +51,42 @@ def _cmd_sweep(args: Any) -> int:
                      pin_memory=_on_off(args.pin_memory, "--pin-memory"),
                      non_blocking=_on_off(args.non_blocking, "--non-blocking"),
                      normalize_on=_split(args.normalize_on), gpus=_split(args.gpus, int),
-                     images_dir=args.images_dir, images=args.images, device=args.device, warmup=args.warmup, steps=args.steps,
-                     repeats=args.repeats, tolerance=args.tolerance,
-                     telemetry=not args.no_telemetry)
+                     images_dir=args.images_dir, images=args.images, device=args.device,
+                     warmup=args.warmup, steps=args.steps, repeats=args.repeats,
+                     tolerance=args.tolerance, telemetry=not args.no_telemetry)
+    check_results_path(args.out)
     n = len(spec.points())
     print(f"sweep: {n} points x {spec.repeats} repeats on {spec.resolved_device()}, "
           f"results appended to {args.out}")
     t0 = time.perf_counter()
+    measured: list[dict[str, Any]] = []
     try:
-        rows = run_sweep(spec, args.out, progress=True)
+        rows = run_sweep(spec, args.out, progress=True,
+                         on_result=lambda row, done, total: measured.append(row))
     except KeyboardInterrupt:
         kept = len(read_results(args.out))
         print(f"\ninterrupted: {args.out} keeps {kept} finished rows; run the same command "
               f"again to resume")
         return 130
-    print(f"took {time.perf_counter() - t0:.1f} s")
+    earlier = len(rows) - len(measured)
+    print(f"measured {len(measured)} rows in {time.perf_counter() - t0:.1f} s"
+          + (f"; {earlier} rows were already in {args.out} (same points, {spec.warmup} warm-up "
+             f"+ {spec.steps} steps), measured earlier, at the times in its finished_at column"
+             if earlier else ""))
     print(format_report(rows))
     return 0
 
 
 def _cmd_report(args: Any) -> int:
     p = Path(args.file)
+    if args.tolerance is not None:
+        check_tolerance(args.tolerance, "--tolerance")
     if not p.exists():
         raise FileNotFoundError(f"no results file {p}")
-    print(format_report(read_results(p), args.tolerance))
+    rows = read_results(p)
+    if not len(rows):
+        raise ValueError(f"{p}: holds no rows yet")
+    print(format_report(rows, args.tolerance))
     return 0
 
 
@@ -94,11 +106,13 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--backoff-factor", type=float, default=d.backoff_factor)
     p.add_argument("--growth-interval", type=int, default=d.growth_interval)
     p.add_argument("--cudnn-benchmark", default="off", help="on, off or on,off")
-    p.add_argument("--execution", default="eager", help=f"comma-separated; of {', '.join(EXECUTIONS)}")
+    p.add_argument("--execution", default="eager",
+                   help=f"comma-separated; of {', '.join(EXECUTIONS)}")
     p.add_argument("--compile-mode", default="default",
                    help=f"comma-separated torch.compile modes for --execution compile; of "
                         f"{', '.join(COMPILE_MODES)}")
-    p.add_argument("--input", default="synthetic", help=f"comma-separated; of {', '.join(BACKENDS)}")
+    p.add_argument("--input", default="synthetic",
+                   help=f"comma-separated; of {', '.join(BACKENDS)}")
     p.add_argument("--images-dir", default=None,
                    help="image folder the file inputs read (written first if it holds no images)")
     p.add_argument("--images", type=int, default=SweepSpec.images,

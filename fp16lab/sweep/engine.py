@@ -15,7 +15,7 @@ failure is recorded with its message; re-running the same sweep skips what the f
 
 The step itself comes from :mod:`.steps` (recipe or FP8 recipe, execution mode, input
 pipeline: with a file input, the timed steps include waiting for the next batch, and the
-warm-up is at least ``num_workers + 2`` steps). A point with ``gpus > 1`` is measured by
+warm-up is at least ``num_workers + 2`` steps, recorded as ``input_warmup``). A point with ``gpus > 1`` is measured by
 :mod:`.multi_gpu` in torchrun ranks, with the same warm-up and timed steps.
 """
 
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..recipes import LR, MOMENTUM, PRECISIONS, math_flags
-from .results import META_COLUMNS, ROW_COLUMNS, append_rows, read_results
+from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
 from .spec import Point, SweepSpec
 from .steps import build_step, input_warmup
 
@@ -41,14 +41,22 @@ __all__ = ["LR", "MOMENTUM", "FaultInjector", "is_oom", "measure_point", "run_sw
 #: it to raise an out-of-memory error or an interrupt from inside a point.
 FaultInjector = Callable[[Point, int, int], None]
 
+#: What torch's allocators say when memory runs out (CUDA, the CPU allocator on Linux, Windows).
+_OOM_WORDS = ("out of memory", "can't allocate memory", "not enough memory")
+
 
 def is_oom(exc: BaseException) -> bool:
-    """Returns True when an exception is an out-of-memory error (CUDA or host)."""
+    """Returns True when an exception is an out-of-memory error (CUDA or host).
+
+    On the host, torch's CPU allocator raises a RuntimeError saying "DefaultCPUAllocator: can't
+    allocate memory" (Linux) or "not enough memory" (Windows), not "out of memory".
+    """
     import torch
 
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in _OOM_WORDS)
 
 
 class _ScaleHistory:
@@ -226,7 +234,7 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
             row.update(measured)
         else:
             warmup = input_warmup(point, warmup)
-            row["warmup"] = warmup
+            row["input_warmup"] = warmup if point.input != "synthetic" else None
             # an fp8 point's other layers run as amp-bf16 does: TF32 off
             flags = point.precision if point.precision in PRECISIONS else "amp-bf16"
             with math_flags(flags, point.cudnn_benchmark):
@@ -274,21 +282,24 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
     Args:
         spec: the grid and how to measure it. With a file input, ``spec.images_dir`` is
             written first when it holds no images yet (:func:`fp16lab.data.make_image_folder`).
-        out: a ``.parquet`` results file; each finished repeat is appended at once (with a CSV
-            copy). Repeats the file already holds are skipped, as are the remaining repeats of
-            a point recorded as ``oom`` or ``error`` (delete those rows to retry them). A point's
-            key holds its settings, not warmup/steps: measure with another protocol into
-            another file.
+        out: a ``.parquet`` results file, checked before anything runs; each finished repeat
+            is appended at once (with a CSV copy). Repeats the file already holds with this
+            spec's protocol (``warmup`` and ``steps``) are skipped, as are the remaining repeats
+            of a point recorded as ``oom`` or ``error`` with it (delete those rows to retry
+            them). Rows measured with another protocol are kept but not counted: their points
+            are measured again, and the rows returned are this protocol's only.
         stop: when set (from another thread), the sweep ends after the current point.
         on_result: called as ``on_result(row, done, total)`` after every finished repeat.
         progress: show a tqdm progress bar.
         fault_injector: called before every training step; for tests.
     """
     points = spec.points()
-    _prepare_images(spec, points)
     keys = {p.key for p in points}
-    existing = read_results(out) if out is not None else pd.DataFrame(columns=list(ROW_COLUMNS))
-    existing = existing[existing["key"].isin(keys)] if len(existing) else existing
+    if out is not None:
+        check_results_path(out)
+    _prepare_images(spec, points)
+    existing = _this_protocol(read_results(out), spec, keys) if out is not None else \
+        pd.DataFrame(columns=list(ROW_COLUMNS))
     done = {(k, int(r)) for k, r, s in zip(existing.get("key", []), existing.get("repeat", []),
                                             existing.get("status", [])) if s == "ok"}
     failed = {k for k, s in zip(existing.get("key", []), existing.get("status", [])) if s != "ok"}
@@ -327,6 +338,14 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
         if bar is not None:
             bar.close()
     if out is not None:
-        df = read_results(out)
-        return df[df["key"].isin(keys)].reset_index(drop=True)
+        return _this_protocol(read_results(out), spec, keys)
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+
+
+def _this_protocol(df: pd.DataFrame, spec: SweepSpec, keys: set[str]) -> pd.DataFrame:
+    """Returns the rows of ``df`` for these points measured with the spec's warm-up and steps."""
+    if not len(df):
+        return df
+    same = (df["key"].isin(keys) & (pd.to_numeric(df["warmup"]) == spec.warmup)
+            & (pd.to_numeric(df["steps"]) == spec.steps))
+    return df[same].reset_index(drop=True)

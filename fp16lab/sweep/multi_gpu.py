@@ -1,4 +1,4 @@
-"""A sweep point on several GPUs: measured by fp16lab.distributed's torchrun launch, reported in the sweep's columns.
+"""A sweep point on several GPUs: measured in fp16lab.distributed's torchrun ranks, sweep columns.
 
 The point becomes a :class:`fp16lab.distributed.DistPoint` (DDP, ``gradient_as_bucket_view``,
 no comm hook: PyTorch's defaults) with the sweep's warm-up and timed steps; its ranks train
@@ -18,7 +18,7 @@ from .spec import Point
 
 def measure_on_gpus(point: Point, *, warmup: int, steps: int,
                     timeout_s: float | None = None) -> dict[str, Any]:
-    """Returns the row columns of one repeat of a ``gpus > 1`` point, ``status`` and ``error`` included."""
+    """Returns the row columns of one repeat of a ``gpus > 1`` point, with status and error."""
     from .. import distributed
 
     dp = distributed.DistPoint(model=point.model, batch=point.batch, precision=point.precision,

@@ -11,6 +11,7 @@ from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, read_results
+from .spec import check_tolerance
 
 _POINT_COLUMNS = ("model", "batch", "layout", "precision", "init_scale", "growth_factor",
                   "backoff_factor", "growth_interval", "cudnn_benchmark", "device",
@@ -22,16 +23,19 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
 
     ``repeat_spread`` is (max - min) / median of the repeats' median step times; a point is
     ``unstable`` when it exceeds ``tolerance`` (by default the tolerance the sweep was run with).
-    ``status`` is 'oom' or 'error' when any repeat failed, else 'ok'.
+    ``status`` is 'oom' or 'error' when any repeat failed, else 'ok'. Rows of one point
+    measured with different protocols (``warmup``, ``steps``) are summarized apart, one row each.
     """
+    if tolerance is not None:
+        check_tolerance(tolerance)
     out = []
-    for key, g in rows.groupby("key", sort=False):
+    for (key, _, _), g in rows.groupby(["key", "warmup", "steps"], sort=False, dropna=False):
         first = g.iloc[0]
         ok = g[g["status"] == "ok"]
         bad = g[g["status"] != "ok"]
         tol = tolerance if tolerance is not None else float(first.get("tolerance") or 0.03)
         rec: dict[str, Any] = {c: first.get(c, AXIS_DEFAULTS.get(c)) for c in _POINT_COLUMNS}
-        rec["key"] = key
+        rec.update(key=key, warmup=first.get("warmup"), steps=first.get("steps"))
         rec["status"] = bad["status"].iloc[0] if len(bad) else "ok"
         rec["error"] = bad["error"].iloc[0] if len(bad) else ""
         rec["repeats"] = len(ok)
@@ -56,7 +60,7 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
         for c in META_COLUMNS:
             rec[c] = first.get(c)
         out.append(rec)
-    cols = ["key", *_POINT_COLUMNS, "status", "repeats", "step_ms", "samples_per_s", "spread",
+    cols = ["key", *_POINT_COLUMNS, "warmup", "steps", "status", "repeats", "step_ms", "samples_per_s", "spread",
             "repeat_spread", "unstable", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
             "final_scale", "skipped_steps", "gpu_busy_mean", "mem_busy_mean", "sm_clock_mhz_mean",
             "power_w_mean", "power_w_max", "error", *META_COLUMNS]
@@ -68,9 +72,12 @@ def describe_rows(rows: pd.DataFrame) -> str:
     if not len(rows):
         return "no rows"
     parts = []
+    def filled(column: str, blank: str) -> pd.Series:  # a CSV's empty column reads as float
+        return rows[column].astype(object).fillna(blank)
+
     for (gpu, drv, cuda, tv), _ in rows.groupby(
-            [rows["gpu_name"].fillna("CPU"), rows["driver_version"].fillna("n/a"),
-             rows["cuda_runtime_version"].fillna("n/a"), rows["torch"].fillna("?")]):
+            [filled("gpu_name", "CPU"), filled("driver_version", "n/a"),
+             filled("cuda_runtime_version", "n/a"), filled("torch", "?")]):
         parts.append(f"{gpu} (driver {drv}, CUDA {cuda}, torch {tv})")
     when = rows["finished_at"].dropna()
     span = f", {when.min()} to {when.max()}" if len(when) else ""
@@ -88,6 +95,7 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         "variant": _variants(s),
         "scale0": s["init_scale"].map(_pow2),
         "grow every": s["growth_interval"].map(lambda v: "" if pd.isna(v) else f"{int(v)}"),
+        "warm-up+steps": [_protocol(w, n) for w, n in zip(s["warmup"], s["steps"])],
         "status": s["status"],
         "samples/s": s["samples_per_s"].map(lambda v: "" if pd.isna(v) else f"{v:,.0f}"),
         "step ms": s["step_ms"].map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
@@ -110,6 +118,11 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         v = variant_label(e.to_dict())
         lines.append(f"{e['status']}: {e['model']} b{e['batch']} {e['layout']} {e['precision']}"
                      f"{' ' + v if v else ''}: {e['error']}")
+    protocols = s[["warmup", "steps"]].drop_duplicates()
+    if len(protocols) > 1:
+        lines.append(f"the rows come from {len(protocols)} protocols (warm-up+steps "
+                     f"{', '.join(_protocol(w, n) for w, n in protocols.itertuples(index=False))}); "
+                     f"a point measured with two is shown once for each")
     n_unstable = int(s["unstable"].sum())
     if n_unstable:
         lines.append(f"{n_unstable} point(s) UNSTABLE: their repeat medians differ by more than "
@@ -120,6 +133,11 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
 def _variants(s: pd.DataFrame) -> list[str]:
     """Returns each summarized point's non-default execution, input and gpus ('' for none)."""
     return [variant_label(r) for r in s.to_dict("records")]
+
+
+def _protocol(warmup: Any, steps: Any) -> str:
+    """Returns a point's protocol as 'warm-up+steps', e.g. '3+10'."""
+    return "?" if pd.isna(warmup) or pd.isna(steps) else f"{int(warmup)}+{int(steps)}"
 
 
 def _pow2(v: Any) -> str:
@@ -222,7 +240,9 @@ def engine_check(name: str = "sweep_engine_vs_loop") -> str:
     from ..bench import describe_source, read_result
 
     try:
-        r = read_result(name)
+        r = read_result(name, meta_needs=[f"summary.{k}" for k in (
+            "model", "batch", "layout", "precision", "repeats", "steps", "repeat_spread",
+            "bare_ms", "engine_ms", "engine_vs_bare", "telemetry_overhead")])
     except FileNotFoundError:
         return (f"{name}.json is not in the data folder yet: run `fp16lab bench "
                 f"sweep_engine_vs_loop` on a GPU to make it")

@@ -153,6 +153,14 @@ _GRID_AXES = ("models", "batches", "layouts", "precisions", "scalers", "cudnn_be
               "non_blocking", "normalize_on", "gpus")
 
 
+def check_tolerance(tolerance: Any, name: str = "tolerance") -> None:
+    """Raises ValueError unless ``tolerance`` (a repeat-spread fraction) is in (0, 1)."""
+    if isinstance(tolerance, bool) or not (isinstance(tolerance, (int, float))
+                                           and 0 < tolerance < 1):
+        raise ValueError(f"{name} must be a fraction in (0, 1) (0.03 flags repeats more than 3% "
+                         f"apart), got {tolerance!r}")
+
+
 def _check_batches(batches: Sequence[Any]) -> None:
     if not batches:
         raise ValueError("the sweep needs at least one batch size (a positive integer)")
@@ -230,8 +238,7 @@ class SweepSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
-        if not (isinstance(self.tolerance, (int, float)) and 0 < self.tolerance < 1):
-            raise ValueError(f"tolerance must be a fraction in (0, 1), got {self.tolerance!r}")
+        check_tolerance(self.tolerance)
         if not self.telemetry_interval_s > 0:
             raise ValueError(f"telemetry_interval_s must be > 0, got {self.telemetry_interval_s!r}")
         self.resolved_device()  # fails now if 'cuda' was asked for without a GPU

@@ -1,4 +1,4 @@
-"""A sweep point's training step: its precision's recipe or FP8 recipe, run as its execution says, fed by its input.
+"""A sweep point's training step: its recipe or FP8 recipe, run as its execution says, on its input.
 
 :func:`build_step` returns a :class:`PointStep` whose ``step()`` runs one full training step:
 
