@@ -159,6 +159,7 @@ def test_fp8_tensorwise_point_runs_the_fp8_step_with_the_sweeps_sgd(monkeypatch)
     assert row["fp8_scaled_mm"] == fp8.scaled_mm_available("cpu") == False  # noqa: E712
     assert row["fp8_emulated"] and "compute capability" in row["fp8_fallbacks"]
     assert row["init_scale"] is None and row["final_scale"] is None  # no GradScaler
+    assert "fp8-tensorwise: FP8 matmuls emulated" in sweep.format_report(df)
 
 
 @pytest.mark.slow

@@ -55,6 +55,8 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
                       "sm_clock_mhz_mean", "power_w_mean", "power_w_max"):
                 vals = pd.to_numeric(ok[c], errors="coerce")
                 rec[c] = float(vals.mean()) if vals.notna().any() else None
+            emulated = ok["fp8_emulated"].dropna() if "fp8_emulated" in ok else []
+            rec["fp8_emulated"] = bool(any(emulated)) if len(emulated) else None
         else:
             rec["unstable"] = False
         for c in META_COLUMNS:
@@ -63,7 +65,7 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
     cols = ["key", *_POINT_COLUMNS, "warmup", "steps", "status", "repeats", "step_ms", "samples_per_s", "spread",
             "repeat_spread", "unstable", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
             "final_scale", "skipped_steps", "gpu_busy_mean", "mem_busy_mean", "sm_clock_mhz_mean",
-            "power_w_mean", "power_w_max", "error", *META_COLUMNS]
+            "power_w_mean", "power_w_max", "fp8_emulated", "error", *META_COLUMNS]
     return pd.DataFrame(out).reindex(columns=cols)
 
 
@@ -123,6 +125,10 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         lines.append(f"the rows come from {len(protocols)} protocols (warm-up+steps "
                      f"{', '.join(_protocol(w, n) for w, n in protocols.itertuples(index=False))}); "
                      f"a point measured with two is shown once for each")
+    emulated = s[s["fp8_emulated"].fillna(False).astype(bool)]
+    for _, e in emulated.iterrows():
+        lines.append(f"{e['model']} b{e['batch']} {e['precision']}: FP8 matmuls emulated (no "
+                     f"torch._scaled_mm for them here): its samples/s is not an FP8 speed")
     n_unstable = int(s["unstable"].sum())
     if n_unstable:
         lines.append(f"{n_unstable} point(s) UNSTABLE: their repeat medians differ by more than "
