@@ -34,7 +34,6 @@ __all__ = ["PRECISIONS", "GPTConfig", "TinyGPT", "compile_blocks", "make_batch",
 
 #: What train_curve accepts: the bf16 baseline and one FP8 precision per recipe.
 PRECISIONS = ("amp-bf16", "fp32", *(f"fp8-{r}" for r in RECIPES))
-# recipes: replace with fp16lab.recipes' optimizer settings once it lands
 LR = 3e-3
 WEIGHT_DECAY = 0.0
 
@@ -165,24 +164,28 @@ def _plain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                 optimizer: torch.optim.Optimizer | None = None,
                 autocast: bool | None = None, lr: float = LR,
                 compile: bool = False) -> Callable[[], torch.Tensor]:
+    """Returns fp16lab.recipes' amp-bf16 step (fp32 when autocast is off), loss detached;
+    ``compile`` compiles the model's blocks first (see :func:`compile_blocks`)."""
+    from ..recipes import make_train_step
+
     if compile:
         compile_blocks(model)
-    # recipes: replace with fp16lab.recipes' amp-bf16 / fp32 steps once it lands
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
     dev = x.device.type
     enabled = dev == "cuda" if autocast is None else bool(autocast)
+    run, _ = make_train_step("amp-bf16" if enabled else "fp32", model, x, y, device=dev,
+                             optimizer=lambda _: opt, loss_fn=_token_loss)
 
     def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev, dtype=torch.bfloat16, enabled=enabled):
-            out = model(x)
-        loss = F.cross_entropy(out.float().flatten(0, -2), y.flatten())
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return run().detach()
 
     step.optimizer = opt
     return step
+
+
+def _token_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy in fp32 over every position (a classifier's (N, C) logits work too)."""
+    return F.cross_entropy(out.float().flatten(0, -2), y.flatten())
 
 
 def train_curve(precision: str, cfg: GPTConfig = GPTConfig(), *, steps: int = 40, seed: int = 0,

@@ -9,11 +9,13 @@ import pandas as pd
 
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
+from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, read_results
 from .spec import check_tolerance
 
 _POINT_COLUMNS = ("model", "batch", "layout", "precision", "init_scale", "growth_factor",
-                  "backoff_factor", "growth_interval", "cudnn_benchmark", "device")
+                  "backoff_factor", "growth_interval", "cudnn_benchmark", "device",
+                  *AXIS_DEFAULTS)
 
 
 def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.DataFrame:
@@ -32,7 +34,7 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
         ok = g[g["status"] == "ok"]
         bad = g[g["status"] != "ok"]
         tol = tolerance if tolerance is not None else float(first.get("tolerance") or 0.03)
-        rec: dict[str, Any] = {c: first[c] for c in _POINT_COLUMNS}
+        rec: dict[str, Any] = {c: first.get(c, AXIS_DEFAULTS.get(c)) for c in _POINT_COLUMNS}
         rec.update(key=key, warmup=first.get("warmup"), steps=first.get("steps"))
         rec["status"] = bad["status"].iloc[0] if len(bad) else "ok"
         rec["error"] = bad["error"].iloc[0] if len(bad) else ""
@@ -41,7 +43,8 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
             med = ok["step_ms_median"].astype(float)
             m = float(med.median())
             rec["step_ms"] = m
-            rec["samples_per_s"] = float(first["batch"]) / (m / 1e3)
+            gpus = rec["gpus"] if rec["gpus"] == rec["gpus"] and rec["gpus"] else 1  # NaN: 1
+            rec["samples_per_s"] = float(first["batch"]) * float(gpus) / (m / 1e3)
             rec["spread"] = float(ok["spread"].astype(float).median())
             rec["repeat_spread"] = float((med.max() - med.min()) / m) if len(ok) > 1 else 0.0
             rec["unstable"] = bool(rec["repeat_spread"] > tol)
@@ -52,6 +55,8 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
                       "sm_clock_mhz_mean", "power_w_mean", "power_w_max"):
                 vals = pd.to_numeric(ok[c], errors="coerce")
                 rec[c] = float(vals.mean()) if vals.notna().any() else None
+            emulated = ok["fp8_emulated"].dropna() if "fp8_emulated" in ok else []
+            rec["fp8_emulated"] = bool(any(emulated)) if len(emulated) else None
         else:
             rec["unstable"] = False
         for c in META_COLUMNS:
@@ -60,7 +65,7 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
     cols = ["key", *_POINT_COLUMNS, "warmup", "steps", "status", "repeats", "step_ms", "samples_per_s", "spread",
             "repeat_spread", "unstable", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
             "final_scale", "skipped_steps", "gpu_busy_mean", "mem_busy_mean", "sm_clock_mhz_mean",
-            "power_w_mean", "power_w_max", "error", *META_COLUMNS]
+            "power_w_mean", "power_w_max", "fp8_emulated", "error", *META_COLUMNS]
     return pd.DataFrame(out).reindex(columns=cols)
 
 
@@ -89,6 +94,7 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
     show = pd.DataFrame({
         "model": s["model"], "batch": s["batch"], "layout": s["layout"],
         "precision": s["precision"],
+        "variant": _variants(s),
         "scale0": s["init_scale"].map(_pow2),
         "grow every": s["growth_interval"].map(lambda v: "" if pd.isna(v) else f"{int(v)}"),
         "warm-up+steps": [_protocol(w, n) for w, n in zip(s["warmup"], s["steps"])],
@@ -106,21 +112,33 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         "GPU busy": s["gpu_busy_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}%"),
         "power W": s["power_w_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
     })
+    if not show["variant"].astype(bool).any():  # no execution, input or gpus but the defaults
+        show = show.drop(columns="variant")
     lines = [describe_rows(rows), show.to_string(index=False)]
     errs = s[s["status"] != "ok"]
     for _, e in errs.iterrows():
-        lines.append(f"{e['status']}: {e['model']} b{e['batch']} {e['layout']} {e['precision']}: "
-                     f"{e['error']}")
+        v = variant_label(e.to_dict())
+        lines.append(f"{e['status']}: {e['model']} b{e['batch']} {e['layout']} {e['precision']}"
+                     f"{' ' + v if v else ''}: {e['error']}")
     protocols = s[["warmup", "steps"]].drop_duplicates()
     if len(protocols) > 1:
         lines.append(f"the rows come from {len(protocols)} protocols (warm-up+steps "
                      f"{', '.join(_protocol(w, n) for w, n in protocols.itertuples(index=False))}); "
                      f"a point measured with two is shown once for each")
+    emulated = s[s["fp8_emulated"].fillna(False).astype(bool)]
+    for _, e in emulated.iterrows():
+        lines.append(f"{e['model']} b{e['batch']} {e['precision']}: FP8 matmuls emulated (no "
+                     f"torch._scaled_mm for them here): its samples/s is not an FP8 speed")
     n_unstable = int(s["unstable"].sum())
     if n_unstable:
         lines.append(f"{n_unstable} point(s) UNSTABLE: their repeat medians differ by more than "
                      f"the tolerance; re-run them on a quieter machine or with more steps")
     return "\n".join(lines)
+
+
+def _variants(s: pd.DataFrame) -> list[str]:
+    """Returns each summarized point's non-default execution, input and gpus ('' for none)."""
+    return [variant_label(r) for r in s.to_dict("records")]
 
 
 def _protocol(warmup: Any, steps: Any) -> str:
@@ -141,11 +159,11 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
                      ) -> pd.DataFrame:
     """Returns samples/s pivoted by batch size (rows) and layout/precision (columns).
 
-    Only points measured with the default scaler settings (or none) are used, so scaler
-    variations do not average into the table.
+    Only points measured with the default scaler settings (or none), eager on synthetic input
+    on one GPU, are used, so those variations do not average into the table.
     """
     s = summarize_results(rows)
-    s = s[s["status"] == "ok"]
+    s = s[(s["status"] == "ok") & (pd.Series(_variants(s), index=s.index) == "")]
     if model is not None:
         s = s[s["model"] == model]
     default = ScalerSettings().init_scale

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Sequence
 import pandas as pd
 
 from ..bench.results import check_can_write
+from .axes import AXIS_DEFAULTS
 
 #: What a results row's ``status`` can be.
 STATUSES = ("ok", "oom", "error")
@@ -42,12 +43,17 @@ META_COLUMNS = ("gpu_name", "compute_capability", "driver_version", "cuda_driver
 #: Every row's columns, in order.
 ROW_COLUMNS = (
     "key", "model", "batch", "layout", "precision", "init_scale", "growth_factor",
-    "backoff_factor", "growth_interval", "cudnn_benchmark", "device", "repeat", "status",
+    "backoff_factor", "growth_interval", "cudnn_benchmark", "device", *AXIS_DEFAULTS,
+    "images_dir", "repeat", "status",
     "error", "warmup", "steps", "tolerance", "step_ms_median", "step_ms_p10", "step_ms_p90",
     "spread", "samples_per_s", "peak_mem_allocated_mb", "peak_mem_reserved_mb", "memory_note",
     "final_scale", "skipped_steps", "final_loss", "telemetry_samples", "gpu_busy_mean",
     "gpu_busy_max", "mem_busy_mean", "mem_busy_max", "sm_clock_mhz_mean", "sm_clock_mhz_max",
-    "power_w_mean", "power_w_max", "telemetry_note", "elapsed_s", "finished_at", *META_COLUMNS,
+    "power_w_mean", "power_w_max", "telemetry_note", "sm_util_mean", "sm_util_max",
+    "sm_occupancy_mean", "sm_occupancy_max", "tensor_util_mean", "tensor_util_max",
+    "hmma_util_mean", "hmma_util_max", "dram_bw_util_mean", "dram_bw_util_max", "gpm_note",
+    "input_implementation", "input_warmup", "execution_notes", "fp8_layers", "fp8_scaled_mm", "fp8_emulated",
+    "fp8_fallbacks", "per_rank", "elapsed_s", "finished_at", *META_COLUMNS,
 )
 
 #: The columns a file must have to be read as sweep results (files written before a column was
@@ -112,11 +118,18 @@ def _validate(path: Path, df: pd.DataFrame) -> pd.DataFrame:
         raise _bad(path, f"row {int(bad[0]) + 1}: status {df['status'].iloc[bad[0]]!r} is not "
                          f"one of {', '.join(STATUSES)}")
     extra = [c for c in df.columns if c not in ROW_COLUMNS]
-    return df.reindex(columns=[*ROW_COLUMNS, *extra])
+    older = [c for c in AXIS_DEFAULTS if c not in df.columns]
+    df = df.reindex(columns=[*ROW_COLUMNS, *extra])
+    for c in older:  # a file from before the axis: every row had the default
+        df[c] = AXIS_DEFAULTS[c]
+    return df
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
     """Returns the rows of a results file (parquet, or its CSV export); empty if it is absent.
+
+    A column the file lacks (it is older than the column) is added: an axis with its default
+    from ``AXIS_DEFAULTS`` (eager, synthetic, 1 GPU, ...), any other column empty.
 
     Raises:
         ValueError: naming the file and what is wrong: a folder, another extension, a damaged
