@@ -58,7 +58,8 @@ _PREFIXES = {"gpu_busy_pct": "gpu_busy", "mem_busy_pct": "mem_busy",
 
 
 class TelemetrySource(Protocol):
-    """Anything that returns one reading: a dict with the keys in ``COUNTERS``."""
+    """Anything that returns one reading: a dict with the keys in ``COUNTERS`` (and those of
+    ``GPM_COUNTERS`` too, where the GPU has GPM metrics)."""
 
     def read(self) -> dict[str, float]: ...
 

@@ -58,12 +58,14 @@ def test_notebook_04_stops_when_every_training_step_raises():
     path = next(p for p in NOTEBOOKS if p.name.startswith("04_"))
     nb = nbformat.read(path, as_version=4)
     plant = nbformat.v4.new_code_cell(
-        "import fp16lab.sweep.engine as _engine\n"
+        "import fp16lab.sweep.steps as _steps\n"
+        "_real = _steps.make_train_step\n"
         "def _always_raises(*args, **kwargs):\n"
+        "    _, scaler = _real(*args, **kwargs)\n"
         "    def step():\n"
         "        raise RuntimeError('planted: this training step always fails')\n"
-        "    return step, None\n"
-        "_engine.make_train_step = _always_raises")
+        "    return step, scaler\n"
+        "_steps.make_train_step = _always_raises")
     nb.cells.insert(0, plant)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
