@@ -41,19 +41,22 @@ def test_problems_finds_errors_warnings_and_tracebacks_only():
     assert nt.problems(nb) == ["cell 1: a.py:3: UserWarning: careful", "cell 2: ValueError: bad"]
 
 
+META = {"measured_at": "2026-11-30T15:00:00+00:00", "gpu_name": None, "torch": "2.13.0+cpu"}
+
+
 def test_section_minutes_reads_both_files(tmp_path, monkeypatch):
     monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
     assert "not measured yet" in nt.section_minutes("03").lower() or \
         "no timings" in nt.section_minutes("03").lower()
     row = {"notebook": "03_x", "wall_s": 90.0, "finished": True, "error": "", "problems": [],
            "sections": [{"section": "opening", "seconds": 6.0}, {"section": "1. A", "seconds": 84.0}]}
-    (tmp_path / "notebook_times_cpu.json").write_text(json.dumps({"meta": {}, "rows": [row]}))
+    (tmp_path / "notebook_times_cpu.json").write_text(json.dumps({"meta": META, "rows": [row]}))
     t = nt.section_minutes("03")
     assert list(t.index) == ["opening", "1. A", "whole notebook"]
     assert t["minutes on a CPU"].tolist() == [0.1, 1.4, 1.5]
     assert set(t["minutes on a GPU"]) == {"not measured yet"}
     (tmp_path / "notebook_times.json").write_text(json.dumps(
-        {"meta": {"gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
+        {"meta": {**META, "gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
     assert nt.section_minutes("03")["minutes on NVIDIA H200"]["whole notebook"] == 0.5
 
 
@@ -68,13 +71,13 @@ def test_workshop_table_and_update_from_the_files(tmp_path, monkeypatch):
     row = {"notebook": "03_x", "wall_s": 90.0, "finished": True, "error": "", "problems": [],
            "sections": [], "load_average_1min": 11.6, "cpus": 2}
     (tmp_path / "notebook_times_cpu.json").write_text(json.dumps(
-        {"meta": {"measured_at": "today"}, "rows": [row, {**row, "notebook": "04_y",
+        {"meta": META, "rows": [row, {**row, "notebook": "04_y",
                                                            "finished": False}]}))
     table = nt.workshop_table()
     assert "| `03_x` | 1.5 (load 12 on 2 cores) | not measured yet |" in table
     assert "| `04_y` | did not finish (load 12 on 2 cores) | not measured yet |" in table
     (tmp_path / "notebook_times.json").write_text(json.dumps(
-        {"meta": {"gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
+        {"meta": {**META, "gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
     assert "| notebook | minutes on a CPU | minutes on NVIDIA H200 |" in nt.workshop_table()
     assert "| `03_x` | 1.5 (load 12 on 2 cores) | 0.5 |" in nt.workshop_table()
     guide = tmp_path / "WORKSHOP.md"
