@@ -156,3 +156,34 @@ def plot_census_table(df, column: str = "underflow", ax=None, *, kinds: Iterable
     ax.set_xlabel("layer")
     ax.tick_params(axis="x", labelrotation=45)
     return ax
+
+
+def plot_waves(rows: list[Mapping[str, Any]], ax=None, *, mark: Iterable[int] = (256, 320)):
+    """Plots measured TFLOP/s of a GEMM against the batch, beside the tile-and-wave efficiency.
+
+    ``rows`` are those of ``fp16lab.bench.wave_quantization`` (batch, tflops, efficiency, waves).
+    The efficiency, on the right axis, is the arithmetic of :mod:`fp16lab.waves` for the tile
+    each call's kernel name states; where the two curves move together, the tiles explain the
+    rate. Returns the axes.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    batch = [r["batch"] for r in rows]
+    ax.plot(batch, [r["tflops"] for r in rows], "o-", ms=3, color="C0", label="measured TFLOP/s")
+    ax.set_xlabel("batch (rows M of the GEMM)")
+    ax.set_ylabel("TFLOP/s")
+    right = ax.twinx()
+    eff = [(b, r["efficiency"]) for b, r in zip(batch, rows) if r.get("efficiency") is not None]
+    if eff:
+        right.plot(*zip(*eff), "--", color="C1", label="tiles x waves efficiency")
+    right.set_ylabel("useful share of SM-tile slots")
+    right.set_ylim(0, 1.05)
+    for b in mark:
+        ax.axvline(b, color="0.6", lw=0.8, ls=":")
+    lines = ax.get_lines()[:1] + right.get_lines()[:1]
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper left",
+              bbox_to_anchor=(0, -0.18), ncol=2, frameon=False)
+    ax.set_title("Linear(4096, 4096) in fp16: rate against batch, with the tile arithmetic")
+    return ax

@@ -73,3 +73,21 @@ def test_plot_census_table():
     heights = [p.get_height() for p in ax.patches]
     assert len(heights) == 4  # 2 layers x 2 kinds; b has no weight row (drawn empty)
     assert sorted(h for h in heights if h > 0) == [0.25, 0.5]
+
+
+def test_plot_waves_draws_rate_and_efficiency_with_the_legend_below():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fp16lab.plots import plot_waves
+    rows = [{"batch": b, "tflops": 100.0 + b / 10, "efficiency": min(1.0, b / 1024)}
+            for b in range(64, 1025, 64)] + [{"batch": 1088, "tflops": 90.0, "efficiency": None}]
+    ax = plot_waves(rows)
+    measured = ax.get_lines()[0]
+    assert list(measured.get_xdata()) == [r["batch"] for r in rows]
+    twin = [a for a in ax.figure.axes if a is not ax][0]
+    assert list(twin.get_lines()[0].get_xdata()) == [r["batch"] for r in rows[:-1]]
+    ax.figure.canvas.draw()
+    assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
+    plt.close("all")

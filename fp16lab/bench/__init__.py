@@ -17,6 +17,7 @@ BENCHMARKS = {
     "gemm": "the kernel ladder against cuBLAS",
     "gemm_ceiling": "what holds the mma.sync kernels back",
     "alignment": "cuBLAS at N = 4096 + d: which kernels run",
+    "wave_quantization": "a Linear(4096, 4096) at batch 64..2048: tiles, waves and TFLOP/s",
     "diagnostics_overhead": "step-time cost of the per-layer gradient monitor",
     "sweep_engine_vs_loop": "the sweep engine against a bare training loop",
     "sweep_reference": "the reference sweep grid whose results ship in data/",
@@ -26,6 +27,7 @@ BENCHMARKS = {
     "input_pipeline": "input backends alone and feeding ResNet-50 training (notebook 07)",
     "distributed": "two GPUs against one: DDP and FSDP2 settings (notebook 08; needs 2 GPUs)",
     "fp8": "FP8 GEMM against fp16/bf16 cuBLAS and FP8 training per recipe (notebook 09)",
+    "notebook_times": "minutes per notebook and per section, executed with nbclient",
 }
 
 __all__ = ["check_can_write", "BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "data_dir",

@@ -49,51 +49,52 @@ FP8 = tuple(p for p in sweep.SWEEP_PRECISIONS if p.startswith("fp8-"))
 def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, SweepSpec]:
     """Returns the named sweeps of the GPU reference run, in the order they run.
 
-    The later axes' parts come last, each with the protocol (warm-up, steps) of the part
-    whose model it shares, so its default point (eager, synthetic, one GPU) is the one that
+    Every part measures by :data:`fp16lab.sweep.GPU_PROTOCOL`, as the claims do; the later
+    axes' parts come last, so their default point (eager, synthetic, one GPU) is one an earlier
     part measured (same key: resumed, not re-measured); ``inputs_resnet50`` only with
     ``images_dir``, ``gpus_resnet50`` only where torch sees two GPUs or more.
     """
-    common = dict(device="cuda", repeats=3)
+    protocol = sweep.GPU_PROTOCOL  # the claims measure the same way
+    common = dict(device="cuda", repeats=3, cudnn_benchmark=protocol.cudnn_benchmark,
+                  warmup=protocol.warmup, steps=protocol.steps)
     later = {
         "execution_resnet50": SweepSpec(models=("resnet50",), batches=(64,),
                                         layouts=("channels_last",),
                                         precisions=("amp-fp16", "amp-bf16"),
-                                        executions=tuple(EXECUTIONS), warmup=4, steps=12,
-                                        **common),
+                                        executions=tuple(EXECUTIONS), **common),
         "execution_small": SweepSpec(models=("small_cnn", "transformer_block"), batches=(64,),
                                      precisions=("fp32", "amp-fp16", "amp-bf16"),
-                                     executions=tuple(EXECUTIONS), warmup=5, steps=20, **common),
+                                     executions=tuple(EXECUTIONS), **common),
         "fp8_transformer": SweepSpec(models=("transformer_block",), batches=(64, 256),
-                                     precisions=("amp-bf16", *FP8), warmup=5, steps=20, **common),
+                                     precisions=("amp-bf16", *FP8), **common),
     }
     if images_dir is not None:
         runnable = tuple(b for b in BACKENDS if unavailable_reason(b, "cuda") is None)
         later["inputs_resnet50"] = SweepSpec(
             models=("resnet50",), batches=(256,), layouts=("channels_last",),
             precisions=("amp-fp16",), inputs=runnable, images_dir=images_dir, images=images,
-            warmup=4, steps=12, **common)
+            **common)
     if torch.cuda.device_count() >= 2:
         later["gpus_resnet50"] = SweepSpec(
             models=("resnet50",), batches=(256,), layouts=("channels_last",),
             precisions=("amp-fp16",), gpus=tuple(range(1, torch.cuda.device_count() + 1)),
-            warmup=4, steps=12, **common)
+            **common)
     return {
         "resnet50_grid": SweepSpec(models=("resnet50",), batches=(64, 128, 256), layouts=BOTH,
-                                   precisions=ALL4, warmup=4, steps=12, **common),
+                                   precisions=ALL4, **common),
         "resnet50_scaler": SweepSpec(
             models=("resnet50",), batches=(128,), layouts=("channels_last",),
-            precisions=("amp-fp16",), warmup=4, steps=12,
+            precisions=("amp-fp16",),
             scalers=(ScalerSettings(), ScalerSettings(init_scale=2.0**24),
                      ScalerSettings(init_scale=2.0**40), ScalerSettings(growth_interval=1)),
             **common),
         "resnet50_pure_fp16": SweepSpec(models=("resnet50",), batches=(256,),
                                         layouts=("channels_last",), precisions=("fp16-o2", "amp-fp16"),
-                                        warmup=4, steps=12, **common),
+                                        **common),
         "small_models": SweepSpec(models=("small_cnn", "resnet18"), batches=(64, 256), layouts=BOTH,
-                                  precisions=ALL4, warmup=5, steps=20, **common),
+                                  precisions=ALL4, **common),
         "transformer": SweepSpec(models=("transformer_block",), batches=(64, 256),
-                                 precisions=ALL4, warmup=5, steps=20, **common),
+                                 precisions=ALL4, **common),
         **later,
     }
 

@@ -22,11 +22,11 @@ from .report import (describe_rows, engine_check, format_report, load_reference,
                      scaler_table, summarize_results, throughput_table)
 from .results import (META_COLUMNS, ROW_COLUMNS, STATUSES, append_rows, check_results_path,
                       read_results)
-from .spec import LAYOUTS, Point, SweepSpec
+from .spec import GPU_PROTOCOL, LAYOUTS, Point, Protocol, SweepSpec
 
-__all__ = ["AXIS_DEFAULTS", "LAYOUTS", "LR", "META_COLUMNS", "MOMENTUM", "PRECISIONS",
+__all__ = ["AXIS_DEFAULTS", "GPU_PROTOCOL", "LAYOUTS", "LR", "META_COLUMNS", "MOMENTUM", "PRECISIONS",
            "ROW_COLUMNS", "SCALED_PRECISIONS", "STATUSES", "SWEEP_PRECISIONS", "FaultInjector",
-           "Point", "ScalerSettings", "SweepSpec", "append_rows", "check_results_path",
+           "Point", "Protocol", "ScalerSettings", "SweepSpec", "append_rows", "check_results_path",
            "describe_rows", "engine_check", "format_report", "is_oom", "load_reference",
            "measure_point", "plot_results", "plot_style",
            "ratio_table", "read_results", "run_sweep", "scaler_table", "summarize_results",

@@ -29,6 +29,21 @@ LAYOUTS = {
 }
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """How a training point is measured on a GPU: cuDNN autotuning, warm-up steps, timed steps."""
+
+    cudnn_benchmark: bool
+    warmup: int
+    steps: int
+
+
+#: The one GPU measurement protocol, written once: the reference sweep, the GPU grid of
+#: :meth:`SweepSpec.for_this_machine` and notebook 05's training claims all measure this way, so
+#: the same setting gives the same figure in all three.
+GPU_PROTOCOL = Protocol(cudnn_benchmark=True, warmup=5, steps=12)
+
+
 def _unique(xs: Iterable[Any]) -> tuple[Any, ...]:
     out: list[Any] = []
     for x in xs:
@@ -304,8 +319,9 @@ class SweepSpec:
     def for_this_machine(cls) -> "SweepSpec":
         """Returns the ResNet-50 grid on a GPU (small_cnn without torchvision), a quick one on a CPU.
 
-        The GPU grid is batch 64, 128, 256 x both layouts x fp32, tf32, amp-fp16, amp-bf16: the
-        FP32-versus-FP16 table of the reference results, reproduced locally (a few minutes).
+        The GPU grid is batch 64, 128, 256 x both layouts x fp32, tf32, amp-fp16, amp-bf16, measured
+        by :data:`GPU_PROTOCOL`: the FP32-versus-FP16 table of the reference results, reproduced
+        locally (a few minutes).
         """
         import torch
 
@@ -314,7 +330,8 @@ class SweepSpec:
         model = "resnet50" if importlib.util.find_spec("torchvision") else "small_cnn"
         return cls(models=(model,), batches=(64, 128, 256), layouts=("nchw", "channels_last"),
                    precisions=("fp32", "tf32", "amp-fp16", "amp-bf16"), device="cuda",
-                   warmup=4, steps=12, repeats=3)
+                   cudnn_benchmark=GPU_PROTOCOL.cudnn_benchmark, warmup=GPU_PROTOCOL.warmup,
+                   steps=GPU_PROTOCOL.steps, repeats=3)
 
     @classmethod
     def quick(cls, **overrides: Any) -> "SweepSpec":

@@ -37,7 +37,7 @@ DOM_CLASSES = {  # fp16lab-sweep-<name> -> the SweepPanel attribute that carries
     "executions": "executions", "compile-mode": "compile_mode", "inputs": "inputs",
     "images-dir": "images_dir", "images": "images", "num-workers": "num_workers", "gpus": "gpus",
     "run": "run_button", "stop": "stop_button", "progress": "progress", "status": "status",
-    "plot": "plot", "table": "table",
+    "plot": "plot", "table": "table", "sharing": "sharing",
 }
 
 
@@ -107,6 +107,7 @@ class SweepPanel:
                                     disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=1, description="points")
         self.status = w.HTML(value=f"ready (device: {self.device})")
+        self.sharing = w.HTML(value="")  # a warning when other processes use the GPU
         # Hidden until there is a result: an empty Image shows a broken-image icon.
         self.plot = w.Image(format="png", layout=w.Layout(max_width="100%", display="none"))
         # The summary is wider than a notebook's output area: it scrolls sideways in its box.
@@ -132,7 +133,7 @@ class SweepPanel:
                     self.inputs, self.images_dir, self.images, self.num_workers, self.gpus]),
         ])
         self.widget = w.VBox([grid, w.HBox([self.run_button, self.stop_button, self.progress]),
-                              self.status, self.plot, self.table])
+                              self.sharing, self.status, self.plot, self.table])
         self.widget.add_class("fp16lab-sweep-panel")
 
     # ----------------------------------------------------------------- what to run
@@ -182,11 +183,23 @@ class SweepPanel:
         self.progress.bar_style = ""
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.status.value = f"running {n} measurements on {self.device} ..."
+        self.check_sharing()
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._work, args=(spec,), name="fp16lab-sweep",
                                         daemon=True)
         self._thread.start()
         return True
+
+    def check_sharing(self) -> str:
+        """Returns (and shows) a warning when other processes compute on the GPU, else ''."""
+        from ..telemetry import other_gpu_processes
+
+        others, _ = other_gpu_processes() if self.device == "cuda" else ([], "")
+        self.sharing.value = "" if not others else (
+            f"<span style='color:#b00'>warning: {len(others)} other process(es) use this GPU "
+            f"(pid {', '.join(str(p['pid']) for p in others)}); their kernels run between "
+            f"yours, so timings and GPU counters measure them too.</span>")
+        return self.sharing.value
 
     def stop(self) -> None:
         """Asks the sweep to end after the point it is measuring."""
