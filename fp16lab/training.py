@@ -278,3 +278,18 @@ def plot_scale_history(history, ax=None, title: str = "dynamic loss scale"):
     ax.set(xlabel="step", ylabel="log2 scale", title=title)
     ax.legend(fontsize=8)
     return ax
+
+
+def adam_steps(grads, *, lr: float = 1e-3, eps: float = 1e-8) -> list[float]:
+    """Returns the size of each update ``|w_after - w_before| / lr`` that ``torch.optim.Adam``
+    takes on one float64 weight fed the gradients ``grads`` in turn (a zero is a gradient lost to
+    underflow)."""
+    w = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([w], lr=lr, eps=eps)
+    sizes = []
+    for g in grads:
+        before = w.detach().clone()
+        w.grad = torch.full_like(w, float(g))
+        opt.step()
+        sizes.append(float((w.detach() - before).abs()) / lr)
+    return sizes

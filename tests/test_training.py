@@ -3,6 +3,8 @@ gradients that FP32 keeps (checked against torch's own gradients)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -112,3 +114,18 @@ def test_plots_draw_the_measured_data():
     fig2 = T.plot_lost_by_layer(stats, [r.name for r in T.DEFAULT_RUNS[:2]], last=3)
     heights = [p.get_height() for p in fig2.axes[0].patches]
     assert max(heights) > 90 and len(heights) == 2 * 29
+
+
+def test_adam_steps_follow_adams_formula():
+    """Oracle: Adam's update written out in float64 (Kingma and Ba, with torch's defaults)."""
+    grads = [1e-9, 1e-9, 0.0, 0.0, 0.0, 1e-3, 0.0]
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    m = v = 0.0
+    want = []
+    for t, g in enumerate(grads, start=1):
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        want.append(abs((m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)))
+    got = T.adam_steps(grads)
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got[0] == pytest.approx(1e-9 / (1e-9 + 1e-8), rel=1e-9)  # about 0.09, not 1
+    assert 0 < got[4] < got[2] < got[1]  # after zeros, momentum keeps moving the weight, fading
