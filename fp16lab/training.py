@@ -115,13 +115,14 @@ class RunResult:
 
 
 def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: int = 0,
-              device: str = "cpu", lr: float = 1e-3, depth: int = 28, width: int = 32
-              ) -> RunResult:
+              device: str = "cpu", lr: float = 1e-3, depth: int = 28, width: int = 32,
+              progress: bool = False) -> RunResult:
     """Returns the measurements of one training run of :func:`deep_tanh_mlp` on :func:`make_task`.
 
     Every run with the same ``seed`` starts from the same weights and sees the same batches.
     Gradient statistics come from a :class:`~fp16lab.diagnostics.GradientMonitor` (the gradients
     as they are after backward: scaled where a scaler is used, exact zeros where FP16 flushed).
+    ``progress`` shows a tqdm bar over the steps.
     """
     if steps < 1 or batch < 1:
         raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
@@ -143,7 +144,7 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScaleCollapseWarning)
-        for step in range(steps):
+        for step in _steps(steps, progress, config.name):
             idx = torch.randint(0, x_all.shape[0], (batch,), generator=order).to(device)
             opt.zero_grad(set_to_none=True)
             with recipes.autocast(config.precision, device):
@@ -168,6 +169,15 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     return result
 
 
+def _steps(n: int, progress: bool, desc: str):
+    """Returns range(n), wrapped in a tqdm bar when ``progress``."""
+    if not progress:
+        return range(n)
+    from tqdm.auto import tqdm
+
+    return tqdm(range(n), desc=desc, unit="step", leave=False)
+
+
 def reference_gradients(*, batch: int = 256, seed: int = 0, device: str = "cpu",
                         depth: int = 28, width: int = 32) -> list[tuple[str, torch.Tensor]]:
     """Returns [(name, FP32 gradient on the CPU)] of every weight at the first step of
@@ -187,8 +197,9 @@ def run_side_by_side(configs=DEFAULT_RUNS, *, steps: int = 150, batch: int = 256
                      device: str | None = None, **kwargs: Any):
     """Returns (steps DataFrame, gradient-statistics DataFrame, seconds per run) for the runs.
 
-    ``device`` defaults to CUDA when available. The steps frame has run, step, loss, scale,
-    skipped and ``zero_frac`` (fraction of all weight-gradient elements that are exactly zero).
+    ``device`` defaults to CUDA when available; ``progress=True`` shows a bar per run. The steps
+    frame has run, step, loss, scale, skipped and ``zero_frac`` (fraction of all weight-gradient
+    elements that are exactly zero).
     """
     import pandas as pd
 

@@ -129,3 +129,24 @@ def test_adam_steps_follow_adams_formula():
     assert got == pytest.approx(want, rel=1e-9)
     assert got[0] == pytest.approx(1e-9 / (1e-9 + 1e-8), rel=1e-9)  # about 0.09, not 1
     assert 0 < got[4] < got[2] < got[1]  # after zeros, momentum keeps moving the weight, fading
+
+
+def test_progress_bar_counts_every_step(monkeypatch):
+    import tqdm.auto
+
+    seen = []
+
+    class Bar:
+        def __init__(self, iterable, **kwargs):
+            self.items, self.kwargs = list(iterable), kwargs
+            seen.append(self)
+
+        def __iter__(self):
+            return iter(self.items)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    r = T.train_run(T.DEFAULT_RUNS[0], steps=3, batch=8, depth=2, progress=True)
+    assert len(r.steps) == 3 and len(seen) == 1
+    assert seen[0].items == [0, 1, 2] and seen[0].kwargs["desc"] == "fp32"
+    T.train_run(T.DEFAULT_RUNS[0], steps=2, batch=8, depth=2)
+    assert len(seen) == 1  # no bar unless asked
