@@ -54,4 +54,8 @@ def test_q5_master_weights():
         return master, np.float16(master)
     assert "np.float32" in ch01.q5.check(float64_master).message
     assert "two values" in ch01.q5.check(lambda m, g, lr: ...).message
+
+    def empty(master, grad, lr):
+        ...
+    assert "returned None" in ch01.q5.check(empty).message
     assert "function itself" in ch01.q5.check(_right_update(1.0, 0.1, 0.1)).message

@@ -80,6 +80,10 @@ def test_q3_amp_step_right_and_each_usual_mistake():
         fb = ch02.q3.check(step)
         assert not fb and message in fb.message, (message, fb.message)
     assert "function itself" in ch02.q3.check(None).message
+
+    def empty(model, optimizer, scaler, x, y, max_norm):
+        ...
+    assert "changed neither" in ch02.q3.check(empty).message
     assert "must take" in ch02.q3.check(lambda model: None).message
 
 

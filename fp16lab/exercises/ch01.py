@@ -152,6 +152,9 @@ def _check_q5(answer: object) -> str:
     weight = np.float16(Q5_W0)
     for _ in range(Q5_STEPS):
         out = answer(master, Q5_GRAD, Q5_LR)
+        if out is None:
+            raise Wrong("sgd_update returned None: write its body in place of the ... and "
+                        "return (new_master, new_fp16_weight).")
         if out is Ellipsis or not isinstance(out, tuple) or len(out) != 2:
             raise Wrong("sgd_update must return two values: (new_master, new_fp16_weight).")
         master, weight = out

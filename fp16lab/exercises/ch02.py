@@ -158,6 +158,11 @@ def _check_q3(answer: object) -> str:
             raise Wrong("GradScaler says: " + str(exc) + " Call scaler.update() at the end of "
                         "every step.") from None
         raise
+    untouched = [p.detach().clone() for p in _q3_setup()[0].parameters()]
+    if all(torch.equal(a, b) for a, b in zip(got[0], untouched)) and len(set(got[1])) == 1:
+        raise Wrong("amp_step changed neither the weights nor the scale: write its body in place "
+                    "of the ... (zero_grad, forward under autocast, backward through the scaler, "
+                    "unscale_, clip, step, update).")
     if _same(got, _q3_run(None)):
         return ("your step matches the reference bit for bit over 5 steps, the first ones "
                 "overflowing: they were skipped and the scale backed off, then clipping saw the "
