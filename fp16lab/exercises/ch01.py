@@ -8,7 +8,7 @@ import re
 import ml_dtypes
 import numpy as np
 
-from .core import Exercise, Wrong
+from .core import Exercise, Wrong, expect_power_of_two
 
 __all__ = ["q1", "q2", "q3", "q4", "q5"]
 
@@ -111,12 +111,7 @@ q3 = Exercise(
 
 
 def _check_q4(answer: object) -> str:
-    try:
-        value = float(answer)
-    except (TypeError, ValueError):
-        raise Wrong(f"give a number such as 2**-12, not {answer!r}.") from None
-    if not (value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
-        raise Wrong(f"{value!r} is not a power of two; answer with 2**-k.")
+    value = expect_power_of_two(answer, "the update")
     one = np.float16(1.0)
     changes = [k for k in range(1, 30) if np.float16(1.0 + 2.0**-k) != one]
     right = 2.0 ** -max(changes)

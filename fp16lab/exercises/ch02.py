@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .core import Exercise, Wrong
+from .core import Exercise, Wrong, expect_power_of_two
 
 __all__ = ["q1", "q2", "q3", "q4"]
 
@@ -22,16 +22,6 @@ Q2_SETTINGS = {"init_scale": 2.0**16, "growth_interval": 3}
 Q4_SETTLED = 2.0**10
 
 
-def _power_of_two(answer: object, what: str) -> float:
-    try:
-        value = float(answer)
-    except (TypeError, ValueError):
-        raise Wrong(f"give {what} as a number such as 2**12, not {answer!r}.") from None
-    if not (value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
-        raise Wrong(f"{value!r} is not a power of two; answer with 2**k.")
-    return value
-
-
 def kept_in_fp16(grad: torch.Tensor, scale: float) -> float:
     """Returns the share of ``grad * scale`` (computed in float64) that is finite and non-zero in FP16."""
     scaled = (grad.double() * scale).to(torch.float16)
@@ -41,7 +31,7 @@ def kept_in_fp16(grad: torch.Tensor, scale: float) -> float:
 def _check_q1(answer: object) -> str:
     from ..training import reference_gradients
 
-    value = _power_of_two(answer, "the scale")
+    value = expect_power_of_two(answer, "the scale")
     name, grad = reference_gradients()[0]
     right = next(2.0**k for k in range(0, 40) if kept_in_fp16(grad, 2.0**k) >= ALIVE)
     kept = kept_in_fp16(grad, value)
@@ -70,7 +60,7 @@ q1 = Exercise(
 def _check_q2(answer: object) -> str:
     from ..scaling import replay_with_gradscaler
 
-    value = _power_of_two(answer, "the scale")
+    value = expect_power_of_two(answer, "the scale")
     used = [e.scale for e in replay_with_gradscaler(Q2_FOUND_INF, **Q2_SETTINGS)]
     right = used[-1]
     if value == right:
