@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,3 +151,36 @@ def test_progress_bar_counts_every_step(monkeypatch):
     assert seen[0].items == [0, 1, 2] and seen[0].kwargs["desc"] == "fp32"
     T.train_run(T.DEFAULT_RUNS[0], steps=2, batch=8, depth=2)
     assert len(seen) == 1  # no bar unless asked
+
+
+def test_regression_task_is_linear_and_fp32_fits_it():
+    x, y = T.regression_task(n=256, seed=4)
+    # oracle: float64 least squares recovers the teacher with zero residual
+    w, *_ = np.linalg.lstsq(x.double().numpy(), y.double().numpy(), rcond=None)
+    assert np.abs(x.double().numpy() @ w - y.double().numpy()).max() < 1e-5
+    run = T.train_converging(T.CONVERGING_RUNS[0], seed=0)
+    assert run.loss.iloc[0] > 0.5 and run.loss.iloc[-1] < 1e-12
+    assert (run.zero_frac == 0).all() and (run.scale == 1).all()
+
+
+def test_fp16_without_a_scale_stalls_where_a_dynamic_scale_does_not():
+    runs = {c.name: T.train_converging(c, seed=1) for c in T.CONVERGING_RUNS[1::2]}
+    none, dyn = runs["fp16, no scaling"], runs["fp16, dynamic (GradScaler)"]
+    assert none.zero_frac.iloc[0] < 0.01 and none.zero_frac.iloc[-1] > 0.5
+    assert dyn.zero_frac.iloc[-1] == 0 and dyn.scale.iloc[-1] > dyn.scale.iloc[0]
+    assert none.loss.tail(5).mean() > 3 * dyn.loss.tail(5).mean()
+
+
+def test_train_converging_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="steps and batch must be >= 1"):
+        T.train_converging(T.CONVERGING_RUNS[0], steps=0)
+
+
+def test_plot_converging_draws_each_run_and_seed():
+    import matplotlib
+    matplotlib.use("Agg")
+    frame = T.train_converging(T.CONVERGING_RUNS[0], steps=5, seed=0)
+    frame2 = frame.assign(seed=1, loss=frame.loss * 2)
+    fig = T.plot_converging(pd.concat([frame, frame2]))
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 2 and np.array_equal(lines[1].get_ydata(), frame2.loss.to_numpy())
