@@ -143,18 +143,43 @@ def plot_ulp(formats: Iterable[str] = ("fp16", "bf16"), ax=None, *, points: int 
     return ax
 
 
-def plot_census_table(df, column: str = "underflow", ax=None, *, kinds: Iterable[str] = (
-        "weight", "activation", "gradient")):
-    """Returns Axes with one class's fraction per layer and kind from :func:`census_model`'s
-    DataFrame (e.g. how much of each layer's gradient would underflow)."""
-    ax = _axes(ax)
+def census_table(df, column: str = "underflow", *, kinds: Iterable[str] = (
+        "weight", "activation", "gradient"), split_tensors: bool = True):
+    """Returns a DataFrame of one class's fraction per row label and kind from
+    :func:`~fp16lab.census.census_model`'s DataFrame.
+
+    With ``split_tensors`` (the default) each parameter gets its own row (``bn.weight`` and
+    ``bn.bias``: a BatchNorm's weights, all 1, and biases, all 0, are not one "50% zero" layer);
+    activations keep the layer's name. Without it, rows are layers and each layer's fraction is
+    over all of its elements (the tensors weighted by their element counts ``n``).
+    """
+    missing = {"layer", "kind", "tensor", "n", column} - set(df.columns)
+    if missing:
+        raise ValueError(f"census_table needs census_model's columns; missing {sorted(missing)}")
     sub = df[df["kind"].isin(tuple(kinds))]
-    table = sub.groupby(["layer", "kind"], sort=False)[column].mean().unstack("kind")
-    table = table.reindex(columns=[k for k in kinds if k in table.columns])
+    label = sub["layer"]
+    if split_tensors:
+        param = sub["kind"] != "activation"
+        label = label.where(~param, sub["layer"] + "." + sub["tensor"])
+        label = label.str.lstrip(".")
+    counted = sub.assign(label=label, _hits=sub[column] * sub["n"])
+    sums = counted.groupby(["label", "kind"], sort=False)[["_hits", "n"]].sum()
+    table = (sums["_hits"] / sums["n"]).unstack("kind")
+    return table.reindex(index=list(dict.fromkeys(label)),
+                         columns=[k for k in kinds if k in table.columns])
+
+
+def plot_census_table(df, column: str = "underflow", ax=None, *, kinds: Iterable[str] = (
+        "weight", "activation", "gradient"), split_tensors: bool = True):
+    """Returns Axes with one class's fraction per layer (or parameter) and kind, drawn from
+    :func:`census_table` (e.g. how much of each layer's gradient would underflow)."""
+    ax = _axes(ax)
+    table = census_table(df, column, kinds=kinds, split_tensors=split_tensors)
     table.plot.bar(ax=ax, width=0.8)
     ax.set_ylabel(f"fraction {column}")
-    ax.set_xlabel("layer")
-    ax.tick_params(axis="x", labelrotation=45)
+    ax.set_xlabel("parameter or layer" if split_tensors else "layer")
+    ax.tick_params(axis="x", labelrotation=60)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return ax
 
 
