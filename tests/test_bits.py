@@ -437,3 +437,83 @@ def test_e4m3_saturate_matches_torch_cast():
     x = torch.tensor([464.0, 465.0, 500.0, 1e6, float("inf"), -1e6, float("-inf"), 100.0])
     want = x.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)
     assert torch.equal(bits.encode(x, "e4m3", saturate=True), want)
+
+
+# ------------------------------------------------------------------ neighbours and tiny values
+def _ordered_values(name: str) -> np.ndarray:
+    """Every finite value of a format, from its numpy / ml_dtypes dtype, sorted (one zero)."""
+    dt, udt, _ = NARROW[name]
+    codes = np.arange(1 << (8 * np.dtype(udt).itemsize), dtype=np.int64)
+    values = codes.astype(udt).view(dt).astype(np.float64)
+    return np.unique(values[np.isfinite(values)])
+
+
+def _neighbour_cases(name: str) -> list[int]:
+    """Codes worth checking: the specials, both zeros, every code next to an exponent change, and a sample."""
+    f = format_info(name)
+    top = f.sign_mask - 1
+    cases = {0, 1, 2, top, top - 1, f.max_finite_code, f.max_finite_code - 1}
+    cases |= {e << f.mantissa_bits | m for e in range(f.exponent_field_max + 1)
+              for m in (0, 1, f.mantissa_field_max) if e << f.mantissa_bits | m <= top}
+    cases |= set(np.random.default_rng(0).integers(0, top + 1, 300).tolist())
+    return sorted(cases | {c | f.sign_mask for c in cases})
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_next_up_and_down_are_the_adjacent_values_of_ml_dtypes(name):
+    """IEEE nextUp / nextDown: the least value above (greatest below); -inf steps to -max."""
+    f = format_info(name)
+    ordered = _ordered_values(name)
+    for code in _neighbour_cases(name):
+        x = float(bits.decode(code, f))
+        if np.isnan(x):
+            assert bits.next_up(code, f) == code and bits.next_down(code, f) == code
+            continue
+        for step, towards, edge in ((bits.next_up, np.inf, ordered[-1]),
+                                    (bits.next_down, -np.inf, ordered[0])):
+            got = float(bits.decode(step(code, f), f))
+            if x == towards or (x == edge and not f.has_infs):  # inf, or fn's largest, stays put
+                expected = x
+            elif x == edge:
+                expected = towards
+            elif x == -towards:  # -inf -> -max finite for next_up, +inf -> +max for next_down
+                expected = ordered[0] if towards > 0 else ordered[-1]
+            else:
+                i = np.searchsorted(ordered, x, side="right" if towards > 0 else "left")
+                expected = ordered[i] if towards > 0 else ordered[i - 1]
+            assert got == expected, (name, hex(code), step.__name__, got, expected)
+
+
+def test_next_up_from_minus_infinity_is_minus_the_largest_finite():
+    for name, (dt, udt, _) in NARROW.items():
+        f = format_info(name)
+        if not f.has_infs:
+            continue
+        minus_inf = int(np.array(-np.inf, dt).view(udt))
+        minus_max = int(np.nextafter(np.array(-np.inf, dt), np.array(0, dt)).view(udt)) \
+            if dt is np.float16 else int(np.array(-float(ml_dtypes.finfo(dt).max), dt).view(udt))
+        assert bits.next_up(minus_inf, f) == minus_max, name
+        assert bits.next_down(minus_inf ^ f.sign_mask, f) == minus_max ^ f.sign_mask, name
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_stochastic_rounding_far_below_the_smallest_subnormal(as_torch):
+    """Values 2^-10 .. 2^-40 of fp16's smallest subnormal round up with probability x / 2^-24.
+
+    Their codes shift more than 54 bits, so the probability must come from the real shift:
+    taken from the shift clamped at 54, 1e-10 would round up 256 times too often."""
+    tiny = 2.0**-24
+    n = 200_000
+    for x in (1e-10, -3e-12, 2.0**-34):
+        xs = np.full(n, x)
+        if as_torch:
+            codes = bits.encode(torch.from_numpy(xs), "fp16", rounding="stochastic",
+                                generator=torch.Generator().manual_seed(1)).numpy()
+        else:
+            codes = bits.encode(xs, "fp16", rounding="stochastic", seed=1)
+        vals = bits.decode(codes, "fp16")
+        assert set(np.unique(np.abs(vals))) <= {0.0, tiny}
+        p = float(Fraction(abs(x)) / Fraction(tiny))  # exact
+        ups = int((vals != 0).sum())
+        # binomial(n, p): within 5 standard deviations, plus one for tiny n p
+        assert abs(ups - n * p) <= 5 * np.sqrt(n * p * (1 - p)) + 1, (x, ups, n * p)

@@ -256,6 +256,50 @@ def test_classify_skips():
     assert classify_skips(simulate_dynamic([False] * 5))["verdict"] == "no skips"
 
 
+def _history(skips, scale=1024.0):
+    """Events with the given skipped flags at a steady scale (the classifier reads only these)."""
+    from fp16lab.scaling import ScaleEvent
+
+    return [ScaleEvent(step=i, scale=scale, found_inf=s, skipped=s, next_scale=scale)
+            for i, s in enumerate(skips)]
+
+
+def _every(n_steps, period, offset=0):
+    return [i % period == offset for i in range(n_steps)]
+
+
+@pytest.mark.parametrize("later,verdict", [
+    (_every(1000, 1000, 500), "occasional"),         # one skip per growth interval: calibration
+    (_every(1000, 100, 50), "occasional"),           # 1%, the documented limit
+    ([False, True] + [False] * 998, "occasional"),   # one skip
+    ([False, True, True] + [False] * 997, "occasional"),         # a run of two
+    ([False, True, True, True] + [False] * 996, "problem"),      # a run of three
+    (_every(1000, 90, 45), "problem"),               # 1.1%
+    (_every(1000, 20, 10), "problem"),               # 5%
+    (_every(1000, 10, 5), "problem"),                # 10%
+    (_every(1000, 2, 1), "problem"),                 # every other step
+])
+def test_classify_skips_rates_and_runs(later, verdict):
+    """After a 3-step warm-up: at most 1% of later steps skipped, in runs of at most 2, is
+    "occasional"; more is a problem (the rule in classify_skips' docstring)."""
+    got = classify_skips(_history([True] * 3 + later))
+    n_later = sum(later)
+    assert (got["warmup_skips"], got["later_skips"]) == (3, n_later)
+    assert got["later_skip_rate"] == n_later / len(later)
+    assert got["verdict"] == verdict, (n_later / len(later), got)
+
+
+def test_classify_skips_scale_below_one_and_warmup_limit():
+    few = [True] * 3 + _every(1000, 500, 250)
+    assert classify_skips(_history(few, scale=1.0))["verdict"] == "occasional"
+    assert classify_skips(_history(few, scale=0.5))["verdict"] == "problem"
+    assert classify_skips(_history([True] * 10))["verdict"] == "problem"  # never a clean step
+    # a warm-up capped at 2 steps leaves the third leading skip as a later one
+    capped = classify_skips(_history(few), warmup_steps=2)
+    assert (capped["warmup_skips"], capped["later_skips"]) == (2, 3)
+    assert capped["longest_later_run"] == 1 and capped["min_scale"] == 1024.0
+
+
 def test_replay_with_gradscaler_matches_simulation():
     flags = [True, False, False, True, False, False, False, False]
     ours = simulate_dynamic(flags, init_scale=8.0, growth_interval=2)
