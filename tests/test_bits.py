@@ -8,6 +8,8 @@ float64 inputs.
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from fractions import Fraction
 
 import ml_dtypes
@@ -417,6 +419,86 @@ def test_explain_table_against_numpy():
     assert list(t.index) == [repr(x) for x in xs]
 
 
+def _numpy_neighbours(h):
+    return (float(np.nextafter(h, np.float16(-np.inf))), float(np.nextafter(h, np.float16(np.inf))))
+
+
+@pytest.mark.parametrize("x", [0.1, -2.0**-24, 65504.0])
+def test_explanation_text_reads_numpys_fields(x):
+    """The printed explanation, line by line, from numpy's float16 and Python's Decimal."""
+    h = np.float16(x)
+    code = int(h.view(np.uint16))
+    sign, e_field, m_field = code >> 15, (code >> 10) & 0x1F, code & 0x3FF
+    down, up = _numpy_neighbours(h)
+    err = float(h) - x
+    expected = [
+        ("format", "fp16"), ("given", repr(x)),
+        ("bits (s|e|m)", f"{sign} {e_field:05b} {m_field:010b}"), ("hex", f"0x{code:04x}"),
+        ("sign", f"{sign} ({'-' if sign else '+'})"),
+        ("exponent", f"field {e_field}, unbiased {max(e_field, 1) - 15}"),
+        ("mantissa", f"field {m_field}"),
+        ("class", "subnormal" if e_field == 0 else "normal"), ("value", repr(float(h))),
+        ("exact value", str(Decimal(float(h)))), ("neighbours", f"{down!r} < value < {up!r}"),
+        ("ULP", repr(float(np.spacing(np.float16(abs(h)))) if abs(h) < 65504 else 32.0)),
+        ("rounding error", f"{err!r} (relative {abs(err) / abs(x):.3g})"),
+    ]
+    e = bits.explain(x, "fp16")
+    assert e.rows() == expected
+    width = max(len(k) for k, _ in expected)
+    assert str(e) == "\n".join(f"{k:<{width}}  {v}" for k, v in expected)
+    html = e._repr_html_()
+    assert html.startswith("<table class='fp16lab-explain'>") and html.endswith("</table>")
+    assert html.count("<tr>") == len(expected)
+    assert (f"<tr><th style='text-align:left'>bits (s|e|m)</th><td style='text-align:left'>"
+            f"<code>{expected[2][1]}</code></td></tr>") in html
+    assert "&lt; value &lt;" in html  # the neighbours' '<' escaped
+
+
+def test_explanation_of_specials_and_codes():
+    inf = bits.explain(np.inf, "fp16")
+    assert dict(inf.rows())["exponent"] == "field 31, unbiased n/a"
+    assert (inf.error, inf.relative_error, inf.exact) == (0.0, 0.0, "inf")
+    assert math.isnan(inf.ulp) and inf.next_down == 65504.0
+    zero = bits.explain(0.0, "bf16")
+    assert (zero.exponent, zero.relative_error, zero.error) == (None, 0.0, 0.0)
+    assert dict(zero.rows())["sign"] == "0 (+)"
+    neg_zero = bits.explain(-0.0, "fp16")
+    assert dict(neg_zero.rows())["sign"] == "1 (-)" and neg_zero.code == 0x8000
+    over = bits.explain(1e6, "fp16")  # rounds to inf: an infinite error
+    assert over.error == math.inf == over.relative_error
+    nan = bits.explain(float("nan"), "fp16")  # NaN is not equal to itself: error unknown
+    assert math.isnan(nan.error) and math.isnan(nan.relative_error)
+    coded = bits.explain("0x3555", "fp16")  # a code: the stored value is what was given
+    assert (coded.given, coded.error, coded.relative_error) == (float(np.float16(1 / 3)), 0.0, 0.0)
+    for x in (0.1, 0.3, -0.7):  # toward zero: the neighbour not farther from zero than x
+        h = np.float16(x)
+        lower = h if abs(float(h)) <= abs(x) else np.nextafter(h, np.float16(0))
+        assert bits.explain(x, "fp16", rounding="toward_zero").value == float(lower)
+    assert bits.explain(1e6, "fp16", saturate=True).value == 65504.0
+
+
+def test_explain_table_columns_against_numpy():
+    xs = [0.1, -3.0, 2.0**-24, 1e5, float("nan")]
+    t = bits.explain_table(xs, "fp16")
+    assert list(t.columns) == ["hex", "bits", "class", "value", "next down", "next up", "ULP",
+                               "error", "relative error"]
+    assert t.index.name == "given" and list(t.index) == [repr(x) for x in xs]
+    for x, (_, row) in zip(xs, t.iterrows()):
+        e = bits.explain(x, "fp16")
+        assert (row["hex"], row["bits"], row["class"]) == (e.hex, e.bits, e.kind)
+        got = [row[c] for c in ("value", "next down", "next up", "ULP", "error", "relative error")]
+        want = [e.value, e.next_down, e.next_up, e.ulp, e.error, e.relative_error]
+        np.testing.assert_array_equal(got, want)
+    h = np.float16(0.1)
+    assert (t.iloc[0]["next down"], t.iloc[0]["next up"]) == _numpy_neighbours(h)
+    assert t.iloc[0]["error"] == float(h) - 0.1
+    assert list(t["class"]) == ["normal", "normal", "subnormal", "inf", "nan"]
+    # strings stay as given; keyword arguments reach explain
+    t = bits.explain_table(["0x3c00", 1e6], "fp16", saturate=True)
+    assert list(t.index) == ["0x3c00", "1000000.0"] and list(t["value"]) == [1.0, 65504.0]
+    assert len(bits.explain_table(np.float32(0.5), "bf16")) == 1  # a 0-d value is one row
+
+
 def test_accumulate_matches_float16_loop():
     rng = np.random.default_rng(8)
     xs = np.concatenate([np.ones(3000), rng.uniform(0, 4, 500)]).astype(np.float16)
@@ -517,3 +599,182 @@ def test_stochastic_rounding_far_below_the_smallest_subnormal(as_torch):
         ups = int((vals != 0).sum())
         # binomial(n, p): within 5 standard deviations, plus one for tiny n p
         assert abs(ups - n * p) <= 5 * np.sqrt(n * p * (1 - p)) + 1, (x, ups, n * p)
+
+
+# ------------------------------------------------------------------ defaults, types, edges
+def test_fp16_is_the_default_format():
+    assert bits.decode(0x3C00) == 1.0 and bits.encode(1.0) == 0x3C00
+    assert bits.quantize(0.1) == float(np.float16(0.1))
+    assert bits.ulp(1.0) == float(np.spacing(np.float16(1.0)))
+    assert bits.to_hex(0x3C00) == "0x3c00" and bits.to_bits(0x3C00) == "0 01111 0000000000"
+    assert bits.parse_code("0x3c01") == 0x3C01 and bits.next_up(0x3C00) == 0x3C01
+    assert bits.next_down(0x3C00) == 0x3BFF and bits.explain(1.0).fmt == "fp16"
+    assert list(bits.accumulate([2048.0, 1.0])) == [2048.0, 2048.0]
+
+
+def test_scalars_give_python_numbers_arrays_give_arrays():
+    assert type(bits.decode(np.uint16(0x3C00), "fp16")) is float
+    assert type(bits.encode(np.float32(1.0), "fp16")) is int
+    assert type(bits.encode(1, "fp16")) is int
+    assert type(bits.ulp(np.float32(1.0), "fp16")) is float
+    assert bits.encode(np.array([1.0]), "fp16").shape == (1,)
+    t = bits.ulp(torch.tensor([1.0, 3e-5, 1e5]), "fp16")
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float64
+    np.testing.assert_array_equal(t.numpy(), bits.ulp(np.array([1.0, 3e-5, 1e5]), "fp16"))
+
+
+def test_ulp_of_inf_and_nan_is_nan():
+    got = bits.ulp(np.array([np.inf, -np.inf, np.nan, 65504.0]), "fp16")
+    assert np.isnan(got[:3]).all() and got[3] == 32.0
+    assert np.isnan(bits.ulp(torch.tensor([np.inf]), "bf16")).all()
+
+
+def test_encode_one_float64_ulp_from_a_tie():
+    # 1 + 2^-11 is halfway between fp16 1.0 and 1 + 2^-10; one float64 ulp decides
+    for base in (1 + 2.0**-11, 1 + 3 * 2.0**-11, 2.0**-14 + 2.0**-25):
+        for x in (np.nextafter(base, 0), base, np.nextafter(base, 2)):
+            assert bits.encode(x, "fp16") == int(np.float16(x).view(np.uint16)), x
+            assert bits.encode(-x, "fp16") == int(np.float16(-x).view(np.uint16)), -x
+
+
+def test_every_nan_payload_encodes_to_nan():
+    payloads = np.array([0x7FF0_0000_0000_0001, 0x7FF8_0000_0000_0000, 0xFFF0_0000_0000_0001],
+                        dtype=np.uint64).view(np.float64)
+    for name in ("fp16", "fp8_e4m3", "bf16"):
+        f = format_info(name)
+        codes = bits.encode(payloads, name) & (f.sign_mask - 1)
+        assert (codes == f.nan_code).all(), name
+
+
+def test_toward_zero_keeps_infinities_and_saturates_finite_values():
+    # IEEE 754 round toward zero: an overflowing finite value becomes the largest finite
+    # number, an infinity stays infinite
+    got = bits.encode(np.array([np.inf, -np.inf, 1e6, -1e6]), "fp16", rounding="toward_zero")
+    assert list(got) == [0x7C00, 0xFC00, 0x7BFF, 0xFBFF]
+
+
+def test_accumulate_takes_tensors_formats_and_seeds():
+    xs = np.full(300, 0.1)
+    np.testing.assert_array_equal(bits.accumulate(torch.tensor(xs), "bf16"),
+                                  bits.accumulate(xs, "bf16"))
+    acc, want = ml_dtypes.bfloat16(0), []
+    for x in xs.astype(ml_dtypes.bfloat16):
+        acc = ml_dtypes.bfloat16(np.float32(acc) + np.float32(x))
+        want.append(float(acc))
+    np.testing.assert_array_equal(bits.accumulate(xs, "bf16"), want)
+    a = bits.accumulate(np.full(500, 0.3), "fp16", rounding="stochastic", seed=3)
+    b = bits.accumulate(np.full(500, 0.3), "fp16", rounding="stochastic", seed=3)
+    c = bits.accumulate(np.full(500, 0.3), "fp16", rounding="stochastic", seed=4)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    with pytest.raises(ValueError, match="^accumulate expects numbers, got the string 'abc'"):
+        bits.accumulate("abc")
+    with pytest.raises(ValueError, match="^ulp expects numbers, got the string 'abc'"):
+        bits.ulp("abc")
+
+
+def test_stochastic_rounding_follows_the_seed_or_generator():
+    xs = np.full(2000, 1 + 2.0**-12)
+    by_seed = bits.encode(xs, "fp16", rounding="stochastic", seed=5)
+    assert np.array_equal(by_seed, bits.encode(xs, "fp16", rounding="stochastic",
+                                               generator=np.random.default_rng(5)))
+    assert not np.array_equal(by_seed, bits.encode(xs, "fp16", rounding="stochastic", seed=6))
+    t = torch.from_numpy(xs)
+    first = bits.encode(t, "fp16", rounding="stochastic", generator=torch.Generator().manual_seed(2))
+    again = bits.encode(t, "fp16", rounding="stochastic", generator=torch.Generator().manual_seed(2))
+    assert torch.equal(first, again)
+    # the uniforms are float64, so probabilities finer than float32's 2^-24 steps still count
+    u = bits._uniform_like(torch.zeros(4, dtype=torch.float64), None, None)
+    assert u.dtype == torch.float64 and u.device == torch.device("cpu")
+
+
+def test_quantize_passes_rounding_on():
+    x = np.array([0.1, 0.3, -0.7])
+    lower = np.array([h if abs(float(h)) <= abs(v) else np.nextafter(h, np.float16(0))
+                      for v, h in zip(x, x.astype(np.float16))]).astype(np.float64)
+    np.testing.assert_array_equal(bits.quantize(x, "fp16", rounding="toward_zero"), lower)
+
+
+def test_code_helpers_name_themselves_and_take_one_element_arrays():
+    assert bits.to_bits(0x8001, "fp16") == "1 00000 0000000001"
+    assert bits.to_bits(0x3C00, "fp16", sep="") == "0011110000000000"
+    assert bits.to_hex(torch.tensor(0x3C00), "fp16") == "0x3c00"
+    assert bits.to_hex(np.array([0x7F]), "e4m3") == "0x7f"
+    for func in ("to_hex", "to_bits", "next_up", "next_down"):
+        with pytest.raises(ValueError, match=rf"^{func}\(\): code 65536 is out of range for fp16: "
+                                             r"codes are 16-bit integers 0\.\.65535 \(0x0000\.\.0xffff\)$"):
+            getattr(bits, func)(65536, "fp16")
+    with pytest.raises(ValueError, match=r"^to_hex\(\) takes an integer code of fp16, .* got float "
+                                         r"1\.5; encode\(\) turns a number into its code$"):
+        bits.to_hex(1.5, "fp16")
+    with pytest.raises(ValueError, match=r"got str '0x3c00'; read a hex or bit string with "
+                                         r"parse_code\(\)$"):
+        bits.to_hex("0x3c00", "fp16")
+    with pytest.raises(ValueError, match=r"got NoneType None$"):
+        bits.to_hex(None, "fp16")
+    with pytest.raises(ValueError, match=r"^to_bits\(\) takes one code, got an array of shape \(2,\)$"):
+        bits.to_bits(torch.tensor([1, 2]), "fp16")
+    with pytest.raises(ValueError, match=r"^to_bits\(sep=\.\.\.\) takes a string \(' ', '_', ''\), "
+                                         r"got 0$"):
+        bits.to_bits(1, "fp16", sep=0)
+
+
+def test_parse_code_messages_show_the_formats_own_examples():
+    with pytest.raises(ValueError) as info:
+        bits.parse_code(15360, "bf16")
+    assert str(info.value) == ("parse_code() reads a string (hex like '0x3f80' or 16 bits), got "
+                               "int 15360; an integer code goes to decode() or to_hex() as it is")
+    with pytest.raises(ValueError) as info:
+        bits.parse_code("0x1ff", "e4m3")
+    assert str(info.value) == ("hex code '0x1ff' is out of range for fp8_e4m3: allowed 0x0..0xff "
+                               "(8 bits)")
+    assert bits.parse_code("0xff", "e4m3") == 0xFF  # the top code itself is allowed
+    assert bits.parse_code("0x3c_00", "fp16") == 0x3C00
+    assert bits.parse_code("0b_0011_1000_", "e4m3") == 0x38
+    with pytest.raises(ValueError) as info:
+        bits.parse_code("0 111 000", "e4m3")
+    assert str(info.value) == ("bit string '0 111 000' has 7 bits; fp8_e4m3 codes have 8 (1 sign, "
+                               "4 exponent, 3 mantissa), e.g. '0 0111 000'")
+    with pytest.raises(ValueError) as info:
+        bits.parse_code("one", "bf16")
+    assert str(info.value) == ("cannot read 'one' as a bf16 code: allowed are hex like '0x3f80' or "
+                               "16 bits like '0 01111111 0000000' (spaces and underscores allowed, "
+                               "0b prefix optional)")
+
+
+def test_explain_messages_and_single_digits():
+    assert bits.explain("0", "fp16").value == 0.0 and bits.explain("1", "fp16").value == 1.0
+    assert bits.explain(np.array([0.5]), "fp16").value == 0.5
+    with pytest.raises(ValueError, match=r"^explain\(\) takes one value, got an array of shape \(2,\)$"):
+        bits.explain(np.array([1.0, 2.0]), "fp16")
+    with pytest.raises(ValueError, match=r"^explain\(\) takes one value, got a tensor of shape \(2, 1\)$"):
+        bits.explain(torch.ones(2, 1), "fp16")
+    with pytest.raises(ValueError) as info:
+        bits.explain("zz", "e5m2")
+    assert str(info.value) == ("cannot read 'zz': allowed are a number ('1.5', '1e15', '-inf', "
+                               "'nan'), hex like '0x3c', or 8 bits with a 0b prefix ('0b00111100') "
+                               "or with spaces or underscores between the fields ('0 01111 00')")
+
+
+def test_decode_refuses_codes_out_of_range_naming_the_bad_one():
+    for codes, bad in (([-3, 5], -3), ([4, 70000], 70000), ([-1, 70000], -1)):
+        for as_torch in (False, True):
+            arg = torch.tensor(codes) if as_torch else np.array(codes)
+            with pytest.raises(ValueError, match=rf"^code {bad} is out of range for fp16: codes "
+                                                 r"are 16-bit integers 0\.\.65535"):
+                bits.decode(arg, "fp16")
+    assert bits.decode(torch.tensor([0, 65535], dtype=torch.int32), "fp16").dtype == torch.float64
+    with pytest.raises(ValueError, match=r"^decode expects integer codes for fp16 \(0\.\.65535 "
+                                         r"\(0x0000\.\.0xffff\)\), got float64 values like "
+                                         r"\[1\.0, 2\.0, 3\.0\]$"):
+        bits.decode(np.arange(1.0, 6.0), "fp16")
+    with pytest.raises(ValueError, match="got a tensor of dtype torch.bool"):
+        bits.decode(torch.tensor([True]), "fp16")
+    with pytest.raises(ValueError, match="got a tensor of dtype torch.complex64"):
+        bits.decode(torch.tensor([1j]), "fp16")
+    with pytest.raises(ValueError, match=r"^decode expects integer codes for fp16 in a rectangular "
+                                         r"array, got \[\[1, 2\], \[3\]\]$"):
+        bits.decode([[1, 2], [3]], "fp16")
+    with pytest.raises(ValueError, match=r"got float 1\.5$"):  # 0-d: no index to name
+        bits.decode(np.array(1.5, dtype=object), "fp16")
+    with pytest.raises(ValueError, match=r"got str 'a'; allowed"):  # 0-d: no index to name
+        bits.encode(np.array("a", dtype=object), "fp16")
