@@ -4,25 +4,36 @@
 #
 # TORCH_SPEC picks the torch wheel (CI pins the CPU build; a GPU machine keeps the default).
 # CuPy is added as an extra when nvidia-smi reports a driver: cupy-cuda13x for CUDA 13,
-# cupy-cuda12x for CUDA 12, nothing without a GPU.
+# cupy-cuda12x for CUDA 12, nothing without a GPU. The set-up runs again when pyproject.toml,
+# TORCH_SPEC or the extras change (they are written into $(VENV)/.fp16lab-wanted).
+#
+#   make benchmarks             every benchmark; results to data/local/ (git-ignored)
+#   make benchmarks REPLACE=1   the same, overwriting the committed files in data/
 
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch>=2.4
 PYTEST_ARGS ?=
+REPLACE    ?=
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.fp16lab-installed
+WANTED     := $(VENV)/.fp16lab-wanted
 
 comma      := ,
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 GPU_EXTRAS := $(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13$(comma)vision,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12$(comma)vision,))
 EXTRAS     := test,browser$(GPU_EXTRAS)
 
-.PHONY: setup lab test test-gpu benchmarks clean info
+.PHONY: setup lab test test-gpu benchmarks clean info FORCE
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# What the installation should be; rewritten (so newer than the stamp) only when it changes.
+$(WANTED): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(TORCH_SPEC) [$(EXTRAS)]' | cmp -s - $@ || echo '$(TORCH_SPEC) [$(EXTRAS)]' > $@
+
+$(STAMP): pyproject.toml $(WANTED)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
@@ -55,11 +66,13 @@ test: setup
 test-gpu: setup
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
-# Every benchmark on the local GPU; each writes its results, with provenance, under data/.
+# Every benchmark of fp16lab.bench on the local GPU; each writes its results, with provenance,
+# to data/local/ (the notebooks then show yours), or over the committed data/ with REPLACE=1.
 benchmarks: setup
-	@for b in census gemm gemm_ceiling alignment diagnostics_overhead sweep_engine_vs_loop sweep_reference; do \
-	  echo "--- benchmarks/$$b.py"; $(PY) benchmarks/$$b.py || exit $$?; done
-	$(VENV)/bin/fp16lab claims --out data/
+	@gpus=$$($(PY) -c 'import torch; print(torch.cuda.device_count())'); \
+	for b in $$($(PY) -c 'from fp16lab.bench import BENCHMARKS; print(*BENCHMARKS)'); do \
+	  if [ $$b = distributed ] && [ $$gpus -lt 2 ]; then echo "--- fp16lab bench distributed: skipped, it needs 2 GPUs ($$gpus here)"; continue; fi; \
+	  echo "--- fp16lab bench $$b"; $(VENV)/bin/fp16lab bench $$b $(if $(REPLACE),--replace) || exit $$?; done
 
 info: setup
 	$(VENV)/bin/fp16lab info

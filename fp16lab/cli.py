@@ -1,7 +1,8 @@
 """The ``fp16lab`` console command.
 
-``fp16lab info`` prints what this machine has. Other modules add sub-commands by defining
-``register_cli(subparsers)``; they are listed in ``_COMMAND_MODULES``.
+``fp16lab info`` prints what this machine has; ``fp16lab bench NAME`` runs one benchmark of
+:mod:`fp16lab.bench`. Other modules add sub-commands by defining ``register_cli(subparsers)``;
+they are listed in ``_COMMAND_MODULES``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import importlib
 import json
 import sys
 
-# Modules that contribute sub-commands (sweep, report, claims, ...), imported when present.
-_COMMAND_MODULES = ("fp16lab.sweep", "fp16lab.claims")
+# Modules that contribute sub-commands (sweep, report, claims).
+_COMMAND_MODULES = ("fp16lab.sweep.cli", "fp16lab.claims.cli")
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -23,6 +24,20 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import BENCHMARKS
+
+    if args.list or not args.name:
+        width = max(map(len, BENCHMARKS))
+        for name, what in BENCHMARKS.items():
+            print(f"{name:{width}}  {what}")
+        return 0 if args.list else 2
+    if args.name not in BENCHMARKS:
+        raise ValueError(f"no benchmark {args.name!r}; the benchmarks are: {', '.join(BENCHMARKS)}")
+    module = importlib.import_module(f"fp16lab.bench.{args.name}")
+    return int(module.main(args.args) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser with every available sub-command."""
     parser = argparse.ArgumentParser(
@@ -31,14 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="what this machine has: GPU, driver, CUDA, CuPy")
     p.add_argument("--json", action="store_true", help="print as JSON")
     p.set_defaults(func=_info)
+    p = sub.add_parser("bench", help="run one benchmark (--list names them); writes data/local/",
+                       description="Runs a benchmark of fp16lab.bench; the arguments after NAME "
+                                   "go to it (--quick, --replace, ... ; NAME --help lists them).")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and what they measure")
+    p.add_argument("name", nargs="?", metavar="NAME")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
+    p.set_defaults(func=_bench)
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue  # not written yet
-            raise
-        module.register_cli(sub)
+        importlib.import_module(name).register_cli(sub)
     return parser
 
 

@@ -1,6 +1,6 @@
 """Which side caps a training step: the input pipeline's images/s against the model's.
 
-Two measurements, one protocol (also stated in ``benchmarks/input_pipeline.py`` and notebook 07):
+Two measurements, one protocol (also stated in ``fp16lab.bench.input_pipeline`` and notebook 07):
 ``cudnn.benchmark`` on; ``warmup`` batches or steps first (workers start, the first wave of
 batches that the workers finish together is used up, cuDNN picks its algorithms); then
 ``steps`` batches or steps timed on the host clock between two ``torch.cuda.synchronize()``

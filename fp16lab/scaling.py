@@ -144,6 +144,32 @@ def _check_found_inf(found_inf: Any) -> bool:
     raise TypeError(f"update(found_inf=...) takes True, False or a one-element tensor (nonzero "
                     f"means the gradients held inf/NaN), got {type(found_inf).__name__} "
                     f"{found_inf!r}")
+@dataclass(frozen=True)
+class ScalerSettings:
+    """Dynamic loss-scaler settings, with torch.amp.GradScaler's defaults (checked on creation).
+
+    The scale starts at ``init_scale``; a step whose gradients hold an inf or NaN is skipped and
+    the scale multiplied by ``backoff_factor``; after ``growth_interval`` finite steps in a row
+    the scale is multiplied by ``growth_factor``. The sweep, notebook 02's runs and
+    :class:`DynamicLossScaler` take their defaults from here.
+    """
+
+    init_scale: float = DEFAULT_INIT_SCALE
+    growth_factor: float = DEFAULT_GROWTH_FACTOR
+    backoff_factor: float = DEFAULT_BACKOFF_FACTOR
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+
+    def __post_init__(self) -> None:
+        problems = []
+        for check in (lambda: _check_scale_value("init_scale", self.init_scale),
+                      lambda: _check_dynamic_params(self.growth_factor, self.backoff_factor,
+                                                    self.growth_interval)):
+            try:
+                check()
+            except ValueError as e:
+                problems.append(str(e))
+        if problems:
+            raise ValueError("bad scaler settings: " + "; ".join(problems))
 
 
 class _LossScalerBase:

@@ -9,13 +9,15 @@ first layers' gradients fall below FP16's ``2**-24``. FP32 and BF16 hold them (a
 them into full-size updates); FP16 without a loss scale flushes them to zero, and those layers
 stop learning. This is the textbook deep-and-unnormalised setting where loss scaling matters.
 
-Precisions, as a :class:`RunConfig` each (:data:`DEFAULT_RUNS`):
+Precisions, as a :class:`RunConfig` each (:data:`DEFAULT_RUNS`), named as in
+:mod:`fp16lab.recipes`:
 
 * ``fp32``: no autocast;
-* ``fp16``: ``torch.autocast(device, torch.float16)`` (FP32 weights, FP16 matmuls, FP16
-  activation gradients), with no scaler, a static scale (:class:`~fp16lab.scaling.StaticLossScaler`)
-  or a real ``torch.amp.GradScaler`` (wrapped in :class:`~fp16lab.scaling.GradScalerRecorder`);
-* ``bf16``: ``torch.autocast(device, torch.bfloat16)`` with no scaler.
+* ``amp-fp16``: ``torch.autocast(device, torch.float16)`` (FP32 weights, FP16 matmuls, FP16
+  activation gradients), here also without a scaler or with a static scale
+  (:class:`~fp16lab.scaling.StaticLossScaler`) to show why the recipe's ``torch.amp.GradScaler``
+  (wrapped in :class:`~fp16lab.scaling.GradScalerRecorder`) is there;
+* ``amp-bf16``: ``torch.autocast(device, torch.bfloat16)`` with no scaler.
 
 The same autocast code runs on CPU (torch >= 2.4 autocasts to FP16 on CPU) and on CUDA.
 """
@@ -31,8 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import recipes
 from .diagnostics import GradientMonitor
-from .scaling import GradScalerRecorder, ScaleCollapseWarning, StaticLossScaler
+from .scaling import (DEFAULT_INIT_SCALE, GradScalerRecorder, ScaleCollapseWarning, ScalerSettings,
+                      StaticLossScaler)
 
 
 def deep_tanh_mlp(depth: int = 28, width: int = 32, in_features: int = 32,
@@ -60,32 +64,42 @@ def make_task(n: int = 8192, in_features: int = 32, num_classes: int = 10, seed:
     return x, y
 
 
+#: The precisions a run can use (the recipes that take a loss scale or none).
+PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One training run: precision and loss scaling."""
 
     name: str
-    precision: str = "fp32"          # "fp32", "fp16" or "bf16"
+    precision: str = "fp32"          # "fp32", "amp-fp16" or "amp-bf16" (fp16lab.recipes)
     scaling: str = "none"            # "none", "static" or "dynamic"
     static_scale: float = 2.0**12
-    init_scale: float = 2.0**16
+    init_scale: float = DEFAULT_INIT_SCALE
     growth_interval: int = 50        # short, so a short run shows growth (torch's default: 2000)
 
     def __post_init__(self):
-        if self.precision not in ("fp32", "fp16", "bf16"):
-            raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
+                             f"got {self.precision!r}")
         if self.scaling not in ("none", "static", "dynamic"):
             raise ValueError(f"scaling must be 'none', 'static' or 'dynamic', got {self.scaling!r}")
-        if self.scaling != "none" and self.precision != "fp16":
-            raise ValueError(f"loss scaling is for fp16 runs; {self.name!r} is {self.precision}")
+        if self.scaling != "none" and self.precision != "amp-fp16":
+            raise ValueError(f"loss scaling is for amp-fp16 runs; {self.name!r} is {self.precision}")
+        self.scaler_settings()  # the dynamic scaler's settings are checked now
+
+    def scaler_settings(self) -> ScalerSettings:
+        """Returns the GradScaler settings of a dynamic run (torch's defaults but these two)."""
+        return ScalerSettings(init_scale=self.init_scale, growth_interval=self.growth_interval)
 
 
 DEFAULT_RUNS = (
     RunConfig("fp32"),
-    RunConfig("fp16, no scaling", "fp16"),
-    RunConfig("fp16, static 2^12", "fp16", "static"),
-    RunConfig("fp16, dynamic (GradScaler)", "fp16", "dynamic"),
-    RunConfig("bf16 autocast, no scaler", "bf16"),
+    RunConfig("fp16, no scaling", "amp-fp16"),
+    RunConfig("fp16, static 2^12", "amp-fp16", "static"),
+    RunConfig("fp16, dynamic (GradScaler)", "amp-fp16", "dynamic"),
+    RunConfig("bf16 autocast, no scaler", "amp-bf16"),
 )
 
 
@@ -120,11 +134,10 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     if config.scaling == "static":
         scaler = StaticLossScaler(config.static_scale)
     elif config.scaling == "dynamic":
-        scaler = GradScalerRecorder(torch.amp.GradScaler(
-            device, init_scale=config.init_scale, growth_interval=config.growth_interval))
+        scaler = GradScalerRecorder(recipes.grad_scaler(config.precision, device,
+                                                        config.scaler_settings()))
     else:
         scaler = None
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
     result = RunResult(config, device)
     monitor = GradientMonitor(model)
     t0 = time.perf_counter()
@@ -133,7 +146,7 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
         for step in range(steps):
             idx = torch.randint(0, x_all.shape[0], (batch,), generator=order).to(device)
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(device, dtype=dtype or torch.float16, enabled=dtype is not None):
+            with recipes.autocast(config.precision, device):
                 logits = model(x_all[idx])
             loss = F.cross_entropy(logits.float(), y_all[idx])
             row = {"run": config.name, "step": step, "loss": float(loss.detach())}

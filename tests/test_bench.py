@@ -46,7 +46,7 @@ def test_interleaved_timing_rotates_the_order_and_pools_the_rounds(monkeypatch):
         base = {"a": 1.0, "b": 2.0, "c": 4.0}[name]
         return [base * (1 + 0.1 * len(calls)) for _ in range(repeat)]  # a clock drifting upwards
 
-    monkeypatch.setattr(bench, "_cuda_samples", fake_samples)
+    monkeypatch.setattr(bench.timing, "_cuda_samples", fake_samples)
     out = bench.time_cuda_interleaved({n: (lambda n=n: n) for n in "abc"}, rounds=3, repeat=2,
                                       backend="cupy")
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
@@ -109,23 +109,6 @@ def test_cuda_kernels_names_the_gemm():
     assert any(tag in longest.lower() for tag in ("gemm", "nvjet", "cutlass", "sm90", "sm80")), longest
 
 
-def test_result_roundtrip(tmp_path):
-    rows = [{"size": 4096, "tflops": np.float32(1.5)}]
-    path = bench.write_result("demo", rows, meta={"note": "x"}, data_dir=tmp_path)
-    back = bench.read_result("demo", data_dir=tmp_path)
-    assert back["rows"] == [{"size": 4096, "tflops": 1.5}]
-    assert back["meta"]["note"] == "x" and "torch" in back["meta"]
-    assert bench.read_result(path)["rows"] == back["rows"]
-    assert "measured on" in bench.describe_source(back["meta"])
-
-
-def test_result_errors(tmp_path):
-    with pytest.raises(ValueError, match="plain file stem"):
-        bench.write_result("../x", [], data_dir=tmp_path)
-    with pytest.raises(FileNotFoundError, match="no measured result"):
-        bench.read_result("missing", data_dir=tmp_path)
-
-
 @pytest.mark.gpu
 def test_cuda_timing_and_copy_bandwidth():
     import torch
@@ -137,19 +120,3 @@ def test_cuda_timing_and_copy_bandwidth():
     both = bench.time_cuda_interleaved({"one": lambda: x @ x, "two": lambda: (x @ x, x @ x)},
                                        rounds=3, repeat=5)
     assert 1.6 < both["two"].median_ms / both["one"].median_ms < 2.4
-
-
-def test_merge_keeps_other_devices_with_their_source(tmp_path):
-    old_path = bench.write_result("merge", [{"device": "cpu", "x": 1}, {"device": "cuda", "x": 2}],
-                                  meta={"gpu_name": "Elsewhere GPU"}, data_dir=tmp_path)
-    old_meta = bench.read_result(old_path)["meta"]
-    merged = bench.merge_with_previous("merge", [{"device": "cuda", "x": 3}], data_dir=tmp_path)
-    assert [(r["device"], r["x"]) for r in merged] == [("cpu", 1), ("cuda", 3)]
-    assert merged[0]["measured_on"] == bench.describe_source(old_meta)
-    assert "Elsewhere GPU" in merged[0]["measured_on"]
-    assert merged[1]["measured_on"] != merged[0]["measured_on"] or old_meta["gpu_name"] is None
-
-
-def test_merge_without_previous_file(tmp_path):
-    rows = bench.merge_with_previous("none", [{"device": "cpu"}], data_dir=tmp_path)
-    assert len(rows) == 1 and "measured on" in rows[0]["measured_on"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fp16lab import bench, claims
+from fp16lab.alignment import uses_tensor_cores
 from fp16lab.claims import FAILS, HOLDS, NONEXISTENT, PARTLY, UNTESTABLE, VERDICTS
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
@@ -252,7 +253,7 @@ def test_saved_activation_bytes_of_a_linear():
     # autograd keeps the input (for the weight gradient) and the weight (for the input
     # gradient); the weight is a parameter, left out: 8*32 fp32 values
     assert claims.saved_activation_bytes(lin, x) == 8 * 32 * 4
-    dtype = claims._autocast_dtype("cpu")
+    dtype = claims.core._autocast_dtype("cpu")
     # under autocast: the low-precision input and the low-precision copy of the weight
     assert claims.saved_activation_bytes(lin, x, autocast_dtype=dtype) == (8 * 32 + 16 * 32) * 2
 
@@ -261,7 +262,7 @@ def test_round_to_tf32_matches_numpy():
     x = torch.randn(10_000) * 1e3
     m, e = np.frexp(x.numpy().astype(np.float64))
     want = np.ldexp(np.round(m * 2**11) / 2**11, e)   # 11 significant bits, half to even
-    got = claims._round_to_tf32(x).numpy()
+    got = claims.autocast._round_to_tf32(x).numpy()
     np.testing.assert_array_equal(got.astype(np.float64), want)
 
 
@@ -342,7 +343,7 @@ def test_cli_rejects_bad_claim_numbers(tmp_path, capsys):
 @pytest.mark.slow
 def test_gpu_code_paths_run_at_tiny_sizes_on_cpu(monkeypatch):
     """The GPU experiments' Python runs here at toy sizes (figures meaningless, code exercised)."""
-    monkeypatch.setattr(claims, "EXERCISE_ON_CPU", True)
+    monkeypatch.setattr(claims.core, "EXERCISE_ON_CPU", True)
     for c in claims.CLAIMS:
         if c.needs_gpu or c.id == 7:
             f = c.experiment(True)
@@ -372,13 +373,13 @@ def test_full_quick_run_on_the_gpu():
 
 def test_tensor_core_kernel_names():
     # names recorded by torch.profiler on the H200 (data/alignment.json) and cuBLAS SIMT names
-    assert claims.tensor_core_kernel(
+    assert uses_tensor_cores(
         "void cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm_f16_256x128_nn_align1>(...)")
-    assert claims.tensor_core_kernel("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64")
-    assert not claims.tensor_core_kernel(
+    assert uses_tensor_cores("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64")
+    assert not uses_tensor_cores(
         "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x2x1_ffma")
-    assert not claims.tensor_core_kernel("ampere_sgemm_128x64_nn")
-    assert not claims.tensor_core_kernel("cutlass_80_simt_sgemm_128x128_8x5_nn_align1")
+    assert not uses_tensor_cores("ampere_sgemm_128x64_nn")
+    assert not uses_tensor_cores("cutlass_80_simt_sgemm_128x128_8x5_nn_align1")
 
 
 @NO_GPU

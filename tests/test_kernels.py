@@ -392,15 +392,10 @@ def test_mma_sync_peak_rejects_unknown_operands():
 
 @pytest.mark.gpu
 def test_ceiling_ablation_switches():
-    # benchmarks/gemm_ceiling.py times mma_sync.cu compiled with its main-loop copies or ldmatrix
+    # fp16lab.bench.gemm_ceiling times mma_sync.cu compiled with its main-loop copies or ldmatrix
     # loads switched off: with both on it must be the ladder's kernel, bit for bit
     cupy = pytest.importorskip("cupy")
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gemm_ceiling.py"
-    spec_ = importlib.util.spec_from_file_location("gemm_ceiling", path)
-    ceiling = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(ceiling)
+    from fp16lab.bench import gemm_ceiling as ceiling
     spec = KERNELS["mma_sync_256x128s4"]
     n = 1024
     rng = cupy.random.default_rng()

@@ -1,6 +1,6 @@
-"""Compile-checks every .cu file of fp16lab.kernels with nvcc (no GPU needed): sm_80 and sm_90 for
-steps 1-5, sm_90a for step 6 (wgmma and setmaxnreg exist only there); the ladder's fast kernels,
-built with their own -D flags, must not spill."""
+"""Compile-checks every .cu file of fp16lab.kernels (GEMM ladder, census, gradient monitor) with nvcc
+(no GPU needed): sm_80 and sm_90, and sm_90a for step 6 (wgmma and setmaxnreg exist only there);
+the fast kernels, the ladder's built with their own -D flags, must not spill."""
 
 from __future__ import annotations
 
@@ -41,8 +41,14 @@ def _arch_cases():
             yield pytest.param(src, arch, id=f"{src}-{arch}")
 
 
+#: The kernels that are not GEMM ladder steps, with the entry points their launchers use.
+OTHER_KERNELS = {"debug_bits.cu": (), "mma_peak.cu": (),
+                 "census.cu": ("census_f32", "census_f16", "census_bf16"),
+                 "grad_stats.cu": ("grad_stats",)}
+
+
 def test_every_kernel_source_is_checked():
-    assert {s.source for s in KERNELS.values()} | {"debug_bits.cu", "mma_peak.cu"} == set(SOURCES)
+    assert {s.source for s in KERNELS.values()} | set(OTHER_KERNELS) == set(SOURCES)
 
 
 def test_ladder_and_variants_are_apart():
@@ -60,6 +66,8 @@ def test_cu_file_compiles(src, arch):
         if spec.source == src:
             for suffix in ("_f32", "_f16"):
                 assert f"'{spec.function}{suffix}'" in res.stderr
+    for entry in OTHER_KERNELS.get(src, ()):
+        assert f"Compiling entry function '{entry}'" in res.stderr
 
 
 @needs_nvcc
@@ -71,21 +79,24 @@ def test_wgmma_needs_the_hopper_specific_target():
 
 
 def _fast_kernels():
-    # the ladder's steps 4-6 and the step-6 variants, each with its own tile sizes
+    # the ladder's steps 4-6 and the step-6 variants, each with its own tile sizes; the census
+    # and gradient-monitor kernels
     specs = [s for s in LADDER.values() if s.step >= 4] + [s for s in VARIANTS.values() if s.step == 6]
     for s in specs:
-        yield pytest.param(s, id=s.name)
+        yield pytest.param(s.name, s.source, s.defines, id=s.name)
+    for src in ("census.cu", "grad_stats.cu"):
+        yield pytest.param(src, src, (), id=src)
 
 
 @needs_nvcc
-@pytest.mark.parametrize("spec", list(_fast_kernels()))
-def test_fast_kernels_do_not_spill(spec):
-    arch = "sm_90a" if spec.source in HOPPER_ONLY else "sm_90"
-    res = _compile(spec.source, arch, spec.defines)
+@pytest.mark.parametrize("name, source, defines", list(_fast_kernels()))
+def test_fast_kernels_do_not_spill(name, source, defines):
+    arch = "sm_90a" if source in HOPPER_ONLY else "sm_90"
+    res = _compile(source, arch, defines)
     assert res.returncode == 0, res.stderr
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", res.stderr)]
     frames = [int(x) for x in re.findall(r"(\d+) bytes stack frame", res.stderr)]
-    assert spills and not any(spills), f"{spec.name} spills registers:\n{res.stderr}"
-    assert frames and not any(frames), f"{spec.name} uses a stack frame:\n{res.stderr}"
+    assert spills and not any(spills), f"{name} spills registers:\n{res.stderr}"
+    assert frames and not any(frames), f"{name} uses a stack frame:\n{res.stderr}"
     # setmaxnreg is honoured only with a register cap at entry; ptxas says when it ignores it
     assert "C7508" not in res.stderr, res.stderr

@@ -222,7 +222,7 @@ def test_wgmma_large_and_repeatable(kernel):
                                       {"CLUSTER_MULTICAST": 0, "CLUSTER_ARRIVE_SCOPE": 0}],
                          ids=["clusters-only", "lock-step", "cta-scope", "lock-step-cta-scope"])
 def test_cluster_diagnostic_builds_are_right(switches):
-    # benchmarks/wgmma_cluster.py times these builds: their products must be right too
+    # fp16lab.bench.wgmma_cluster times these builds: their products must be right too
     cupy = _hopper()
     rng = cupy.random.default_rng()
     a = rng.standard_normal((300, 200), dtype=cupy.float32).astype(cupy.float16)

@@ -54,3 +54,18 @@ def test_every_gpu_extra_is_a_cupy_build():
 def test_ci_runs_make_test():
     text = (ROOT / ".ci" / "run").read_text()
     assert "make test" in text
+
+
+def test_the_package_ships_the_measured_results():
+    # the wheel's fp16lab/measured is the checkout's data/ (fp16lab.bench.results finds it there)
+    assert (ROOT / "fp16lab" / "measured").resolve() == (ROOT / "data").resolve()
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["fp16lab.measured"]
+    suffixes = {p.suffix for p in (ROOT / "data").iterdir() if p.is_file() and p.suffix}
+    assert {f"*{s}" for s in suffixes} <= set(shipped), (suffixes, shipped)
+
+
+def test_the_install_stamp_follows_torch_spec_and_extras():
+    text = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\$\(STAMP\): pyproject.toml \$\(WANTED\)$", text, re.M)
+    assert "$(TORCH_SPEC) [$(EXTRAS)]" in text

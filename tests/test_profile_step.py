@@ -1,21 +1,15 @@
-"""benchmarks/profile_step.py: its point list and the figures it derives, on hand-made rows."""
+"""fp16lab.bench.profile_step: its point list and the figures it derives, on hand-made rows."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_step.py"
+from fp16lab.bench import profile_step
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("profile_step", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return profile_step
 
 
 def test_gpu_points_cover_the_issue_grid_with_compile_last(bench):

@@ -13,7 +13,7 @@ import torch
 
 from fp16lab import sweep
 from fp16lab.models import build_model, input_shape
-from fp16lab.sweep import Point, ScalerSettings, SweepSpec
+from fp16lab.sweep import Point, ScalerSettings, SweepSpec, engine
 
 
 def tiny(**kw) -> SweepSpec:
@@ -165,15 +165,15 @@ def test_oom_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 def test_a_real_host_oom_on_cpu_is_recorded(tmp_path, monkeypatch):
     # Stand-in for a memory cap: the model build itself fails the way a capped allocator does.
-    real = sweep.make_train_step
+    real = engine.make_train_step
 
-    def capped(point, *a, **k):
-        if point.batch == 3:
+    def capped(precision, model, x, *a, **k):
+        if x.shape[0] == 3:
             raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate "
                                "1099511627776 bytes. out of memory")
-        return real(point, *a, **k)
+        return real(precision, model, x, *a, **k)
 
-    monkeypatch.setattr(sweep, "make_train_step", capped)
+    monkeypatch.setattr(engine, "make_train_step", capped)
     df = sweep.run_sweep(tiny(batches=(2, 3, 4), repeats=1), tmp_path / "cap.parquet")
     assert list(df["status"]) == ["ok", "oom", "ok"]
 
@@ -233,7 +233,7 @@ def test_results_file_must_be_parquet(tmp_path):
 
 # --------------------------------------------------------------------------- the scaler
 
-@pytest.mark.parametrize("precision", ["amp-fp16", "fp16"])
+@pytest.mark.parametrize("precision", ["amp-fp16", "fp16-o2"])
 def test_overflowing_scale_skips_every_step_and_backs_off(precision):
     # Oracle: GradScaler's rule. With a scale of 2**60 every fp16 gradient overflows, so each
     # step is skipped and the scale multiplied by backoff_factor.
@@ -245,7 +245,7 @@ def test_overflowing_scale_skips_every_step_and_backs_off(precision):
     assert row["final_scale"] == 2.0**60 * 0.25**4
 
 
-@pytest.mark.parametrize("precision", ["amp-fp16", "fp16"])
+@pytest.mark.parametrize("precision", ["amp-fp16", "fp16-o2"])
 def test_small_scale_grows_every_growth_interval(precision):
     s = ScalerSettings(init_scale=1.0, growth_factor=3.0, growth_interval=2)
     row = sweep.measure_point(Point("small_cnn", 4, "nchw", precision, s), warmup=1, steps=4,
@@ -259,33 +259,6 @@ def test_scaler_columns_are_empty_without_a_scaler():
                               telemetry=False)
     assert row["final_scale"] is None and row["skipped_steps"] is None
     assert row["init_scale"] is None
-
-
-def test_pure_fp16_keeps_fp32_master_weights_and_matches_an_fp32_step():
-    torch.manual_seed(0)
-    ref = build_model("small_cnn")
-    model = build_model("small_cnn")
-    model.load_state_dict(ref.state_dict())
-    x = torch.randn(input_shape("small_cnn", 8))
-    y = torch.randint(0, 10, (8,))
-    point = Point("small_cnn", 8, "nchw", "fp16", ScalerSettings(init_scale=256.0))
-    step, scaler = sweep.make_train_step(point, model, x, y)
-    step()
-    # the oracle: one plain fp32 SGD step of the same model on the same batch
-    opt = torch.optim.SGD(ref.parameters(), lr=sweep.LR, momentum=sweep.MOMENTUM)
-    torch.nn.functional.cross_entropy(ref(x), y).backward()
-    opt.step()
-    bn = {id(p) for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)
-          for p in m.parameters()}
-    assert bn
-    for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
-        assert p.dtype == (torch.float32 if id(p) in bn else torch.float16), name
-        np.testing.assert_allclose(p.float().detach().numpy(), r.detach().numpy(),
-                                   rtol=2e-2, atol=2e-3, err_msg=name)
-    master = [p for g in step.optimizer.param_groups for p in g["params"]]
-    assert all(m.dtype == torch.float32 for m in master)
-    for m, p in zip(master, model.parameters()):  # the model holds the master weights, rounded
-        assert torch.equal(m.to(p.dtype), p.detach())
 
 
 # --------------------------------------------------------------------------- summaries
@@ -406,20 +379,22 @@ def test_scaler_table_lists_points_that_differ_only_in_scaler_settings():
 
 
 def test_load_reference_says_when_the_file_is_absent(tmp_path, monkeypatch, capsys):
-    import fp16lab.bench
-
-    monkeypatch.setattr(fp16lab.bench, "DATA_DIR", tmp_path)
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
     assert sweep.load_reference("nope") is None
-    assert "not in data/ yet" in capsys.readouterr().out
+    assert "nope.parquet is not in" in capsys.readouterr().out
     sweep.append_rows(tmp_path / "ref.parquet", [_row("a", 0, 10.0)])
     assert len(sweep.load_reference("ref")) == 1
-    assert "not in data/ yet" in sweep.engine_check("nope")
+    assert "(committed)" in capsys.readouterr().out
+    sweep.append_rows(tmp_path / "local" / "ref.parquet", [_row("a", 0, 10.0), _row("a", 1, 11.0)])
+    assert len(sweep.load_reference("ref")) == 2  # this machine's file wins over the committed one
+    assert "measured on this machine" in capsys.readouterr().out
+    assert "not in the data folder yet" in sweep.engine_check("nope")
 
 
 def test_engine_check_reads_the_benchmark_summary(tmp_path, monkeypatch):
     import fp16lab.bench
 
-    monkeypatch.setattr(fp16lab.bench, "DATA_DIR", tmp_path)
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
     summary = {"model": "resnet50", "batch": 256, "layout": "channels_last",
                "precision": "amp-fp16", "repeats": 5, "steps": 30, "bare_ms": 80.0,
                "engine_ms": 81.0, "engine_vs_bare": 81.0 / 80.0, "telemetry_overhead": 0.002,

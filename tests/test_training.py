@@ -23,7 +23,9 @@ def test_task_is_deterministic_and_balanced_enough():
 @pytest.mark.parametrize("kwargs, words", [
     (dict(precision="fp8"), "precision must be"),
     (dict(scaling="sometimes"), "scaling must be"),
-    (dict(precision="bf16", scaling="static"), "loss scaling is for fp16"),
+    (dict(precision="amp-bf16", scaling="static"), "loss scaling is for amp-fp16"),
+    (dict(precision="fp16"), "amp-fp16"),
+    (dict(scaling="dynamic", precision="amp-fp16", growth_interval=0), "growth_interval"),
 ])
 def test_run_config_rejects_bad_input(kwargs, words):
     with pytest.raises(ValueError, match=words):
@@ -45,8 +47,8 @@ def _first_step_grads(autocast_dtype, scale=1.0):
 
 
 def test_first_step_zero_fraction_matches_plain_torch():
-    runs = [T.RunConfig("fp32"), T.RunConfig("fp16", "fp16"),
-            T.RunConfig("static", "fp16", "static", static_scale=2.0**12)]
+    runs = [T.RunConfig("fp32"), T.RunConfig("fp16", "amp-fp16"),
+            T.RunConfig("static", "amp-fp16", "static", static_scale=2.0**12)]
     steps, stats, _ = T.run_side_by_side(runs, steps=2, device="cpu")
     for cfg, dtype, scale in [(runs[0], None, 1.0), (runs[1], torch.float16, 1.0),
                               (runs[2], torch.float16, 2.0**12)]:
@@ -64,7 +66,7 @@ def test_first_step_zero_fraction_matches_plain_torch():
 
 
 def test_no_scaling_run_freezes_the_first_layers():
-    steps, stats, _ = T.run_side_by_side([T.RunConfig("fp16", "fp16"), T.RunConfig("fp32")],
+    steps, stats, _ = T.run_side_by_side([T.RunConfig("fp16", "amp-fp16"), T.RunConfig("fp32")],
                                          steps=6, device="cpu")
     lost = T.lost_gradient_by_layer(stats, "fp16", last=5)
     assert lost.iloc[0] > 0.9 and lost.index[0] == "0.weight"
@@ -74,7 +76,7 @@ def test_no_scaling_run_freezes_the_first_layers():
 
 
 def test_dynamic_run_follows_torch_rule():
-    cfg = T.RunConfig("dyn", "fp16", "dynamic", init_scale=2.0**30, growth_interval=3)
+    cfg = T.RunConfig("dyn", "amp-fp16", "dynamic", init_scale=2.0**30, growth_interval=3)
     r = T.train_run(cfg, steps=12, device="cpu")
     skipped = [row["skipped"] for row in r.steps]
     scales = [row["scale"] for row in r.steps]

@@ -1,4 +1,7 @@
-"""Finding a complete CUDA include directory and compiling the package's ``.cu`` files with CuPy.
+"""Compiling the package's ``.cu`` files with CuPy: finding CuPy and a complete CUDA include directory.
+
+Every kernel of fp16lab (the GEMM ladder, the census, the gradient monitor) is a ``.cu`` file
+beside this module, compiled here and launched with :mod:`fp16lab.kernels.launch`.
 
 CuPy compiles with NVRTC and adds its own idea of the CUDA include path. On a machine where that
 path is pip's ``nvidia/cu13/include``, ``mma.h`` includes ``crt/mma.h``, which the wheel does not
@@ -84,13 +87,14 @@ def require_cupy() -> Any:
     Raises:
         KernelUnavailable: saying whether CuPy or the GPU is what is missing.
     """
-    try:
-        import cupy
-    except ImportError as e:
+    from .launch import cupy_or_none
+
+    cupy = cupy_or_none()
+    if cupy is None:
         raise KernelUnavailable(
-            "the CUDA kernels run through CuPy, which is not installed here "
-            f"({e}); on a GPU machine install cupy-cuda13x (or cupy-cuda12x) to match the "
-            "driver, e.g. `pip install cupy-cuda13x`") from e
+            "the CUDA kernels run through CuPy, which is not installed here; on a GPU machine "
+            "install cupy-cuda13x (or cupy-cuda12x) to match the driver, e.g. "
+            "`pip install cupy-cuda13x`")
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # CUDARuntimeError without a driver, and friends
@@ -120,15 +124,17 @@ def source_path(filename: str) -> Path:
     return p
 
 
-def compile_options(include_dir: Path) -> tuple[str, ...]:
+def compile_options(include_dir: Path | None) -> tuple[str, ...]:
     """Returns the NVRTC options used for every module (CuPy adds ``-arch`` itself)."""
-    return ("-std=c++17", f"-I{include_dir}")
+    return ("-std=c++17",) + ((f"-I{include_dir}",) if include_dir is not None else ())
 
 
 @functools.lru_cache(maxsize=None)
-def _load(filename: str, device_id: int, defines: tuple[tuple[str, int], ...] = ()) -> Any:
+def _load(filename: str, device_id: int, defines: tuple[tuple[str, int], ...] = (),
+          cuda_headers: bool = True) -> Any:
     cupy = require_cupy()
-    include_dir = find_cuda_include()
+    # only the tensor-core kernels need mma.h; the others compile with NVRTC's own headers
+    include_dir = find_cuda_include() if cuda_headers else None
     code = source_path(filename).read_text()
     options = compile_options(include_dir) + tuple(f"-D{k}={v}" for k, v in defines)
     with cupy.cuda.Device(device_id):
@@ -137,19 +143,22 @@ def _load(filename: str, device_id: int, defines: tuple[tuple[str, int], ...] = 
     return module
 
 
-def load_module(filename: str, defines: dict[str, int] | None = None) -> Any:
+def load_module(filename: str, defines: dict[str, int] | None = None, *,
+                cuda_headers: bool = True) -> Any:
     """Returns the compiled ``cupy.RawModule`` of a ``.cu`` file, cached per current device.
 
     ``defines`` sets preprocessor macros (``-DNAME=value``); each set is its own module.
+    ``cuda_headers``: the source includes ``mma.h`` and needs a complete include directory.
     """
     cupy = require_cupy()
-    return _load(filename, cupy.cuda.Device().id, tuple(sorted((defines or {}).items())))
+    return _load(filename, cupy.cuda.Device().id, tuple(sorted((defines or {}).items())),
+                 cuda_headers)
 
 
 @functools.lru_cache(maxsize=None)
 def _function(filename: str, name: str, device_id: int, dynamic_smem: int,
-              defines: tuple[tuple[str, int], ...] = ()) -> Any:
-    fn = _load(filename, device_id, defines).get_function(name)
+              defines: tuple[tuple[str, int], ...] = (), cuda_headers: bool = True) -> Any:
+    fn = _load(filename, device_id, defines, cuda_headers).get_function(name)
     if dynamic_smem > 48 * 1024:
         # above 48 KB a block gets dynamic shared memory only after the limit is raised
         fn.max_dynamic_shared_size_bytes = dynamic_smem
@@ -157,11 +166,11 @@ def _function(filename: str, name: str, device_id: int, dynamic_smem: int,
 
 
 def get_function(filename: str, name: str, dynamic_smem: int = 0,
-                 defines: dict[str, int] | None = None) -> Any:
+                 defines: dict[str, int] | None = None, *, cuda_headers: bool = True) -> Any:
     """Returns a kernel of a compiled module, its dynamic shared-memory limit raised if needed.
 
-    ``defines`` as in :func:`load_module`.
+    ``defines`` and ``cuda_headers`` as in :func:`load_module`.
     """
     cupy = require_cupy()
     return _function(filename, name, cupy.cuda.Device().id, int(dynamic_smem),
-                     tuple(sorted((defines or {}).items())))
+                     tuple(sorted((defines or {}).items())), cuda_headers)

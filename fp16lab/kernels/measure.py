@@ -2,13 +2,14 @@
 
 :func:`check_all` multiplies fresh random matrices with every kernel and compares with a
 float64 product (:func:`check_elementwise` does so element by element, against a bound from K and
-the unit roundoffs); :func:`run_benchmark` runs ``benchmarks/gemm.py`` (the script that produced
+the unit roundoffs); :func:`run_benchmark` runs ``fp16lab.bench.gemm`` (the benchmark that produced
 ``data/gemm.json``) in a subprocess on a few sizes and returns its result file, so a notebook
 times the kernels with exactly the code that measured the recorded results.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -18,9 +19,6 @@ from typing import Any
 from . import KERNELS, LADDER, gemm
 from . import wgmma as _step6
 from .compiler import require_cupy
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 def relative_error(out: Any, a: Any, b: Any) -> float:
     """Returns ||out - a@b|| / ||a@b|| with the product taken in float64 on the GPU."""
@@ -89,20 +87,21 @@ def check_all(shape: tuple[int, int, int] = (1000, 1001, 1003), kernels: list[st
 
 def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | None = None,
                   timeout: int = 900) -> dict[str, Any]:
-    """Returns the result of ``benchmarks/gemm.py`` run here on square sizes (no odd shapes, no
+    """Returns the result of ``fp16lab.bench.gemm`` run here on square sizes (no odd shapes, no
     sustained runs: a few seconds, not a minute); ``kernels`` defaults to the ladder kernels that
     run here (:func:`runnable`)."""
     require_cupy()
-    script = REPO / "benchmarks" / "gemm.py"
-    if not script.is_file():
-        raise FileNotFoundError(f"{script} not found: run_benchmark needs the fp16lab repository")
     from .. import bench
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(script), "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
+        cmd = [sys.executable, "-m", "fp16lab.bench.gemm", "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
                "--sustained", "0", "--sizes", *map(str, sizes)]
         cmd += ["--kernels", *(kernels or runnable())]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        # the child imports the same fp16lab as this process, installed or from a checkout
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if res.returncode != 0:
-            raise RuntimeError(f"benchmarks/gemm.py failed ({res.returncode}):\n{res.stderr[-3000:]}")
+            raise RuntimeError(f"fp16lab.bench.gemm failed ({res.returncode}):\n{res.stderr[-3000:]}")
         return bench.read_result(Path(tmp) / "gemm_local.json")

@@ -20,7 +20,7 @@
 // multiples of 8, padded by the launcher otherwise).
 #include <cuda_fp16.h>
 
-// Diagnostic switches for benchmarks/gemm_ceiling.py, which compiles this file with them set to 0
+// Diagnostic switches for fp16lab.bench.gemm_ceiling, which compiles this file with them set to 0
 // to see what the main loop costs without its global->shared copies or its ldmatrix loads (the
 // products are then wrong; only their timing means something). Both are on in the ladder.
 #ifndef LOOP_COPIES

@@ -1,7 +1,8 @@
-"""Reading the measured GEMM and alignment results: tables, plots, a roofline and source diffs.
+"""Reading the measured GEMM results: tables, plots, a roofline and source diffs.
 
-The notebook calls these on files written by ``benchmarks/gemm.py`` and ``benchmarks/alignment.py``
+The notebook calls these on files written by ``fp16lab.bench.gemm`` and ``fp16lab.bench.alignment``
 (loaded with :func:`fp16lab.bench.read_result`), so every number it shows comes from a measurement.
+The alignment lesson's functions live in :mod:`fp16lab.alignment` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -10,24 +11,9 @@ import difflib
 import re
 from typing import Any
 
+from ..alignment import (alignment_classes, alignment_finding, alignment_table,  # noqa: F401
+                         gemm_kernel_names, plot_alignment, uses_tensor_cores)
 from .compiler import source_path
-
-# Substrings of cuBLAS/CUTLASS kernel names that mean a Tensor Core path: Hopper's warpgroup
-# MMA (gmma), the older warp MMA (hmma, xmma, tensorop) and the instruction shapes in names
-# such as s16816gemm or h1688gemm. A plain "sgemm"/"gemv" without these is a CUDA-core kernel.
-# cuBLAS 13's own Hopper kernels are named nvjet_sm90_* (built on wgmma).
-_TC_PATTERNS = re.compile(r"nvjet|gmma|hmma|xmma|tensorop|16816|1688|884|_mma|cutlass.*f16", re.I)
-_NOT_KERNELS = re.compile(r"^(Memset|Memcpy)", re.I)
-
-
-def gemm_kernel_names(names: list[str]) -> list[str]:
-    """Returns the names that are GPU kernels, dropping the profiler's Memset/Memcpy entries."""
-    return [n for n in names if not _NOT_KERNELS.match(n)]
-
-
-def uses_tensor_cores(kernel_name: str) -> bool:
-    """Returns True when a GPU kernel's name marks it as a Tensor Core GEMM (a name heuristic)."""
-    return bool(_TC_PATTERNS.search(kernel_name))
 
 
 def kernels_table(variants: bool = False):
@@ -149,7 +135,7 @@ def targets(payload: dict[str, Any], size: int = 8192):
 
 
 def ceiling_table(payload: dict[str, Any]):
-    """Returns the rows of ``benchmarks/gemm_ceiling.py``: what limits the mma.sync kernels.
+    """Returns the rows of ``fp16lab.bench.gemm_ceiling``: what limits the mma.sync kernels.
 
     Columns: the instruction, burst TFLOP/s and % of cuBLAS (timed alongside it), sustained
     TFLOP/s with the median SM clock and board power over about a second, and for Triton rows
@@ -307,85 +293,3 @@ def bits_table(values: Any, printed: str | None = None):
     return pd.DataFrame({"value": v.astype(np.float64), "numpy code": [f"{c:04x}" for c in codes],
                          "device printf": [dev.get(i, "not run") for i in range(len(v))],
                          "decoded (fp16lab.bits)": decode(codes, "fp16")})
-
-
-def alignment_table(payload: dict[str, Any], mode: str = "square"):
-    """Returns a DataFrame of d, N, TFLOP/s, relative speed and the first kernel name for one mode."""
-    import pandas as pd
-
-    df = pd.DataFrame([r for r in payload["rows"] if r["mode"] == mode])
-    df["kernel"] = df["kernels"].map(lambda ks: (gemm_kernel_names(ks) or [""])[0])
-    # classify again from the recorded names, so older files get today's rule
-    df["tensor_core_by_name"] = df["kernel"].map(uses_tensor_cores)
-    base = float(df.loc[df.d == 0, "tflops"].iloc[0])
-    df["vs_d0"] = df["tflops"] / base
-    return df[["d", "n", "mult8", "mult16", "tflops", "vs_d0", "tensor_core_by_name", "kernel"]]
-
-
-def _family(name: str) -> str:
-    if name.startswith("nvjet"):
-        return "nvjet (cuBLAS Hopper kernels, wgmma)"
-    m = re.search(r"cutlass_(\d+)_tensorop.*?(s\d+gemm).*?(align\d+)", name)
-    if m:
-        return f"cutlass sm{m.group(1)} tensorop {m.group(2)} {m.group(3)}"
-    return name[:60]
-
-
-def alignment_classes(payload: dict[str, Any], mode: str = "square"):
-    """Returns, per divisibility class of N (by 16, by 8 only, by 2 only, odd), the mean TFLOP/s,
-    its ratio to the multiples of 16, whether every kernel is a Tensor Core one, and the kernel families."""
-    import pandas as pd
-
-    df = alignment_table(payload, mode)
-
-    def cls(n: int) -> str:
-        return ("multiple of 16" if n % 16 == 0 else "multiple of 8, not 16" if n % 8 == 0 else
-                "even, not a multiple of 8" if n % 2 == 0 else "odd")
-    df["class"] = df["n"].map(cls)
-    df["family"] = df["kernel"].map(_family)
-    g = df.groupby("class", sort=False)
-    out = pd.DataFrame({"sizes": g["n"].apply(lambda s: ", ".join(map(str, s))),
-                        "mean TFLOP/s": g["tflops"].mean(),
-                        "Tensor Core kernel": g["tensor_core_by_name"].all(),
-                        "kernels": g["family"].apply(lambda s: "; ".join(sorted(set(s))))})
-    out["vs multiples of 16"] = out["mean TFLOP/s"] / out.loc["multiple of 16", "mean TFLOP/s"]
-    order = ["multiple of 16", "multiple of 8, not 16", "even, not a multiple of 8", "odd"]
-    return out.loc[[c for c in order if c in out.index]]
-
-
-def alignment_finding(payload: dict[str, Any], mode: str = "square") -> str:
-    """Returns one paragraph answering: must dimensions be multiples of 16, of 8, or neither?"""
-    c = alignment_classes(payload, mode)
-    r8 = c.loc["multiple of 8, not 16", "vs multiples of 16"] if "multiple of 8, not 16" in c.index else float("nan")
-    rest = c.drop(index=[i for i in ("multiple of 16", "multiple of 8, not 16") if i in c.index])
-    tc_all = bool(c["Tensor Core kernel"].all())
-    return (f"{mode}: multiples of 8 run at {100 * r8:.0f}% of the multiples-of-16 rate on the same "
-            f"kernel family ({c.loc['multiple of 16', 'kernels']}); sizes that are not multiples of 8 "
-            f"drop to {100 * rest['vs multiples of 16'].min():.0f}-{100 * rest['vs multiples of 16'].max():.0f}% "
-            f"({'; '.join(rest['kernels'])}). "
-            + ("Every size ran on Tensor Core kernels: what a multiple of 8 buys is the fast Hopper "
-               "path with 16-byte aligned loads, not the use of Tensor Cores at all."
-               if tc_all else "Some sizes ran on kernels whose names show no Tensor Core path."))
-
-
-def plot_alignment(payload: dict[str, Any], ax=None):
-    """Returns an Axes with cuBLAS TFLOP/s against d for N = base + d, one line per mode."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.8))
-    for mode, style in (("square", "o-"), ("n_only", "s--")):
-        if not any(r["mode"] == mode for r in payload["rows"]):
-            continue
-        df = alignment_table(payload, mode)
-        ax.plot(df["d"], df["tflops"], style, label={"square": "M = N = K = 4096 + d",
-                                                     "n_only": "M = K = 4096, N = 4096 + d"}[mode])
-    for d in (0, 8, 16):
-        ax.axvline(d, color="green", lw=0.8, alpha=0.5)
-    ax.set_xticks(range(0, 17))
-    ax.set_xlabel("d (green lines: N a multiple of 8)")
-    ax.set_ylabel("TFLOP/s (torch.matmul, fp16)")
-    ax.set_title("cuBLAS fp16 GEMM at N = 4096 + d")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return ax

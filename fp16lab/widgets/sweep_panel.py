@@ -104,7 +104,7 @@ class SweepPanel:
 
         grid = w.HBox([
             w.VBox([self.model, self.batches, self.layouts, self.precisions]),
-            w.VBox([w.HTML("<b>loss scaler</b> (amp-fp16, fp16)"), self.init_scale,
+            w.VBox([w.HTML("<b>loss scaler</b> (amp-fp16, fp16-o2)"), self.init_scale,
                     self.growth_factor, self.backoff_factor, self.growth_interval,
                     w.HTML("<b>measurement</b>"), self.warmup, self.steps, self.repeats]),
         ])

@@ -1,0 +1,34 @@
+"""Benchmarks and what they rest on: trustworthy timing and measured result files with provenance.
+
+:mod:`fp16lab.bench.timing` times (CUDA events, warm-up, median and spread);
+:mod:`fp16lab.bench.results` writes and finds the measured files (the committed H200 results and
+yours). Every other module here is one benchmark, runnable as ``python -m fp16lab.bench.NAME``
+or ``fp16lab bench NAME`` (``fp16lab bench --list`` lists them).
+"""
+
+from .results import (data_dir, describe_source, find_result, local_dir, merge_with_previous,
+                      read_result, write_result)
+from .timing import (Timing, copy_bandwidth_gbs, cuda_kernels, nvidia_smi_id, summarize, time_cpu,
+                     time_cuda, time_cuda_interleaved, time_cuda_sustained)
+
+#: The benchmarks, in the order ``make benchmarks`` runs them, with what each measures.
+BENCHMARKS = {
+    "census": "census throughput against the copy bandwidth",
+    "gemm": "the kernel ladder against cuBLAS",
+    "gemm_ceiling": "what holds the mma.sync kernels back",
+    "alignment": "cuBLAS at N = 4096 + d: which kernels run",
+    "diagnostics_overhead": "step-time cost of the per-layer gradient monitor",
+    "sweep_engine_vs_loop": "the sweep engine against a bare training loop",
+    "sweep_reference": "the reference sweep grid whose results ship in data/",
+    "claims": "the twelve claims of notebook 05, verdicts for this GPU",
+    "wgmma_cluster": "step 6 (wgmma) with thread-block clusters taken apart (Hopper)",
+    "profile_step": "idle fraction and samples/s per execution mode (notebook 06)",
+    "input_pipeline": "input backends alone and feeding ResNet-50 training (notebook 07)",
+    "distributed": "two GPUs against one: DDP and FSDP2 settings (notebook 08; needs 2 GPUs)",
+    "fp8": "FP8 GEMM against fp16/bf16 cuBLAS and FP8 training per recipe (notebook 09)",
+}
+
+__all__ = ["BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "data_dir",
+           "describe_source", "find_result", "local_dir", "merge_with_previous", "nvidia_smi_id",
+           "read_result", "summarize", "time_cpu", "time_cuda", "time_cuda_interleaved",
+           "time_cuda_sustained", "write_result"]

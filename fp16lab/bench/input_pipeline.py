@@ -1,0 +1,153 @@
+"""Which side caps ResNet-50 training on real JPEGs: the input pipeline, or the model?
+
+One run measures, on a JPEG data set made by ``fp16lab.data.make_image_folder`` (500x375,
+quality 90, about 105 kB a file):
+
+1. **loader only**: images/s of each input backend (``fp16lab.inputs.BACKENDS``) with no
+   training, and the CPU its processes and threads used; the ``dataloader`` backend at 25%, 50%,
+   75% and 100% of the cores as workers (the "75% of cores" rule checked), and once with uint8
+   batches normalised on the GPU;
+2. **training**: images/s of ResNet-50 training steps (channels_last, batch 256) in amp-fp16,
+   amp-bf16 and fp32 (TF32 off), fed by each backend; ``synthetic`` (one batch already on the
+   GPU) is the model's own ceiling.
+
+Protocol (the same in ``fp16lab.feeding`` and notebook 07): ``cudnn.benchmark`` on; warm-up
+batches or steps first (workers + 2 of them, so that the first wave of batches the workers
+finish together is used up); then the timed batches or steps on the host clock between two
+``torch.cuda.synchronize()`` calls. Ratios are taken within this one run.
+
+A row that cannot run here is recorded as ``skipped`` with the reason (e.g. DALI not installed),
+one that fails as ``error`` with the message; rows are written to the result file as they are
+measured, and rows still waiting when ``--budget-s`` runs out are recorded as ``skipped``.
+
+    python -m fp16lab.bench.input_pipeline            # GPU, about 2.5 minutes
+    python -m fp16lab.bench.input_pipeline --quick    # small smoke run (CPU is fine)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from fp16lab import bench
+from fp16lab.data import make_image_folder
+from fp16lab.feeding import measure_loader, measure_training, summary_lines
+from fp16lab.inputs import InputSettings, cpu_cores, default_workers
+
+PROTOCOL = ("cudnn.benchmark on; warm-up of workers + 2 batches/steps; timed batches/steps on "
+            "the host clock between two torch.cuda.synchronize() calls; one run")
+
+
+def default_name() -> str:
+    """Returns the result name for this machine: input_pipeline_h200 on an H200."""
+    from fp16lab.device import device_info
+
+    gpu = device_info().gpu_name
+    if not gpu:
+        return "input_pipeline_cpu"
+    slug = next((w for w in gpu.replace("-", " ").split() if any(c.isdigit() for c in w)), gpu)
+    return "input_pipeline_" + "".join(c for c in slug.lower() if c.isalnum())
+
+
+def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    """Returns the rows to measure, most important first: (label, function returning the row)."""
+    cores = cpu_cores()
+    shares = (0.5, 1.0) if a.quick else (0.25, 0.5, 0.75, 1.0)
+    counts = sorted({max(1, int(s * cores)) for s in shares} | {default_workers(cores)})
+    rule = default_workers(cores)
+    size, root = a.image_size, a.images_dir
+
+    def loader(backend: str, workers: int, normalize_on: str = "cpu"):
+        s = InputSettings(backend, batch=a.batch, image_size=size, num_workers=workers,
+                          normalize_on=normalize_on)
+        warm = workers + 2 if backend != "synthetic" else 2
+        return lambda: measure_loader(s, root, device=device, warmup=warm, steps=a.loader_steps)
+
+    def train(precision: str, backend: str, normalize_on: str = "cpu"):
+        s = InputSettings(backend, batch=a.batch, image_size=size, num_workers=rule,
+                          normalize_on=normalize_on)
+        steps = max(3, a.train_steps // 2) if precision == "fp32" else a.train_steps  # 4-5x slower
+        return lambda: measure_training(a.model, precision, s, root, device=device,
+                                        warmup=rule + 2, steps=steps)
+
+    rows = [("loader synthetic", loader("synthetic", rule))]
+    rows += [(f"loader dataloader {w} workers", loader("dataloader", w)) for w in counts]
+    rows += [("loader dataloader uint8", loader("dataloader", rule, "gpu")),
+             ("loader gpu-decode", loader("gpu-decode", rule)),
+             ("loader dali", loader("dali", rule))]
+    for precision in ("amp-fp16", "fp32", "amp-bf16"):  # most wanted first, in case time runs out
+        rows += [(f"train {precision} {b}", train(precision, b))
+                 for b in ("synthetic", "gpu-decode", "dataloader")]
+        if precision != "fp32":
+            rows.append((f"train {precision} dataloader uint8", train(precision, "dataloader", "gpu")))
+        rows.append((f"train {precision} dali", train(precision, "dali")))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help="small_cnn, batch 16, 64 pixels, 48 images, few steps (a smoke test)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where the result file goes (default: data/local/, data/ with --replace; "
+                        "--quick: a temporary folder)")
+    p.add_argument("--replace", action="store_true", help="write the committed file in data/")
+    p.add_argument("--name", default=None, help="result file stem (default: input_pipeline_<gpu>)")
+    p.add_argument("--images-dir", type=Path, default=None,
+                   help="where the JPEG data set is made or reused (default: a folder under /tmp)")
+    p.add_argument("--images", type=int, default=None, help="number of JPEG files (default 2048)")
+    p.add_argument("--budget-s", type=float, default=140.0,
+                   help="rows still waiting after this many seconds are recorded as skipped")
+    a = p.parse_args(argv)
+    a.model, a.batch, a.image_size = ("small_cnn", 16, 64) if a.quick else ("resnet50", 256, 224)
+    a.loader_steps, a.train_steps = (3, 4) if a.quick else (12, 20)
+    a.images = a.images or (48 if a.quick else 2048)
+    a.images_dir = a.images_dir or Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{a.images}"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = a.name or default_name()
+    out = a.out or (Path(tempfile.mkdtemp()) if a.quick else None)
+
+    t0 = time.perf_counter()
+    data = make_image_folder(a.images_dir, images=a.images, classes=10)
+    print(f"data set: {data.images} JPEGs, mean {data.mean_kb:.0f} kB, "
+          f"{'reused' if data.reused else 'made'} in {time.perf_counter() - t0:.1f} s at {data.root}")
+    meta = {"benchmark": "fp16lab.bench.input_pipeline", "quick": a.quick, "protocol": PROTOCOL,
+            "model": a.model, "batch": a.batch, "image_size": a.image_size,
+            "cpu_cores": cpu_cores(), "default_workers": default_workers(),
+            "data_set": {"images": data.images, "classes": data.classes, "size": data.size,
+                         "quality": data.quality, "mean_kb": data.mean_kb}}
+    rows: list[dict[str, Any]] = []
+    path = None
+    for label, measure in plan(a, device):
+        spent = time.perf_counter() - t0
+        if spent > a.budget_s:
+            rows.append({"label": label, "status": "skipped",
+                         "error": f"time budget of {a.budget_s:.0f} s spent"})
+        else:
+            row = {"label": label, **measure()}
+            rows.append(row)
+            ips = row.get("images_per_s")
+            print(f"{time.perf_counter() - t0:6.1f} s  {label:38s} {row['status']:7s} "
+                  f"{'' if ips is None else f'{ips:8.0f} img/s'} {row['error'][:90]}", flush=True)
+        path = bench.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
+    print()
+    print(f"{'row':38s} {'status':7s} {'img/s':>8s} {'CPU cores':>9s} {'CPU %':>6s}")
+    for r in rows:
+        def fmt(v: Any, spec: str) -> str:
+            return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+        print(f"{r['label']:38s} {r['status']:7s} {fmt(r.get('images_per_s'), '8.0f'):>8s} "
+              f"{fmt(r.get('cpu_cores_busy'), '9.1f'):>9s} {fmt(r.get('cpu_util_pct'), '6.0f'):>6s}")
+    for line in summary_lines(rows):
+        print(line)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

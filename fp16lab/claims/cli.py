@@ -1,0 +1,54 @@
+"""The ``fp16lab claims`` sub-command: check the claims headless and write the verdict table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .report import write_claims
+from .run import check_all, get_claim
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    from ..device import has_gpu
+
+    ids = None
+    if args.only:
+        try:
+            ids = [int(s) for s in args.only.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--only takes claim numbers like 1,6,8; got {args.only!r}") from None
+        for i in ids:
+            get_claim(i)
+    quick = args.quick or not has_gpu()
+    t0 = time.perf_counter()
+    checked = check_all(ids, quick=quick, data_dir=args.data, progress=True)
+    elapsed = time.perf_counter() - t0
+    md, js = write_claims(checked, args.out, quick=quick, elapsed_s=round(elapsed, 1))
+    for c in checked:
+        if "error" in c.figures:
+            print(f"claim {c.id} failed: {c.figures['error']}", file=sys.stderr)
+    width = max(len(c.short) for c in checked)
+    print(f"\n{'#':>2}  {'claim':<{width}}  verdict")
+    for c in checked:
+        print(f"{c.id:>2}  {c.short:<{width}}  {c.verdict}")
+    print(f"\n{len(checked)} claims in {elapsed:.0f} s; wrote {md} and {js}")
+    return 0
+
+
+def register_cli(subparsers: Any) -> None:
+    """Adds ``fp16lab claims`` to the command line."""
+    p = subparsers.add_parser(
+        "claims", help="check popular mixed-precision claims on this device; write the table")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes (always on without a GPU)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for claims_<device>.md/.json (default: data/local/)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="folder holding the recorded GPU run shown for GPU-only claims on a CPU "
+                        "(default: data/local/, then data/)")
+    p.add_argument("--only", default="", help="comma-separated claim numbers, e.g. 1,6,8")
+    p.set_defaults(func=_run_cli)

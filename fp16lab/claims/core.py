@@ -1,0 +1,201 @@
+"""What a claim is (:class:`Claim`), the five verdicts, and the small helpers every experiment shares.
+
+Every :class:`Claim` carries the claim as it circulates, the experiment that tests it, and the
+verdict rule in one sentence. :func:`check` runs the experiment on this machine (or, for a claim
+that needs a GPU when there is none, loads the figures recorded on a GPU from ``data/``) and
+applies the rule, a pure function of the measured figures, so the verdict is computed, never
+typed in. The verdicts are:
+
+- ``holds``: the measurement agrees with the claim;
+- ``holds in part``: it agrees only under a condition the reason names;
+- ``does not hold``: the measurement contradicts it;
+- ``cannot be tested here``: no GPU and no recorded GPU result (or a tool was missing);
+- ``names something that does not exist``: the setting or knob the claim relies on is not
+  there; the reason says what really governs the effect.
+
+``fp16lab claims`` runs all twelve headless and writes ``claims_<device>.md`` and
+``claims_<device>.json`` (figures, verdicts and provenance).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+
+HOLDS = "holds"
+PARTLY = "holds in part"
+FAILS = "does not hold"
+UNTESTABLE = "cannot be tested here"
+NONEXISTENT = "names something that does not exist"
+#: The verdicts a claim can get.
+VERDICTS = (HOLDS, PARTLY, FAILS, UNTESTABLE, NONEXISTENT)
+
+#: A figure counts as "clearly better" when it beats the other by this factor.
+MATERIAL_GAIN = 1.10
+
+
+#: The recorded GPU run that machines without a GPU show for the GPU-only claims.
+RECORDED_GPU_RESULT = "claims_h200"
+
+Figures = dict[str, Any]
+Judgement = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim: what it says, how it is tested, the rule, and (once checked) the outcome.
+
+    Attributes:
+        id: the claim's number (1-12, as in notebook 05).
+        short: a few words for the table.
+        text: the claim as it commonly circulates.
+        rule: the verdict rule, in one sentence.
+        experiment: ``experiment(quick) -> figures``, run on this machine.
+        judge: ``judge(figures) -> (verdict, reason)``, a pure function of the figures.
+        needs_gpu: True when the experiment means nothing without a CUDA GPU.
+        figures: the measured figures (empty until checked).
+        verdict: one of ``VERDICTS`` (None until checked).
+        reason: the measured figures that decided the verdict, in words.
+        source: where the figures were measured (here, or recorded on which GPU).
+    """
+
+    id: int
+    short: str
+    text: str
+    rule: str
+    experiment: Callable[[bool], Figures] = field(repr=False)
+    judge: Callable[[Figures], Judgement] = field(repr=False)
+    needs_gpu: bool = False
+    figures: Figures = field(default_factory=dict)
+    verdict: str | None = None
+    reason: str = ""
+    source: str = ""
+
+    def report(self) -> str:
+        """Returns the claim, its key figures, the rule and the verdict as a few lines of text."""
+        lines = [f"Claim {self.id}: {self.text}", f"rule: {self.rule}"]
+        if self.figures:
+            lines.append("figures: " + _brief(self.figures))
+        lines.append(f"verdict: {(self.verdict or 'not checked').upper()}: {self.reason}")
+        if self.source:
+            lines.append(f"source: {self.source}")
+        return "\n".join(lines)
+
+    def as_row(self) -> dict[str, Any]:
+        """Returns the claim and its outcome as a JSON-friendly dict (a row of the result file)."""
+        return {"id": self.id, "short": self.short, "text": self.text, "rule": self.rule,
+                "needs_gpu": self.needs_gpu, "verdict": self.verdict, "reason": self.reason,
+                "source": self.source, "figures": self.figures}
+
+
+def _torch():
+    import torch
+    return torch
+
+
+#: When True, every experiment uses tiny sizes and runs its GPU code paths on the CPU too.
+#: Only for exercising that code without a GPU (tests); the figures then mean nothing.
+EXERCISE_ON_CPU = False
+
+
+def _device() -> str:
+    return "cuda" if _torch().cuda.is_available() else "cpu"
+
+
+def _sizes(quick: bool, full: Any, small: Any, tiny: Any) -> Any:
+    """Returns the size set for this run: full, quick, or tiny (when exercising on a CPU)."""
+    return tiny if EXERCISE_ON_CPU else (small if quick else full)
+
+
+def _timer(device: str) -> Callable[..., Any]:
+    from ..bench import time_cpu, time_cuda
+    return time_cuda if device == "cuda" else time_cpu
+
+
+def _brief(figures: Figures, limit: int = 600) -> str:
+    """Returns the scalar figures as ``key=value`` pairs (lists and dicts are left to the file)."""
+    parts = []
+    for k, v in figures.items():
+        if isinstance(v, float):
+            parts.append(f"{k}={v:.4g}")
+        elif isinstance(v, (int, str, bool)) or v is None:
+            parts.append(f"{k}={v}")
+    s = ", ".join(parts)
+    return s if len(s) <= limit else s[:limit] + " ..."
+
+
+def verdict_of_parts(parts: dict[str, bool], facts: str) -> Judgement:
+    """Returns the verdict on a claim of several parts: holds when every part held, holds in part
+    (naming the parts that held) when some did, does not hold when none did."""
+    held = [name for name, ok in parts.items() if ok]
+    if len(held) == len(parts):
+        return HOLDS, facts
+    if held:
+        return PARTLY, f"only the {' and '.join(held)} part. {facts}"
+    return FAILS, facts
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.inf
+
+
+def _outcome(fn: Callable[[], Any]) -> str:
+    """Returns the dtype of ``fn()``'s result, or ``error: <type>: <message>`` if it raised."""
+    try:
+        return str(fn().dtype)
+    except Exception as e:  # the point is to record what torch does, errors included
+        msg = str(e).splitlines()[0] if str(e) else ""
+        return f"error: {type(e).__name__}: {msg[:160]}"
+
+
+@contextlib.contextmanager
+def _tf32(matmul: bool, cudnn: bool) -> Iterator[None]:
+    """Sets torch's TF32 switches for matmul and cuDNN inside the block, then restores them."""
+    torch = _torch()
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _autocast_dtype(device: str):
+    """Returns float16 where autocast supports it on ``device``, else bfloat16."""
+    torch = _torch()
+    try:
+        with torch.autocast(device, dtype=torch.float16):
+            y = torch.nn.functional.linear(torch.ones(1, 2, device=device),
+                                           torch.ones(2, 2, device=device))
+        return torch.float16 if y.dtype == torch.float16 else torch.bfloat16
+    except Exception:
+        return torch.bfloat16
+
+
+def saved_activation_bytes(model, x, *, autocast_dtype=None) -> int:
+    """Returns the bytes autograd saves for backward in one forward pass of ``model(x)``.
+
+    Each storage is counted once, and the model's own parameters are left out (they exist
+    whatever the precision); fp16/bf16 copies of weights made by autocast are counted, since
+    they are extra memory. This is the activation memory a precision choice changes, measured
+    the same way on a CPU and on a GPU.
+    """
+    torch = _torch()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    device = x.device.type
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(device, dtype=autocast_dtype or torch.float32,
+                            enabled=autocast_dtype is not None):
+            model(x)
+    return sum(seen.values())

@@ -1,0 +1,122 @@
+"""Checking claims: the twelve in order, each run here or judged from the figures recorded on a GPU."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import autocast, gemm, scaling, training
+from .core import RECORDED_GPU_RESULT, UNTESTABLE, Claim, Figures, Judgement
+
+
+#: The twelve claims, in notebook 05's order.
+CLAIMS: tuple[Claim, ...] = (gemm.CLAIM_1, training.CLAIM_2, training.CLAIM_3, training.CLAIM_4,
+                             training.CLAIM_5, scaling.CLAIM_6, autocast.CLAIM_7, autocast.CLAIM_8,
+                             scaling.CLAIM_9, autocast.CLAIM_10, gemm.CLAIM_11, training.CLAIM_12)
+
+
+def get_claim(claim_id: int) -> Claim:
+    """Returns the unchecked claim with this number."""
+    for c in CLAIMS:
+        if c.id == claim_id:
+            return c
+    raise ValueError(f"no claim {claim_id!r}; claims are numbered 1-{len(CLAIMS)}")
+
+
+def device_slug(gpu_name: str | None) -> str:
+    """Returns a short file-name slug for a device: ``NVIDIA H200`` -> ``h200``, None -> ``cpu``."""
+    if not gpu_name:
+        return "cpu"
+    s = re.sub(r"^nvidia\s+", "", gpu_name.strip().lower())
+    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+    return s or "gpu"
+
+
+def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
+    """Returns the recorded GPU claims run (``claims_h200`` first, else any GPU one), or None.
+
+    Without ``data_dir``, this machine's results folder is searched before the committed one.
+    """
+    from ..bench import data_dir as committed_dir, local_dir, read_result
+
+    folders = [Path(data_dir)] if data_dir is not None else [local_dir(), committed_dir()]
+    candidates = [f / f"{RECORDED_GPU_RESULT}.json" for f in folders]
+    for f in folders:
+        candidates += sorted(p for p in f.glob("claims_*.json") if p not in candidates)
+    for p in candidates:
+        if p.exists():
+            payload = read_result(p)
+            if payload["meta"].get("gpu_name"):
+                return payload
+    return None
+
+
+def _judge_recorded(c: Claim, figures: Figures) -> Judgement:
+    """Returns the rule's verdict on recorded figures, or says they do not fit the rule."""
+    try:
+        return c.judge(figures)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        return UNTESTABLE, (f"the recorded figures do not fit this rule ({type(e).__name__}: {e}); "
+                            f"re-run `fp16lab bench claims` on the GPU")
+
+
+def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | None = None,
+          recorded: dict[str, Any] | None = None) -> Claim:
+    """Returns the claim checked: its figures, verdict, reason and source filled in.
+
+    The experiment runs here unless the claim needs a GPU and there is none; then the figures
+    recorded on a GPU (``data/claims_h200.json``) are judged by the same rule. An experiment that
+    raises gives ``cannot be tested here`` with the error, so one broken tool does not stop a run.
+
+    Args:
+        claim: the claim or its number.
+        quick: small sizes (default: quick on a CPU, full on a GPU).
+        data_dir: where to look for the recorded GPU run (default ``data/``).
+        recorded: an already loaded recorded run (saves re-reading it for every claim).
+    """
+    from ..bench import describe_source
+    from ..device import has_gpu, metadata
+
+    c = get_claim(claim) if isinstance(claim, int) else claim
+    gpu = has_gpu()
+    quick = (not gpu) if quick is None else quick
+    if c.needs_gpu and not gpu:
+        rec = recorded if recorded is not None else recorded_gpu_result(data_dir)
+        row = next((r for r in (rec or {}).get("rows", []) if r.get("id") == c.id), None)
+        if row is None or not row.get("figures") or "error" in row["figures"]:
+            return replace(c, verdict=UNTESTABLE, source="not measured",
+                           reason="no GPU here and no recorded GPU result for it in data/ "
+                                  "(run `fp16lab bench claims` on a GPU)")
+        verdict, reason = _judge_recorded(c, row["figures"])
+        return replace(c, figures=row["figures"], verdict=verdict, reason=reason,
+                       source="recorded elsewhere: " + describe_source(rec["meta"]))
+    t0 = time.perf_counter()
+    try:
+        figures = c.experiment(quick)
+    except Exception as e:
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        return replace(c, figures={"error": detail}, verdict=UNTESTABLE,
+                       reason=f"the experiment failed here: {detail}",
+                       source="here: " + describe_source(metadata()))
+    figures["elapsed_s"] = round(time.perf_counter() - t0, 3)
+    verdict, reason = c.judge(figures)
+    return replace(c, figures=figures, verdict=verdict, reason=reason,
+                   source="here: " + describe_source(metadata()))
+
+
+def check_all(ids: Iterable[int] | None = None, *, quick: bool | None = None,
+              data_dir: Path | None = None, progress: bool = False) -> list[Claim]:
+    """Returns every claim (or those in ``ids``) checked, in order."""
+    chosen = [get_claim(i) for i in ids] if ids is not None else list(CLAIMS)
+    rec = recorded_gpu_result(data_dir)
+    out = []
+    for c in chosen:
+        if progress:
+            print(f"claim {c.id}: {c.short} ...", file=sys.stderr, flush=True)
+        out.append(check(c, quick=quick, data_dir=data_dir, recorded=rec or {}))
+    return out

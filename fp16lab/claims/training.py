@@ -1,0 +1,351 @@
+"""Claims about training steps: channels_last, bf16 memory, AMP speed and utilisation, TorchScript (2-5, 12)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Any
+
+from . import core
+from .core import (FAILS, HOLDS, MATERIAL_GAIN, NONEXISTENT, PARTLY, UNTESTABLE, Claim, Figures,
+                   Judgement, _autocast_dtype, _device, _sizes, _timer, _torch,
+                   saved_activation_bytes, verdict_of_parts)
+
+
+# --------------------------------------------------------------------------------------------
+# training-step measurements shared by claims 2, 3, 4 and 5 (GPU)
+# --------------------------------------------------------------------------------------------
+
+def _cnn_name() -> str:
+    """Returns the CNN the GPU claims train: ResNet-50 with torchvision, else the small CNN."""
+    import importlib.util
+    return "resnet50" if importlib.util.find_spec("torchvision") else "small_cnn"
+
+
+@functools.lru_cache(maxsize=None)
+def train_step_figures(model_name: str, precision: str, layout: str, batch: int, steps: int,
+                       telemetry: bool = False) -> dict[str, Any]:
+    """Returns samples/s, peak memory and NVML busy % of training steps, from the sweep engine.
+
+    One point of :func:`fp16lab.sweep.measure_point` (cuDNN autotuning on), cached for the
+    session so that claims sharing a configuration run it once. A point that fails (out of
+    memory, or any error) raises, naming the point.
+
+    Args:
+        model_name: a name from :data:`fp16lab.models.MODELS`.
+        precision: a name from :data:`fp16lab.sweep.PRECISIONS` (``fp32`` has TF32 off).
+        layout: ``nchw`` or ``channels_last``.
+        batch: samples per step.
+        steps: timed steps.
+        telemetry: sample NVML during the timed steps.
+    """
+    from ..sweep import Point, measure_point
+
+    dev = _device()
+    if dev != "cuda" and not core.EXERCISE_ON_CPU:
+        raise RuntimeError("train_step_figures needs a CUDA GPU; torch sees none")
+    point = Point(model=model_name, batch=batch, layout=layout, precision=precision,
+                  cudnn_benchmark=True, device=dev)
+    row = measure_point(point, warmup=max(2, steps // 4), steps=steps, telemetry=telemetry)
+    if row["status"] != "ok":
+        raise RuntimeError(f"training point {point.label()} ended with {row['status']}: "
+                           f"{row['error']}")
+    peak = row.get("peak_mem_allocated_mb")
+    return {"model": model_name, "precision": precision, "layout": layout, "batch": batch,
+            "step_ms": row["step_ms_median"], "spread": row["spread"],
+            "samples_per_s": row["samples_per_s"],
+            "peak_mem_gib": peak / 1024 if peak is not None else math.nan,
+            "telemetry": row.get("telemetry_note") or "nvml",
+            "telemetry_samples": row.get("telemetry_samples"),
+            "gpu_busy_pct": row.get("gpu_busy_mean"), "mem_busy_pct": row.get("mem_busy_mean")}
+
+
+def _train_sizes(quick: bool) -> tuple[int, int]:
+    """Returns (batch, timed steps) for the GPU training claims."""
+    return _sizes(quick, (128, 20), (16, 5), (2, 2))
+
+
+# --------------------------------------------------------------------------------------------
+# Claim 2: channels_last speeds convolution up by 20-30%
+# --------------------------------------------------------------------------------------------
+
+#: The smallest speedup that counts as "20-30%" (some slack for noise), and the smallest that
+#: counts as a gain at all.
+CL_CLAIMED, CL_ANY = 1.15, 1.05
+
+
+def experiment_channels_last(quick: bool = False) -> Figures:
+    """Returns training throughput of the CNN in NCHW and channels_last, AMP fp16 and fp32 (CUDA)."""
+    batch, steps = _train_sizes(quick)
+    model = _cnn_name()
+    out: Figures = {"model": model, "batch": batch}
+    for prec, key in (("amp-fp16", "amp"), ("fp32", "fp32")):
+        a = train_step_figures(model, prec, "nchw", batch, steps)
+        b = train_step_figures(model, prec, "channels_last", batch, steps)
+        out[f"{key}_nchw_sps"], out[f"{key}_cl_sps"] = a["samples_per_s"], b["samples_per_s"]
+        out[f"speedup_{key}"] = b["samples_per_s"] / a["samples_per_s"]
+    return out
+
+
+def judge_channels_last(f: Figures) -> Judgement:
+    """Rules on claim 2 from the channels_last/NCHW throughput ratios."""
+    amp, fp32 = f["speedup_amp"], f["speedup_fp32"]
+    facts = f"{f['model']} training, channels_last/NCHW: AMP fp16 {amp:.2f}x, fp32 {fp32:.2f}x"
+    if amp >= CL_CLAIMED and fp32 >= CL_CLAIMED:
+        return HOLDS, facts
+    if amp >= CL_CLAIMED or fp32 >= CL_CLAIMED:
+        where = "AMP fp16" if amp >= CL_CLAIMED else "fp32"
+        return PARTLY, f"only under {where}. {facts}"
+    if max(amp, fp32) >= CL_ANY:
+        return PARTLY, f"the gain is smaller than 20-30%. {facts}"
+    return FAILS, facts
+
+
+# --------------------------------------------------------------------------------------------
+# Claim 3: bf16 uses about 15% less memory than fp16
+# --------------------------------------------------------------------------------------------
+
+#: bf16/fp16 memory ratio at or below which "15% less" holds, and above which it does not.
+MEM_CLAIMED, MEM_SAME = 0.90, 0.97
+
+
+def experiment_bf16_memory(quick: bool = True) -> Figures:
+    """Returns element sizes, parameter bytes and saved-activation bytes in fp16 and bf16, plus
+    peak training memory under AMP fp16 and bf16 on a GPU."""
+    torch = _torch()
+    from ..models import build_model, input_shape
+
+    dev = _device()
+    torch.manual_seed(0)
+    model = build_model("transformer_block").to(dev)
+    x = torch.randn(input_shape("transformer_block", _sizes(quick, 32, 4, 2)), device=dev)
+    out: Figures = {
+        "fp16_element_bytes": torch.empty(0, dtype=torch.float16).element_size(),
+        "bf16_element_bytes": torch.empty(0, dtype=torch.bfloat16).element_size(),
+        "fp16_param_bytes": sum(p.numel() * p.element_size()
+                                for p in build_model("transformer_block").half().parameters()),
+        "bf16_param_bytes": sum(p.numel() * p.element_size()
+                                for p in build_model("transformer_block").bfloat16().parameters()),
+    }
+    fp16_dtype = _autocast_dtype(dev)
+    if fp16_dtype == torch.float16:
+        out["fp16_saved_bytes"] = saved_activation_bytes(model, x, autocast_dtype=torch.float16)
+        out["bf16_saved_bytes"] = saved_activation_bytes(model, x, autocast_dtype=torch.bfloat16)
+    if dev == "cuda" or core.EXERCISE_ON_CPU:
+        batch, steps = _train_sizes(quick)
+        name = _cnn_name()
+        a = train_step_figures(name, "amp-fp16", "nchw", batch, steps)
+        b = train_step_figures(name, "amp-bf16", "nchw", batch, steps)
+        out.update({"model": name, "batch": batch, "fp16_peak_gib": a["peak_mem_gib"],
+                    "bf16_peak_gib": b["peak_mem_gib"]})
+    return out
+
+
+def judge_bf16_memory(f: Figures) -> Judgement:
+    """Rules on claim 3 from the bf16/fp16 memory ratio (GPU peak if measured, else saved bytes)."""
+    if "fp16_peak_gib" in f:
+        ratio, what = f["bf16_peak_gib"] / f["fp16_peak_gib"], f"peak training memory ({f['model']})"
+    elif "fp16_saved_bytes" in f:
+        ratio, what = f["bf16_saved_bytes"] / f["fp16_saved_bytes"], "saved activations under autocast"
+    else:
+        ratio, what = f["bf16_param_bytes"] / f["fp16_param_bytes"], "parameter bytes"
+    facts = (f"element size bf16 {f['bf16_element_bytes']} B = fp16 {f['fp16_element_bytes']} B; "
+             f"{what} bf16/fp16 = {ratio:.3f}")
+    if ratio <= MEM_CLAIMED:
+        return HOLDS, facts
+    if ratio <= MEM_SAME:
+        return PARTLY, f"bf16 saves less than claimed. {facts}"
+    return FAILS, facts
+
+
+# --------------------------------------------------------------------------------------------
+# Claim 4: AMP fp16 gives ~60% more throughput than fp32 and ~30% less memory
+# --------------------------------------------------------------------------------------------
+
+#: Smallest speedup that counts as "about 60% more", smallest saving that counts as "about 30%".
+AMP_SPEEDUP, AMP_SAVING = 1.45, 0.20
+
+
+def experiment_amp_vs_fp32(quick: bool = False) -> Figures:
+    """Returns throughput and peak memory of CNN training in fp32, TF32 and AMP fp16 (CUDA)."""
+    batch, steps = _train_sizes(quick)
+    name = _cnn_name()
+    r = {p: train_step_figures(name, p, "nchw", batch, steps) for p in ("fp32", "tf32", "amp-fp16")}
+    return {"model": name, "batch": batch,
+            **{f"{p}_sps": r[p]["samples_per_s"] for p in r},
+            **{f"{p}_peak_gib": r[p]["peak_mem_gib"] for p in r},
+            "speedup_vs_fp32": r["amp-fp16"]["samples_per_s"] / r["fp32"]["samples_per_s"],
+            "speedup_vs_tf32": r["amp-fp16"]["samples_per_s"] / r["tf32"]["samples_per_s"],
+            "memory_saving": 1 - r["amp-fp16"]["peak_mem_gib"] / r["fp32"]["peak_mem_gib"]}
+
+
+def judge_amp_vs_fp32(f: Figures) -> Judgement:
+    """Rules on claim 4 from the AMP/fp32 speedup and the peak-memory saving."""
+    s, m = f["speedup_vs_fp32"], f["memory_saving"]
+    facts = (f"{f['model']}: AMP fp16 is {s:.2f}x fp32 (TF32 off), {f['speedup_vs_tf32']:.2f}x "
+             f"TF32; peak memory {100 * m:.0f}% lower")
+    fast, lean = s >= AMP_SPEEDUP, m >= AMP_SAVING
+    if s >= 2 * 1.6:
+        facts += " (over twice the claimed 1.6x: fp32 with TF32 off runs on CUDA cores)"
+    return verdict_of_parts({"throughput": fast, "memory": lean}, facts)
+
+
+# --------------------------------------------------------------------------------------------
+# Claim 5: AMP raises SM utilisation (51% -> 68%) with memory bandwidth at ~90%
+# --------------------------------------------------------------------------------------------
+
+#: Rise in NVML busy % that counts as "raises", and memory busy % that counts as "about 90%".
+BUSY_RISE, MEM_BUSY_HIGH = 10.0, 80.0
+
+
+def experiment_utilisation(quick: bool = False) -> Figures:
+    """Returns NVML's busy counters while the CNN trains in fp32 and in AMP fp16 (CUDA)."""
+    import pynvml
+
+    batch, steps = _train_sizes(quick)
+    name = _cnn_name()
+    seconds = _sizes(quick, 3.0, 1.0, 0.05)
+    out: Figures = {"model": name, "batch": batch, "seconds": seconds,
+                    "nvml_utilization_fields": [n for n, _ in pynvml.c_nvmlUtilization_t._fields_]}
+    for p in ("fp32", "amp-fp16"):
+        # enough timed steps to cover `seconds`, since NVML averages over its own period
+        step_ms = train_step_figures(name, p, "nchw", batch, steps)["step_ms"]
+        r = train_step_figures(name, p, "nchw", batch,
+                               max(steps, math.ceil(seconds * 1e3 / step_ms)), telemetry=True)
+        out[f"{p}_telemetry"] = r["telemetry"]
+        out[f"{p}_gpu_busy_pct"] = r["gpu_busy_pct"]
+        out[f"{p}_mem_busy_pct"] = r["mem_busy_pct"]
+    return out
+
+
+def judge_utilisation(f: Figures) -> Judgement:
+    """Rules on claim 5 from NVML's time-busy counters in fp32 and AMP fp16."""
+    busy = [f.get("fp32_gpu_busy_pct"), f.get("amp-fp16_gpu_busy_pct")]
+    mem = [f.get("fp32_mem_busy_pct"), f.get("amp-fp16_mem_busy_pct")]
+    if None in busy or None in mem:
+        return UNTESTABLE, f"NVML gave no readings ({f.get('fp32_telemetry')})"
+    fields = ", ".join(f.get("nvml_utilization_fields", []))
+    caveat = (f"NVML reports only [{fields}], time-busy shares, not SM occupancy: there is no "
+              f"'SM utilisation' counter to raise")
+    rise = busy[1] - busy[0]
+    facts = (f"GPU busy fp32 {busy[0]:.0f}% -> AMP {busy[1]:.0f}%; memory busy "
+             f"{mem[0]:.0f}% -> {mem[1]:.0f}%")
+    up, high = rise >= BUSY_RISE, min(mem) >= MEM_BUSY_HIGH
+    return verdict_of_parts({"busy rise": up, "memory-busy": high}, f"{facts}. {caveat}")
+
+
+# --------------------------------------------------------------------------------------------
+# Claim 12: disabling the TorchScript profiling executor speeds up training
+# --------------------------------------------------------------------------------------------
+
+def experiment_profiling_executor(quick: bool = True) -> Figures:
+    """Returns eager and TorchScript training-step times with the profiling executor on and off."""
+    torch = _torch()
+    from ..models import build_model, input_shape
+
+    dev = _device()
+    if not hasattr(torch._C, "_jit_set_profiling_executor"):
+        return {"device": dev, "available": False}
+    name, batch = _sizes(quick, ("small_cnn", 256), ("mlp", 64), ("mlp", 8))
+    rounds, reps = _sizes(quick, (5, 30), (3, 10), (1, 2))
+    timer = _timer(dev)
+    torch.manual_seed(0)
+    state = build_model(name).state_dict()
+    x = torch.randn(input_shape(name, batch), device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    ms: dict[str, list[float]] = {}
+    deprecation = ""
+    old = torch._C._jit_set_profiling_executor(True)
+    try:
+        for _ in range(rounds):
+            for mode in ("eager", "script"):
+                for flag in (True, False):
+                    torch._C._jit_set_profiling_executor(flag)
+                    model = build_model(name).to(dev)
+                    model.load_state_dict(state)
+                    if mode == "script":
+                        with warnings.catch_warnings(record=True) as caught:
+                            warnings.simplefilter("always")
+                            model = torch.jit.script(model)
+                        deprecation = deprecation or next(
+                            (str(w.message) for w in caught if "deprecat" in str(w.message)), "")
+                    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+                    def step() -> None:
+                        opt.zero_grad()
+                        torch.nn.functional.cross_entropy(model(x), y).backward()
+                        opt.step()
+
+                    t = timer(step, warmup=5, repeat=reps)
+                    ms.setdefault(f"{mode}_{'on' if flag else 'off'}", []).append(t.median_ms)
+    finally:
+        torch._C._jit_set_profiling_executor(old)
+    med = {k: min(v) for k, v in ms.items()}  # the least disturbed round (shared machines)
+    return {"device": dev, "available": True, "model": name, "batch": batch,
+            **{f"{k}_ms": v for k, v in med.items()},
+            "speedup_script": med["script_on"] / med["script_off"],
+            "speedup_eager": med["eager_on"] / med["eager_off"],
+            "torchscript_deprecation": deprecation}
+
+
+def judge_profiling_executor(f: Figures) -> Judgement:
+    """Rules on claim 12 from step-time ratios (executor on / off) in eager and TorchScript."""
+    if not f.get("available", False):
+        return NONEXISTENT, "this torch has no torch._C._jit_set_profiling_executor (TorchScript is gone)"
+    s, e = f["speedup_script"], f["speedup_eager"]
+    dep = f" TorchScript says: {f['torchscript_deprecation']}" if f["torchscript_deprecation"] else ""
+    noise = abs(e - 1)  # the flag cannot touch eager code: what eager moves is noise
+    facts = (f"{f['model']} step time with the profiling executor on / off: TorchScript "
+             f"{s:.2f}x, eager {e:.2f}x (above 1: off is faster; the flag only configures "
+             f"TorchScript's graph executor, so eager's {100 * noise:.0f}% is the noise).{dep}")
+    script_fast = s - 1 >= max(MATERIAL_GAIN - 1, 2 * noise)
+    if script_fast and e >= MATERIAL_GAIN:
+        return HOLDS, facts
+    if script_fast:
+        return PARTLY, f"only for TorchScript models. {facts}"
+    return FAILS, facts
+
+
+CLAIM_2 = Claim(
+    2, "channels_last +20-30%",
+    "Converting a CNN to channels_last (NHWC) speeds convolution up by 20-30%.",
+    "channels_last/NCHW training throughput (ResNet-50): >=1.15x under both AMP fp16 and "
+    "fp32: holds; under one, or 1.05-1.15x: holds in part; <1.05x: does not hold.",
+    experiment_channels_last, judge_channels_last, needs_gpu=True)
+
+
+CLAIM_3 = Claim(
+    3, "bf16 15% less memory",
+    "bf16 uses about 15% less memory than fp16.",
+    "bf16/fp16 memory (GPU peak training memory, else saved activations): <=0.90 holds, "
+    "0.90-0.97 holds in part, >0.97 does not hold.",
+    experiment_bf16_memory, judge_bf16_memory)
+
+
+CLAIM_4 = Claim(
+    4, "AMP +60% speed, -30% memory",
+    "AMP FP16 gives about 60% more training throughput than FP32 and about 30% less memory.",
+    "AMP fp16 vs fp32 (TF32 off) training: speedup >=1.45x and peak memory >=20% lower: "
+    "holds; one of the two: holds in part; neither: does not hold.",
+    experiment_amp_vs_fp32, judge_amp_vs_fp32, needs_gpu=True)
+
+
+CLAIM_5 = Claim(
+    5, "AMP raises SM util",
+    "AMP raises SM utilisation (e.g. from about 51% to 68%) while memory-bandwidth "
+    "utilisation stays around 90%.",
+    "NVML busy % during training: AMP raises GPU busy by >=10 points and memory busy stays "
+    ">=80% in both: holds; one of the two: holds in part; neither: does not hold.",
+    experiment_utilisation, judge_utilisation, needs_gpu=True)
+
+
+CLAIM_12 = Claim(
+    12, "no profiling executor = faster",
+    "Disabling the TorchScript profiling executor "
+    "(torch._C._jit_set_profiling_executor(False)) speeds up training.",
+    "Training-step time, executor on/off: TorchScript counts as faster with it off when "
+    ">=1.10x and by more than twice what eager moves (eager, which the flag cannot touch, "
+    "gauges the noise); eager >=1.10x too: holds; TorchScript only: holds in part; "
+    "otherwise does not hold.",
+    experiment_profiling_executor, judge_profiling_executor)

@@ -1,0 +1,153 @@
+"""Exercises of notebook 09 (FP8 with per-tensor scaling), each checked against ml_dtypes and numpy."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from .core import Exercise, Wrong
+
+__all__ = ["q1", "q2", "q3", "q4"]
+
+E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+E5M2_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)
+
+
+def _number(answer: object) -> float:
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        raise Wrong(f"give a number, not {type(answer).__name__} {answer!r}.") from None
+    if not np.isfinite(value):
+        raise Wrong(f"{value} is not a finite number.")
+    return value
+
+
+Q1_AMAX = 3.5
+
+
+def _check_q1(answer: object) -> str:
+    value = _number(answer)
+    right = E4M3_MAX / Q1_AMAX
+    if np.isclose(value, right, rtol=1e-6):
+        return (f"{right:g}: the largest activation, {Q1_AMAX}, times {right:g} lands exactly on "
+                f"e4m3's largest value, {E4M3_MAX:g}.")
+    if np.isclose(value, E5M2_MAX / Q1_AMAX, rtol=1e-6):
+        raise Wrong("that is the scale for e5m2 (largest value 57344); activations go to e4m3.")
+    if np.isclose(value, Q1_AMAX / E4M3_MAX, rtol=1e-6):
+        raise Wrong("that is the inverse: the scale multiplies the tensor before the cast, so it "
+                    "must map the amax up onto the format's largest value.")
+    raise Wrong(f"{value:g} times the amax {Q1_AMAX} is {value * Q1_AMAX:g}, not e4m3's largest "
+                "value.")
+
+
+q1 = Exercise(
+    "q1", f"A tensor's largest magnitude is {Q1_AMAX}. What tensorwise scale does current scaling "
+    "give it before the cast to e4m3? Answer with a number.", _check_q1,
+    hint="The scale maps the amax onto the largest finite e4m3 value (fp8.fp8_max('e4m3')).",
+    solution=f"{E4M3_MAX:g} / {Q1_AMAX} = {E4M3_MAX / Q1_AMAX:g}.",
+    solution_code="from fp16lab import fp8\nfp8.fp8_max('e4m3') / 3.5")
+
+
+Q2_AMAXES = (2.0, 8.0, 1.0, 1.0, 0.5)
+Q2_HISTORY = 3
+
+
+def _delayed_scale_for_next_step(amaxes, history_len, top=E4M3_MAX) -> float:
+    """The scale after the last amax is recorded, by the rule in words: top / max(last N)."""
+    return top / max(amaxes[-history_len:])
+
+
+def _check_q2(answer: object) -> str:
+    value = _number(answer)
+    right = _delayed_scale_for_next_step(Q2_AMAXES, Q2_HISTORY)
+    if np.isclose(value, right, rtol=1e-6):
+        window = Q2_AMAXES[-Q2_HISTORY:]
+        return (f"{right:g}: the history holds the last {Q2_HISTORY} amaxes {window}, their "
+                f"maximum is {max(window):g}, and {E4M3_MAX:g} / {max(window):g} = {right:g}.")
+    if np.isclose(value, E4M3_MAX / Q2_AMAXES[-1], rtol=1e-6):
+        raise Wrong("that is current scaling (the newest amax only); delayed scaling takes the "
+                    f"maximum over the last {Q2_HISTORY} steps.")
+    if np.isclose(value, E4M3_MAX / max(Q2_AMAXES), rtol=1e-6):
+        raise Wrong(f"the history holds only the last {Q2_HISTORY} amaxes: the 8.0 has left it.")
+    raise Wrong(f"{value:g} is not {E4M3_MAX:g} divided by the largest of the last "
+                f"{Q2_HISTORY} amaxes.")
+
+
+q2 = Exercise(
+    "q2", f"Delayed scaling with a history of {Q2_HISTORY} steps has recorded the amaxes "
+    f"{Q2_AMAXES} (oldest first). What e4m3 scale will the next step use? Answer with a number.",
+    _check_q2,
+    hint="Only the newest few amaxes are kept; the scale divides e4m3's largest value by their maximum.",
+    solution=f"The last {Q2_HISTORY} amaxes are {Q2_AMAXES[-Q2_HISTORY:]}; 448 / "
+             f"{max(Q2_AMAXES[-Q2_HISTORY:]):g} = {_delayed_scale_for_next_step(Q2_AMAXES, Q2_HISTORY):g}.",
+    solution_code="from fp16lab import fp8\ns = fp8.DelayedScaling('e4m3', history_len=3)\n"
+                  "for a in (2.0, 8.0, 1.0, 1.0, 0.5):\n    s.update(a)\ns.scale")
+
+
+def _check_q3(answer: object) -> str:
+    if not callable(answer):
+        raise Wrong("give a function: def current_scale(x): return ... (x is a torch tensor).")
+    import torch
+
+    rng = np.random.default_rng(9)
+    for amax_target in (0.003, 1.0, 700.0):
+        x64 = rng.standard_normal((8, 16)) * amax_target
+        got = answer(torch.from_numpy(x64.astype(np.float32)))
+        value = _number(got.item() if hasattr(got, "item") else got)
+        amax = float(np.abs(x64.astype(np.float32)).max())
+        right = E4M3_MAX / amax
+        if np.isclose(value, right, rtol=1e-5):
+            continue
+        if np.isclose(value, amax / E4M3_MAX, rtol=1e-5):
+            raise Wrong("your function returns amax / 448, the inverse of the scale.")
+        if np.isclose(value, E4M3_MAX / float(np.abs(x64.astype(np.float32)).mean()), rtol=1e-5):
+            raise Wrong("use the absolute maximum (x.abs().max()), not the mean: the largest value "
+                        "must still fit.")
+        if np.isclose(value, E4M3_MAX / float(x64.astype(np.float32).max()), rtol=1e-5):
+            raise Wrong("take the maximum of |x|: a large negative value needs room too.")
+        raise Wrong(f"for a tensor with amax {amax:.4g} your function gave {value:.6g}; the scale "
+                    f"that maps it onto 448 is {right:.6g}.")
+    return "right on three tensors whose amax spans 0.003 to 700: 448 / x.abs().max()."
+
+
+q3 = Exercise(
+    "q3", "Write current_scale(x): the tensorwise e4m3 scale of a torch tensor x (current scaling).",
+    _check_q3,
+    hint="Two steps: the absolute maximum of x, then e4m3's largest value divided by it.",
+    solution="448 / |x|max; fp8.quantize computes the same (and clamps an all-zero tensor's amax).",
+    solution_code="def current_scale(x):\n    return 448.0 / x.abs().max()")
+
+
+def _binades(dtype) -> float:
+    """Returns log2(largest finite / smallest subnormal) of an ml_dtypes format."""
+    info = ml_dtypes.finfo(dtype)
+    return float(np.log2(float(info.max) / float(info.smallest_subnormal)))
+
+
+_SPANS = {"e4m3": _binades(ml_dtypes.float8_e4m3fn), "e5m2": _binades(ml_dtypes.float8_e5m2)}
+
+
+def _check_q4(answer: object) -> str:
+    if not isinstance(answer, str) or answer.strip().lower() not in ("e4m3", "e5m2"):
+        raise Wrong("answer 'e4m3' or 'e5m2'.")
+    spans = _SPANS
+    if answer.strip().lower() == "e5m2":
+        return (f"e5m2: from its smallest subnormal to its largest value it spans "
+                f"{spans['e5m2']:.1f} binades against e4m3's {spans['e4m3']:.1f}; gradients spread "
+                "over more binades than activations, and one extra exponent bit buys that range.")
+    raise Wrong(f"e4m3 spans only {spans['e4m3']:.1f} binades (e5m2: {spans['e5m2']:.1f}); "
+                "gradients cover a wider range than one scale can fit into e4m3.")
+
+
+q4 = Exercise(
+    "q4", "In the backward pass, which FP8 format do the usual recipes give gradients: 'e4m3' or 'e5m2'?",
+    _check_q4,
+    hint="Compare the binades each format spans (np.log2(max / smallest subnormal)), and the census "
+         "of the gradients above.",
+    solution=f"e5m2: one more exponent bit buys {_SPANS['e5m2'] - _SPANS['e4m3']:.0f} more binades of "
+             "range, at the price of one mantissa bit.",
+    solution_code="import ml_dtypes, numpy as np\n"
+                  "for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):\n"
+                  "    f = ml_dtypes.finfo(dt)\n"
+                  "    print(dt.__name__, np.log2(float(f.max) / float(f.smallest_subnormal)))")

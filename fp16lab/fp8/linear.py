@@ -1,0 +1,289 @@
+"""Float8Linear: a linear layer whose three matmuls run in FP8, through ``torch._scaled_mm`` or emulated.
+
+Forward, ``y = x @ W^T`` casts the activations ``x`` and the weights ``W`` to e4m3; backward,
+``dx = dy @ W`` and ``dW = dy^T @ x`` cast the gradient ``dy`` to e5m2 (more range, less
+precision: gradients span more binades than activations). Each cast takes its scales from the
+layer's recipe (see :data:`RECIPES`).
+
+Two backends compute an FP8 matmul of two scaled operands:
+
+* ``scaled_mm``: ``torch._scaled_mm`` (GPUs of compute capability 8.9 and up: Ada, Hopper), for
+  tensorwise and rowwise scales. Every dimension must be a multiple of 16: a Float8Linear raises
+  at construction when its features are not, and pads the token dimension with zero rows (zeros
+  change no amax) and slices the output back.
+* ``emulate``: the same cast (torch's float8 dtypes), the codes divided by their scales back to
+  fp32, a matmul in fp32. It is what runs on a CPU, and for blockwise scales everywhere (no fused
+  blockwise kernel is used here), so it is the reference the GPU path is checked against.
+
+``auto`` picks ``scaled_mm`` where it can and says in :data:`FALLBACKS` why it did not.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .scales import DelayedScaling, Quantized, amax, dequantize, quantize
+
+__all__ = ["BACKENDS", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear", "convert_to_fp8",
+           "fp8_mm", "granularity", "scaled_mm_available"]
+
+#: Recipes: how each tensor's scale is chosen.
+RECIPES = {
+    "tensorwise": "one scale per tensor, from its amax now (current scaling)",
+    "rowwise": "one scale per row along the summed dimension, from the amax now",
+    "blockwise": "activations and gradients per 1x128 tile, weights per 128x128 tile",
+    "delayed": "one scale per tensor, from the amax history of the last N steps, with a margin",
+}
+#: How an FP8 matmul is computed (see the module docstring).
+BACKENDS = ("auto", "scaled_mm", "emulate")
+#: torch._scaled_mm needs every dimension to be a multiple of this.
+GEMM_MULTIPLE = 16
+#: Blockwise tiles are this long, so blockwise layers need multiples of it.
+BLOCK = 128
+#: Why ``auto`` emulated instead of calling torch._scaled_mm, one line per case met in this process.
+FALLBACKS: dict[str, str] = {}
+
+
+def granularity(recipe: str, role: str) -> str:
+    """Returns the scale granularity a recipe gives a tensor of ``role`` ("data" or "weight")."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown FP8 recipe {recipe!r}; allowed: {', '.join(RECIPES)}")
+    if role not in ("data", "weight"):
+        raise ValueError(f"role must be 'data' or 'weight', got {role!r}")
+    if recipe == "blockwise":
+        return "1x128" if role == "data" else "128x128"
+    return "rowwise" if recipe == "rowwise" else "tensorwise"
+
+
+def scaled_mm_available(device: torch.device | str) -> bool:
+    """Returns True where torch._scaled_mm runs: a CUDA device of compute capability 8.9 or newer."""
+    device = torch.device(device)
+    return (device.type == "cuda" and torch.cuda.is_available() and hasattr(torch, "_scaled_mm")
+            and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
+def _scaled_mm_kind(qa: Quantized, qb: Quantized) -> str | None:
+    """Returns "tensorwise" or "rowwise" where _scaled_mm takes these scales, else None."""
+    (m, k), n = qa.data.shape, qb.data.shape[1]
+    if qa.scale.numel() == 1 and qb.scale.numel() == 1:
+        return "tensorwise"
+    if qa.tile == (1, k) and qb.tile == (k, 1):
+        return "rowwise"
+    return None
+
+
+def _check_operands(qa: Quantized, qb: Quantized) -> None:
+    if not isinstance(qa, Quantized) or not isinstance(qb, Quantized):
+        raise TypeError("fp8_mm multiplies two Quantized operands (see fp8.quantize)")
+    if qa.data.shape[1] != qb.data.shape[0]:
+        raise ValueError(f"cannot multiply {tuple(qa.data.shape)} by {tuple(qb.data.shape)}: "
+                         "the inner dimensions differ")
+
+
+def _check_multiples(shape: tuple[int, int, int]) -> None:
+    bad = [f"{name}={n}" for name, n in zip("MKN", shape) if n % GEMM_MULTIPLE]
+    if bad:
+        raise ValueError(f"torch._scaled_mm needs M, K and N to be multiples of {GEMM_MULTIPLE}; "
+                         f"{', '.join(bad)} are not (pad them, or use backend='emulate')")
+
+
+def _run_scaled_mm(qa: Quantized, qb: Quantized, kind: str, out_dtype: torch.dtype,
+                   fast_accum: bool) -> torch.Tensor:
+    a = qa.data if qa.data.is_contiguous() else qa.data.contiguous()  # row-major
+    b = qb.data if qb.data.stride(0) == 1 else qb.data.t().contiguous().t()  # column-major
+    # _scaled_mm multiplies the codes by scale_a and scale_b: the inverse of our scales
+    if kind == "tensorwise":
+        sa, sb = qa.scale.reshape(()).reciprocal(), qb.scale.reshape(()).reciprocal()
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype,
+                                use_fast_accum=fast_accum)
+    # rowwise scales: (M, 1) and (1, N); the kernel writes bf16 only
+    out = torch._scaled_mm(a, b, scale_a=qa.scale.reciprocal().contiguous(),
+                           scale_b=qb.scale.reciprocal().contiguous(), out_dtype=torch.bfloat16,
+                           use_fast_accum=fast_accum)
+    return out.to(out_dtype)
+
+
+def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float32,
+           backend: str = "auto", fast_accum: bool = False) -> torch.Tensor:
+    """Returns ``dequantize(qa) @ dequantize(qb)`` in ``out_dtype``, computed in FP8 where it can be.
+
+    Args:
+        qa: the left operand (M, K), scaled along K (``contraction_dim=1``).
+        qb: the right operand (K, N), scaled along K (``contraction_dim=0``).
+        backend: "auto", "scaled_mm" (raises where it cannot run) or "emulate".
+        fast_accum: let _scaled_mm keep its partial sums in lower precision (faster; forward only).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    _check_operands(qa, qb)
+    shape = (qa.data.shape[0], qa.data.shape[1], qb.data.shape[1])
+    kind = _scaled_mm_kind(qa, qb)
+    device = qa.data.device
+    if backend == "scaled_mm":
+        if not scaled_mm_available(device):
+            raise RuntimeError(f"torch._scaled_mm needs a CUDA GPU of compute capability 8.9+, "
+                               f"not {device}; use backend='emulate'")
+        if kind is None:
+            raise ValueError(f"torch._scaled_mm takes tensorwise or rowwise scales, not tiles of "
+                             f"{qa.tile} and {qb.tile}; use backend='emulate'")
+        _check_multiples(shape)
+        return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
+    if backend == "auto" and scaled_mm_available(device):
+        key = f"{kind or 'tiles ' + str(qa.tile) + ' x ' + str(qb.tile)} {qa.fmt} x {qb.fmt}"
+        if kind is None:
+            FALLBACKS.setdefault(key, "emulated: no fused kernel for these tiles is used here")
+        elif any(n % GEMM_MULTIPLE for n in shape):
+            FALLBACKS.setdefault(key, f"emulated: shape {shape} is not a multiple of {GEMM_MULTIPLE}")
+        elif key not in FALLBACKS:
+            try:
+                return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
+            except (RuntimeError, ValueError, TypeError) as exc:  # e.g. a format pair it lacks
+                FALLBACKS[key] = f"emulated: torch._scaled_mm raised {str(exc).splitlines()[0]}"
+    return (dequantize(qa) @ dequantize(qb)).to(out_dtype)
+
+
+class _Fp8Matmul(torch.autograd.Function):
+    """``x @ w.T`` with e4m3 operands forward and e5m2 gradients backward, scaled by the layer's recipe."""
+
+    @staticmethod
+    def forward(ctx, x, w, layer, out_dtype):
+        recipe, backend = layer.recipe, layer.backend
+        gd, gw = granularity(recipe, "data"), granularity(recipe, "weight")
+        delayed = recipe == "delayed"
+        sx = sw = None
+        if delayed:
+            sx, sw = layer.scalers["input"].scale, layer.scalers["weight"].scale
+        qx = quantize(x, "e4m3", gd, contraction_dim=1, scale=sx, saturate=delayed)
+        qw = quantize(w.t(), "e4m3", gw, contraction_dim=0, scale=sw, saturate=delayed)
+        if delayed:
+            layer.scalers["input"].update(amax(x, tuple(x.shape)))
+            layer.scalers["weight"].update(amax(w, tuple(w.shape)))
+        y = fp8_mm(qx, qw, out_dtype=out_dtype, backend=backend, fast_accum=True)
+        ctx.layer, ctx.dtypes = layer, (x.dtype, w.dtype)
+        if recipe in ("tensorwise", "delayed"):
+            # one scale per tensor: the forward's codes serve the backward too (transposed)
+            ctx.save_for_backward(qx.data, qx.scale, qw.data, qw.scale)
+        else:
+            ctx.save_for_backward(x, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        layer = ctx.layer
+        recipe, backend = layer.recipe, layer.backend
+        gd, gw = granularity(recipe, "data"), granularity(recipe, "weight")
+        delayed = recipe == "delayed"
+        g = g.contiguous()
+        sg = layer.scalers["grad"].scale if delayed else None
+        qg = quantize(g, "e5m2", gd, contraction_dim=1, scale=sg, saturate=delayed)
+        if delayed:
+            layer.scalers["grad"].update(amax(g, tuple(g.shape)))
+        if recipe in ("tensorwise", "delayed"):
+            xd, xs, wd, ws = ctx.saved_tensors
+            qx = Quantized(xd, xs, tuple(xd.shape), "e4m3")
+            qw = Quantized(wd, ws, tuple(wd.shape), "e4m3").t()  # (N, K)
+            qg_t = qg.t()
+        else:
+            x, w = ctx.saved_tensors
+            qw = quantize(w, "e4m3", gw, contraction_dim=0)
+            qg_t = quantize(g.t(), "e5m2", gd, contraction_dim=1)
+            qx = quantize(x, "e4m3", gd, contraction_dim=0)
+        grad_x = fp8_mm(qg, qw, out_dtype=ctx.dtypes[0], backend=backend)
+        grad_w = fp8_mm(qg_t, qx, out_dtype=ctx.dtypes[1], backend=backend)
+        return grad_x, grad_w, None, None
+
+
+def _feature_multiple(recipe: str) -> int:
+    return BLOCK if recipe == "blockwise" else GEMM_MULTIPLE
+
+
+class Float8Linear(nn.Linear):
+    """A ``nn.Linear`` whose matmuls run in FP8 with the scales of ``recipe`` (see :data:`RECIPES`).
+
+    The weights stay in their own dtype (the master copy); they are cast at every forward. Under
+    autocast the output has the autocast dtype, otherwise the input's. The bias is added after the
+    FP8 matmul, in the output dtype.
+
+    Args:
+        recipe: "tensorwise", "rowwise", "blockwise" or "delayed".
+        backend: "auto", "scaled_mm" or "emulate" (see the module docstring).
+        history_len, margin: the delayed recipe's amax history length and power-of-two margin.
+
+    Raises:
+        ValueError: when in_features or out_features is not a multiple of 16 (of 128 for
+            blockwise), or for an unknown recipe or backend.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 recipe: str = "tensorwise", backend: str = "auto", history_len: int = 16,
+                 margin: int = 0, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        granularity(recipe, "data")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+        mult = _feature_multiple(recipe)
+        if in_features % mult or out_features % mult:
+            raise ValueError(f"an FP8 {recipe} linear layer needs in_features and out_features "
+                             f"that are multiples of {mult}; got {in_features} -> {out_features}")
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.recipe, self.backend = recipe, backend
+        self.scalers: dict[str, DelayedScaling] = {}
+        if recipe == "delayed":
+            self.scalers = {"input": DelayedScaling("e4m3", history_len, margin),
+                            "weight": DelayedScaling("e4m3", history_len, margin),
+                            "grad": DelayedScaling("e5m2", history_len, margin)}
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **kwargs) -> "Float8Linear":
+        """Returns a Float8Linear sharing ``linear``'s weight and bias parameters."""
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                  device="meta", **kwargs)
+        new.weight, new.bias = linear.weight, linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        *lead, k = x.shape
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        for s in self.scalers.values():
+            if s.scale.device != x.device:
+                s.to(x.device)
+        x2d = x.reshape(-1, k)
+        m = x2d.shape[0]
+        pad = -m % _feature_multiple(self.recipe)
+        if pad:  # zero rows change no amax; the output rows they make are sliced off
+            x2d = F.pad(x2d, (0, 0, 0, pad))
+        with torch.autocast(dev, enabled=False):
+            y = _Fp8Matmul.apply(x2d, self.weight, self, out_dtype)
+        if pad:
+            y = y[:m]
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe}, backend={self.backend}"
+
+
+def convert_to_fp8(model: nn.Module, recipe: str, *, backend: str = "auto", history_len: int = 16,
+                   margin: int = 0, skip: tuple[str, ...] = ("head",)) -> list[str]:
+    """Swaps every eligible ``nn.Linear`` of ``model`` for a :class:`Float8Linear`; returns their names.
+
+    Eligible: exactly ``nn.Linear`` (not subclasses such as attention's packed projections, whose
+    weights are used without calling the module), features multiples of 16 (128 for blockwise),
+    and a name whose last part is not in ``skip`` (the output layer stays in high precision, as
+    the usual recipes keep it).
+    """
+    granularity(recipe, "data")
+    mult = _feature_multiple(recipe)
+    converted = []
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if (type(child) is nn.Linear and child_name not in skip
+                    and not child.in_features % mult and not child.out_features % mult):
+                setattr(module, child_name, Float8Linear.from_linear(
+                    child, recipe=recipe, backend=backend, history_len=history_len, margin=margin))
+                converted.append(f"{name}.{child_name}" if name else child_name)
+    return converted

@@ -1,0 +1,195 @@
+"""Training in FP8: a small GPT-style model, a learnable token task, and one training step per recipe.
+
+``make_fp8_step`` is what a sweep point ``fp8-<recipe>`` runs: the model's eligible linear layers
+become :class:`~fp16lab.fp8.linear.Float8Linear` and everything else runs under bf16 autocast,
+exactly as ``amp-bf16`` does, so the two differ only in the matmuls. ``train_curve`` trains the
+same model from the same seed in bf16 (or fp32) or in FP8 and returns its loss per step.
+
+On a CPU, bf16 matmuls are emulated slowly by most builds (a 512^3 bf16 matmul took 20x the fp32
+time here), so the CPU default runs the non-FP8 parts in fp32 (``autocast=False``) and compares
+FP8 with ``fp32``; on a GPU the default is bf16 autocast and the baseline ``amp-bf16``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .linear import RECIPES, convert_to_fp8
+
+__all__ = ["PRECISIONS", "GPTConfig", "TinyGPT", "make_batch", "make_fp8_step", "train_curve"]
+
+#: What train_curve accepts: the bf16 baseline and one FP8 precision per recipe.
+PRECISIONS = ("amp-bf16", "fp32", *(f"fp8-{r}" for r in RECIPES))
+# recipes: replace with fp16lab.recipes' optimizer settings once it lands
+LR = 3e-3
+WEIGHT_DECAY = 0.0
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes of :class:`TinyGPT` and its task; the defaults train on a CPU in seconds."""
+
+    d_model: int = 128
+    n_layers: int = 1
+    n_heads: int = 4
+    seq_len: int = 32
+    vocab: int = 32
+    batch: int = 16
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
+
+
+class Block(nn.Module):
+    """Pre-norm causal self-attention and a 4x MLP, every projection an ``nn.Linear``."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    """Token and position embeddings, ``n_layers`` blocks, a final norm and a linear head."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Parameter(torch.randn(cfg.seq_len, cfg.d_model) * 0.02)
+        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.n_heads) for _ in range(cfg.n_layers))
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def make_batch(cfg: GPTConfig, step: int, *, seed: int = 0,
+               device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (tokens, targets) of one batch: target t is a fixed permutation of token t-1.
+
+    The rule needs attention to the previous token, so the loss falls from ln(vocab) as the model
+    learns it (the first position's target is the permutation of itself). Batch ``step`` of
+    ``seed`` is the same on every device and every run.
+    """
+    perm = torch.randperm(cfg.vocab, generator=torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step + 1)
+    tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.seq_len), generator=gen)
+    previous = torch.cat([tokens[:, :1], tokens[:, :-1]], dim=1)
+    return tokens.to(device), perm[previous].to(device)
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
+
+
+def make_fp8_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str, *,
+                  optimizer: torch.optim.Optimizer | None = None, backend: str = "auto",
+                  history_len: int = 16, margin: int = 0,
+                  autocast: bool | None = None, lr: float = LR) -> Callable[[], torch.Tensor]:
+    """Returns a closure running one training step of ``model`` on (x, y) with FP8 matmuls.
+
+    The model's eligible linear layers are converted in place (see ``convert_to_fp8``; raises
+    if none is); the step zeroes the gradients, runs forward under bf16 autocast (``autocast``:
+    None means on a GPU only), takes the cross-entropy of the logits (flattened for token models)
+    and steps the optimizer (AdamW at ``LR`` if none is given). ``step.optimizer`` and
+    ``step.converted`` say what it uses.
+    """
+    converted = convert_to_fp8(model, recipe, backend=backend, history_len=history_len,
+                               margin=margin)
+    if not converted:
+        raise ValueError(f"{type(model).__name__} has no linear layer an FP8 {recipe} recipe can "
+                         "convert (features must be multiples of 16, or 128 for blockwise)")
+    step = _plain_step(model, x, y, optimizer=optimizer, autocast=autocast, lr=lr)
+    step.converted = converted
+    return step
+
+
+def _plain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                optimizer: torch.optim.Optimizer | None = None,
+                autocast: bool | None = None, lr: float = LR) -> Callable[[], torch.Tensor]:
+    # recipes: replace with fp16lab.recipes' amp-bf16 / fp32 steps once it lands
+    opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
+    dev = x.device.type
+    enabled = dev == "cuda" if autocast is None else bool(autocast)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=enabled):
+            out = model(x)
+        loss = F.cross_entropy(out.float().flatten(0, -2), y.flatten())
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step.optimizer = opt
+    return step
+
+
+def train_curve(precision: str, cfg: GPTConfig = GPTConfig(), *, steps: int = 40, seed: int = 0,
+                device: torch.device | str = "cpu", backend: str = "auto",
+                history_len: int = 16, margin: int = 0, warmup: int = 0,
+                autocast: bool | None = None, lr: float = LR) -> dict[str, Any]:
+    """Returns {"precision", "losses", "step_ms", ...} of ``steps`` training steps of TinyGPT from ``seed``.
+
+    Every precision trains the same initial weights on the same batches. ``amp-bf16`` runs under
+    bf16 autocast, ``fp32`` without; an FP8 precision runs its non-FP8 parts under bf16 autocast
+    where ``autocast`` says so (None: on a GPU only). ``step_ms`` is the
+    median wall time of the steps after ``warmup`` (each followed by a synchronize on a GPU).
+    """
+    _check_precision(precision)
+    if not isinstance(steps, int) or steps < 1 or not isinstance(warmup, int) or not 0 <= warmup < steps:
+        raise ValueError(f"need steps >= 1 and 0 <= warmup < steps, got steps={steps!r}, "
+                         f"warmup={warmup!r}")
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    model = TinyGPT(cfg).to(device)
+    batches = [make_batch(cfg, i, seed=seed, device=device) for i in range(min(steps, 64))]
+    x = torch.empty_like(batches[0][0])
+    y = torch.empty_like(batches[0][1])
+    if precision in ("amp-bf16", "fp32"):
+        step = _plain_step(model, x, y, autocast=precision == "amp-bf16", lr=lr)
+    else:
+        step = make_fp8_step(model, x, y, precision.removeprefix("fp8-"), backend=backend,
+                             history_len=history_len, margin=margin, autocast=autocast, lr=lr)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    losses, times = [], []
+    for i in range(steps):
+        bx, by = batches[i % len(batches)]
+        x.copy_(bx)
+        y.copy_(by)
+        sync()
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(1e3 * (time.perf_counter() - t0))
+        losses.append(float(loss))
+    kept = sorted(times[warmup:])
+    return {"precision": precision, "losses": losses, "step_ms": kept[len(kept) // 2],
+            "steps": steps, "seed": seed, "lr": lr, "config": asdict(cfg),
+            "converted": getattr(step, "converted", [])}

@@ -1,0 +1,219 @@
+"""One training step per precision: the maths flags, autocast, the GradScaler and master weights.
+
+Five recipes, one name each, used everywhere in fp16lab (the sweep, notebook 02's runs, the
+claims and the benchmarks):
+
+* ``fp32``: fp32 weights and maths, TF32 off for matmul and cuDNN;
+* ``tf32``: fp32 weights, matmul and convolutions on TF32 tensor cores;
+* ``amp-fp16``: ``torch.autocast(device, torch.float16)`` with a ``torch.amp.GradScaler``;
+* ``amp-bf16``: ``torch.autocast(device, torch.bfloat16)``, no scaler (bf16 has fp32's range);
+* ``fp16-o2``: the whole model in fp16 (BatchNorm kept in fp32), fp32 master weights in the
+  optimizer and a GradScaler (the Apex O2 recipe).
+
+The step a practitioner writes for ``amp-fp16`` is the one in notebook 02::
+
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+from .scaling import ScalerSettings
+
+#: Precision names, with what each one does to the training step.
+PRECISIONS = {
+    "fp32": "fp32 weights and maths; TF32 off for matmul and cuDNN",
+    "tf32": "fp32 weights; matmul and convolutions on TF32 tensor cores (no effect on a CPU)",
+    "amp-fp16": "autocast to fp16 with a GradScaler",
+    "amp-bf16": "autocast to bf16, no scaler (bf16 has fp32's exponent range)",
+    "fp16-o2": ("pure fp16 model with fp32 master weights in the optimizer and a dynamic loss "
+                "scaler (the Apex O2 recipe; BatchNorm kept in fp32)"),
+}
+
+#: Precisions whose step uses a loss scaler (so the scaler settings matter).
+SCALED_PRECISIONS = ("amp-fp16", "fp16-o2")
+
+#: The dtype autocast runs in, per precision (absent: autocast off).
+AUTOCAST_DTYPES = {"amp-fp16": "float16", "amp-bf16": "bfloat16"}
+
+
+def check_precision(precision: str) -> str:
+    """Returns ``precision`` when it names a recipe, else raises ValueError listing the names."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
+    return precision
+
+
+def autocast(precision: str, device: str) -> Any:
+    """Returns the ``torch.autocast`` context of a precision (a disabled one where it has none)."""
+    import torch
+
+    dtype = AUTOCAST_DTYPES.get(check_precision(precision))
+    return torch.autocast(device, dtype=getattr(torch, dtype or "float16"), enabled=dtype is not None)
+
+
+def grad_scaler(precision: str, device: str, settings: ScalerSettings | None = None) -> Any:
+    """Returns a ``torch.amp.GradScaler``, enabled only for the precisions that scale the loss."""
+    import torch
+
+    s = settings or ScalerSettings()
+    return torch.amp.GradScaler(device, init_scale=s.init_scale, growth_factor=s.growth_factor,
+                                backoff_factor=s.backoff_factor, growth_interval=s.growth_interval,
+                                enabled=check_precision(precision) in SCALED_PRECISIONS)
+
+
+def _save_math_flags() -> dict[str, Any]:
+    """Returns the TF32 and cudnn.benchmark settings, read so that reading never fails.
+
+    torch >= 2.9 has a second, per-backend TF32 API (``fp32_precision``); once someone has used
+    it, reading the legacy ``allow_tf32`` flags raises, so those are read only where they can be.
+    """
+    import torch
+
+    b = torch.backends
+    state: dict[str, Any] = {"benchmark": b.cudnn.benchmark}
+    for name, get in (("matmul", lambda: b.cuda.matmul.allow_tf32),
+                      ("cudnn", lambda: b.cudnn.allow_tf32)):
+        try:
+            state[name] = get()
+        except RuntimeError:  # "mix of the legacy and new APIs"
+            pass
+    if hasattr(b.cuda.matmul, "fp32_precision") and hasattr(b.cudnn, "conv"):
+        state["new"] = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
+                        b.cudnn.rnn.fp32_precision)
+    return state
+
+
+def _restore_math_flags(state: dict[str, Any]) -> None:
+    import torch
+
+    b = torch.backends
+    if "matmul" in state:
+        b.cuda.matmul.allow_tf32 = state["matmul"]
+    if "cudnn" in state:
+        b.cudnn.allow_tf32 = state["cudnn"]
+    if "new" in state:  # after the legacy flags: the per-backend values win where they are set
+        b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = \
+            state["new"]
+    b.cudnn.benchmark = state["benchmark"]
+
+
+@contextlib.contextmanager
+def math_flags(precision: str, cudnn_benchmark: bool | None = None) -> Iterator[None]:
+    """Sets TF32 (on only for 'tf32') and, when given, cudnn.benchmark; restores both after."""
+    import torch
+
+    b = torch.backends
+    tf32 = check_precision(precision) == "tf32"
+    saved = _save_math_flags()
+    # the legacy setters also set the per-backend flags, leaving both APIs consistent
+    b.cuda.matmul.allow_tf32 = tf32
+    b.cudnn.allow_tf32 = tf32
+    if cudnn_benchmark is not None:
+        b.cudnn.benchmark = cudnn_benchmark
+    try:
+        yield
+    finally:
+        _restore_math_flags(saved)
+
+
+def _keep_batchnorm_fp32(model: Any) -> None:
+    import torch
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.float()
+
+
+def sgd(params: Any, lr: float = 0.01, momentum: float = 0.9) -> Any:
+    """Returns the SGD optimizer (lr 0.01, momentum 0.9 by default) the sweep's steps use."""
+    import torch
+
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
+                    scaler: ScalerSettings | None = None,
+                    optimizer: Callable[[Any], Any] = sgd,
+                    loss_fn: Callable[[Any, Any], Any] | None = None,
+                    ) -> tuple[Callable[[], Any], Any]:
+    """Returns (step, scaler): a closure running one full training step, and its GradScaler or None.
+
+    ``step.optimizer`` is the optimizer the step uses; ``step()`` returns the loss.
+
+    The model, input and labels must already be on ``device``, in their memory layout. For
+    ``fp16-o2`` the model is converted to fp16 here (BatchNorm stays fp32) and the optimizer
+    steps fp32 master copies of the weights, which are copied back into the model after each
+    step. The maths flags are not set here: run the step inside :func:`math_flags`.
+
+    Args:
+        precision: a name from :data:`PRECISIONS`.
+        scaler: GradScaler settings for the scaled precisions (default: torch's defaults).
+        optimizer: called with the parameters (the fp32 master copies for ``fp16-o2``).
+        loss_fn: ``loss_fn(logits, labels)``; cross-entropy by default.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    check_precision(precision)
+    loss_fn = loss_fn or F.cross_entropy
+    dev = device
+    if precision == "fp16-o2":
+        model.half()
+        _keep_batchnorm_fp32(model)
+        x = x.half()
+        params = [p for p in model.parameters() if p.requires_grad]
+        master = [p.detach().float().clone() for p in params]
+        opt = optimizer(master)
+        gs = grad_scaler(precision, dev, scaler)
+
+        def step() -> Any:
+            model.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x).float(), y)
+            gs.scale(loss).backward()
+            # fp16 gradients (inf where the scaled loss overflowed) become fp32 master gradients;
+            # the scaler unscales them in fp32, skips the step on inf/NaN and adjusts the scale.
+            for m, p in zip(master, params):
+                m.grad = None if p.grad is None else p.grad.float()
+            gs.step(opt)
+            gs.update()
+            with torch.no_grad():
+                for m, p in zip(master, params):
+                    p.copy_(m)
+            return loss
+
+        step.optimizer = opt
+        return step, gs
+
+    opt = optimizer(model.parameters())
+    if precision == "amp-fp16":
+        gs = grad_scaler(precision, dev, scaler)
+
+        def step() -> Any:
+            opt.zero_grad(set_to_none=True)
+            with autocast(precision, dev):
+                loss = loss_fn(model(x), y)
+            gs.scale(loss).backward()
+            gs.step(opt)
+            gs.update()
+            return loss
+
+        step.optimizer = opt
+        return step, gs
+
+    def step() -> Any:
+        opt.zero_grad(set_to_none=True)
+        with autocast(precision, dev):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step.optimizer = opt
+    return step, None

@@ -1,0 +1,285 @@
+"""Running a sweep: each point's training step measured, repeats interleaved, every row saved at once.
+
+How one point is measured:
+
+1. build a fresh model and batch, run ``warmup`` steps (cuDNN picks algorithms, the caching
+   allocator fills, clocks rise);
+2. time ``steps`` steps back to back, with CUDA events between consecutive steps on a GPU
+   (so gaps between steps count) and ``time.perf_counter`` on a CPU;
+3. report the median step time and its 10th-90th percentile spread, samples/s, peak memory
+   allocated and reserved, the final loss scale and how many steps the scaler skipped, and GPU
+   telemetry sampled by :class:`fp16lab.telemetry.TelemetrySampler` during the timed steps.
+
+A CUDA out-of-memory point is recorded with status ``oom`` and its memory released; any other
+failure is recorded with its message; re-running the same sweep skips what the file holds.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from ..recipes import make_train_step, math_flags, sgd
+from .results import META_COLUMNS, ROW_COLUMNS, append_rows, read_results
+from .spec import Point, SweepSpec
+
+#: Learning rate and momentum of the SGD optimizer every point uses.
+LR, MOMENTUM = 0.01, 0.9
+
+#: Called before every training step as fault_injector(point, repeat, step_index); tests use
+#: it to raise an out-of-memory error or an interrupt from inside a point.
+FaultInjector = Callable[[Point, int, int], None]
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Returns True when an exception is an out-of-memory error (CUDA or host)."""
+    import torch
+
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+class _ScaleHistory:
+    """Records the loss scale after every step without a host sync, to count skipped steps."""
+
+    def __init__(self, scaler: Any):
+        self.scaler = scaler
+        self.values: list[Any] = []
+
+    def record(self) -> None:
+        if self.scaler is None:
+            return
+        t = getattr(self.scaler, "_scale", None)  # GradScaler's scale tensor, on the device
+        # get_scale() would force a GPU sync each step and distort the timing; clone() does not
+        self.values.append(t.clone() if t is not None else self.scaler.get_scale())
+
+    def final_and_skipped(self, init_scale: float) -> tuple[float | None, int | None]:
+        """Returns (final scale, number of steps whose update lowered the scale)."""
+        if self.scaler is None:
+            return None, None
+        xs = [init_scale] + [float(v) for v in self.values]
+        skipped = sum(1 for i in range(1, len(xs)) if xs[i] < xs[i - 1])
+        return xs[-1], skipped
+
+
+def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interval_s: float,
+               repeat: int, fault_injector: FaultInjector | None) -> dict[str, Any]:
+    """Returns the measurements of one repeat of one point (raises on OOM and other failures)."""
+    import torch
+
+    from ..bench import summarize
+    from ..models import NUM_CLASSES, build_model, input_shape
+    from ..telemetry import TelemetrySampler
+
+    dev = point.device
+    cuda = dev == "cuda"
+    torch.manual_seed(1234 + repeat)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    model = build_model(point.model).to(dev)
+    x = torch.randn(input_shape(point.model, point.batch), device=dev)
+    y = torch.randint(0, NUM_CLASSES, (point.batch,), device=dev)
+    if point.layout == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    step, scaler = make_train_step(point.precision, model, x, y, device=dev, scaler=point.scaler,
+                                   optimizer=lambda p: sgd(p, LR, MOMENTUM))
+    history = _ScaleHistory(scaler)
+
+    def one(i: int) -> Any:
+        if fault_injector is not None:
+            fault_injector(point, repeat, i)
+        out = step()
+        history.record()
+        return out
+
+    for i in range(warmup):
+        one(i)
+    sampler = TelemetrySampler(enabled=telemetry and cuda, interval_s=interval_s)
+    if not cuda and telemetry:
+        sampler.note = "CPU run: no GPU telemetry"
+    if cuda:
+        torch.cuda.synchronize()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        sampler.start()
+        try:
+            events[0].record()
+            for i in range(steps):
+                loss = one(warmup + i)
+                events[i + 1].record()
+            torch.cuda.synchronize()
+        finally:  # a failure mid-point must not leave the sampler thread running
+            tele = sampler.stop()
+        times = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
+        peak_alloc = torch.cuda.max_memory_allocated() / 2**20
+        peak_res = torch.cuda.max_memory_reserved() / 2**20
+        mem_note = ""
+    else:
+        sampler.start()
+        times = []
+        try:
+            for i in range(steps):
+                t0 = time.perf_counter()
+                loss = one(warmup + i)
+                times.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            tele = sampler.stop()
+        peak_alloc = peak_res = None
+        mem_note = "CPU run: torch keeps no peak-memory counter for host allocations"
+    timing = summarize(times)
+    final_scale, skipped = history.final_and_skipped(point.scaler.init_scale if point.scaler else 1.0)
+    return {
+        "step_ms_median": timing.median_ms, "step_ms_p10": timing.p10_ms,
+        "step_ms_p90": timing.p90_ms, "spread": timing.spread,
+        "samples_per_s": point.batch / (timing.median_ms / 1e3),
+        "peak_mem_allocated_mb": peak_alloc, "peak_mem_reserved_mb": peak_res,
+        "memory_note": mem_note, "final_scale": final_scale, "skipped_steps": skipped,
+        "final_loss": float(loss.detach().float()), **tele.as_dict(),
+    }
+
+
+_META_CACHE: dict[str, Any] = {}
+
+
+def _provenance() -> dict[str, Any]:
+    if not _META_CACHE:
+        from ..device import metadata
+
+        meta = metadata()
+        _META_CACHE.update({k: meta.get(k) for k in META_COLUMNS})
+        if _META_CACHE.get("cudnn") is not None:
+            _META_CACHE["cudnn"] = str(_META_CACHE["cudnn"])
+    return dict(_META_CACHE)
+
+
+def _drop_inner_frames(exc: BaseException) -> None:
+    """Cuts an exception's traceback below the current frame.
+
+    Whoever catches an exception keeps its traceback, and with it the frames (and the closures
+    of their functions) that hold the point's model, optimizer and activations; cutting the
+    traceback here lets that memory go now instead of when the exception is dropped.
+    """
+    if exc.__traceback__ is not None:
+        exc.__traceback__.tb_next = None
+
+
+def _release_memory() -> None:
+    """Frees what a finished or failed point left: unreachable objects, then cached GPU blocks."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int = 10,
+                  tolerance: float = 0.03, telemetry: bool = True, interval_s: float = 0.05,
+                  fault_injector: FaultInjector | None = None) -> dict[str, Any]:
+    """Returns one results row for one repeat of a point, with status 'ok', 'oom' or 'error'.
+
+    An out-of-memory error or any other exception is caught and recorded in the row; the
+    point's model, optimizer and tensors are then released (``gc.collect`` and
+    ``torch.cuda.empty_cache``) so the next point starts from the same memory level.
+    ``KeyboardInterrupt`` is re-raised after the same release.
+    """
+    row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
+    row.update(point.settings(), key=point.key, repeat=repeat, warmup=warmup, steps=steps,
+               tolerance=tolerance, error="")
+    t0 = time.perf_counter()
+    status, error = "ok", ""
+    try:
+        with math_flags(point.precision, point.cudnn_benchmark):
+            row.update(_run_point(point, warmup=warmup, steps=steps, telemetry=telemetry,
+                                  interval_s=interval_s, repeat=repeat,
+                                  fault_injector=fault_injector))
+    except Exception as e:  # recorded, and the sweep goes on
+        status = "oom" if is_oom(e) else "error"
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        _drop_inner_frames(e)
+    except BaseException as e:  # KeyboardInterrupt: release the point's memory, then re-raise
+        _drop_inner_frames(e)
+        _release_memory()
+        raise
+    _release_memory()
+    row.update(status=status, error=error, elapsed_s=time.perf_counter() - t0,
+               finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               **_provenance())
+    return row
+
+
+# --------------------------------------------------------------------------- running a sweep
+
+ResultCallback = Callable[[dict[str, Any], int, int], None]
+
+
+def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
+              stop: threading.Event | None = None, on_result: ResultCallback | None = None,
+              progress: bool = False, fault_injector: FaultInjector | None = None) -> pd.DataFrame:
+    """Runs a sweep and returns its rows (one per point and repeat), resuming from ``out``.
+
+    Args:
+        spec: the grid and how to measure it.
+        out: a ``.parquet`` results file; each finished repeat is appended at once (with a CSV
+            copy). Repeats the file already holds are skipped, as are the remaining repeats of
+            a point recorded as ``oom`` or ``error`` (delete those rows to retry them). A point's
+            key holds its settings, not warmup/steps: measure with another protocol into
+            another file.
+        stop: when set (from another thread), the sweep ends after the current point.
+        on_result: called as ``on_result(row, done, total)`` after every finished repeat.
+        progress: show a tqdm progress bar.
+        fault_injector: called before every training step; for tests.
+    """
+    points = spec.points()
+    keys = {p.key for p in points}
+    existing = read_results(out) if out is not None else pd.DataFrame(columns=list(ROW_COLUMNS))
+    existing = existing[existing["key"].isin(keys)] if len(existing) else existing
+    done = {(k, int(r)) for k, r, s in zip(existing.get("key", []), existing.get("repeat", []),
+                                            existing.get("status", [])) if s == "ok"}
+    failed = {k for k, s in zip(existing.get("key", []), existing.get("status", [])) if s != "ok"}
+    tasks = [(r, p) for r in range(spec.repeats) for p in points
+             if (p.key, r) not in done and p.key not in failed]
+    rows: list[dict[str, Any]] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(tasks), unit="point", desc="sweep")
+    try:
+        for i, (r, p) in enumerate(tasks):
+            if stop is not None and stop.is_set():
+                break
+            if p.key in failed:
+                if bar is not None:
+                    bar.update(1)
+                continue
+            if bar is not None:
+                bar.set_postfix_str(f"{p.label()} r{r}", refresh=True)
+            row = measure_point(p, repeat=r, warmup=spec.warmup, steps=spec.steps,
+                                tolerance=spec.tolerance, telemetry=spec.telemetry,
+                                interval_s=spec.telemetry_interval_s,
+                                fault_injector=fault_injector)
+            if out is not None:
+                append_rows(out, [row])
+            rows.append(row)
+            if row["status"] != "ok":
+                failed.add(p.key)
+            if bar is not None:
+                bar.update(1)
+            if on_result is not None:
+                on_result(row, i + 1, len(tasks))
+    finally:
+        if bar is not None:
+            bar.close()
+    if out is not None:
+        df = read_results(out)
+        return df[df["key"].isin(keys)].reset_index(drop=True)
+    return pd.DataFrame(rows, columns=list(ROW_COLUMNS))

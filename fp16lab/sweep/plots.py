@@ -1,0 +1,111 @@
+"""Plotting a sweep: samples/s, peak memory and GPU busy % against batch size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ..recipes import PRECISIONS
+from ..scaling import ScalerSettings
+from .report import summarize_results
+
+_LAYOUT_STYLE = {"nchw": ("-", "o"), "channels_last": ("--", "s")}
+_PLOT_PANELS = (("samples_per_s", "samples/s"),
+                ("peak_mem_allocated_mb", "peak memory allocated (MB)"),
+                ("gpu_busy_mean", "GPU busy % (NVML)"))
+
+
+def _plot_points(rows: pd.DataFrame, model: str | None) -> pd.DataFrame:
+    """Returns the summarized 'ok' points a plot shows: default scaler settings (or none) only."""
+    if not len(rows):
+        return pd.DataFrame()
+    s = summarize_results(rows)
+    s = s[s["status"] == "ok"]
+    if model is not None:
+        s = s[s["model"] == model]
+    d = ScalerSettings()
+    default = (s["init_scale"].isna()
+               | ((s["init_scale"] == d.init_scale) & (s["growth_factor"] == d.growth_factor)
+                  & (s["backoff_factor"] == d.backoff_factor)
+                  & (s["growth_interval"] == d.growth_interval)))
+    return s[default]
+
+
+def plot_style(layout: str, precision: str) -> dict[str, Any]:
+    """Returns the matplotlib line style of a series: colour by precision, line and marker by layout."""
+    ls, marker = _LAYOUT_STYLE.get(layout, (":", "^"))
+    return dict(color=f"C{list(PRECISIONS).index(precision)}", ls=ls, marker=marker)
+
+
+def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = None) -> Any:
+    """Returns a matplotlib Figure: samples/s, peak memory and GPU busy % against batch size.
+
+    One line per layout and precision: colour is the precision, line style and marker the
+    layout; every point has a marker, so a single batch size shows too. A hollow marker is an
+    UNSTABLE point (its repeats differ by more than the tolerance). With several models, each
+    model gets its own row of panels. Only points measured with the default loss-scaler settings
+    (or none) are drawn, so scaler variations do not average in. Pass a
+    ``matplotlib.figure.Figure`` as ``fig`` to draw without pyplot (from a background thread);
+    without one, a pyplot figure is made and closed, so a notebook shows it once, as the value.
+    """
+    s = _plot_points(rows, model)
+    models = list(dict.fromkeys(s["model"])) if len(s) else [model or ""]
+    if fig is None:
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(14, 3.6 * len(models)), layout="constrained")
+        plt.close(fig)
+    axes = fig.subplots(len(models), 3, squeeze=False)
+    handles: dict[str, Any] = {}
+    any_unstable = False
+    for r, m in enumerate(models):
+        sm = s[s["model"] == m] if len(s) else s
+        for ax, (col, title) in zip(axes[r], _PLOT_PANELS):
+            ax.set_title(f"{m}: {title}" if len(models) > 1 else title, fontsize=10)
+            ax.set_xlabel("batch size")
+            has = len(sm) and pd.to_numeric(sm[col], errors="coerce").notna().any()
+            if not has:
+                why = ("not measured on a CPU" if len(sm) and (sm["device"] == "cpu").all()
+                       else "no points yet")
+                ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes,
+                        color="0.4")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
+            for (lay, prec), g in sm.groupby(["layout", "precision"], sort=False):
+                g = g.assign(y=pd.to_numeric(g[col], errors="coerce")).dropna(subset=["y"])
+                g = g.sort_values("batch")
+                if not len(g):
+                    continue
+                style = plot_style(lay, prec)
+                unstable = g["unstable"].astype(bool).to_numpy()
+                stable_at = [i for i, u in enumerate(unstable) if not u]
+                (line,) = ax.plot(g["batch"].to_numpy(), g["y"].to_numpy(), **style, ms=6,
+                                  markevery=stable_at, label=f"{lay} {prec}")
+                if unstable.any():
+                    any_unstable = True
+                    ax.plot(g["batch"].to_numpy()[unstable], g["y"].to_numpy()[unstable],
+                            ls="none", marker=style["marker"], ms=6, color=style["color"],
+                            mfc="white", zorder=line.get_zorder() + 0.1)
+                handles.setdefault(f"{lay} {prec}", line)
+            batches = sorted(sm["batch"].unique())
+            if len(batches) > 1:
+                ax.set_xscale("log", base=2)
+            ax.set_xticks(batches, [str(b) for b in batches])
+            ax.minorticks_off()
+            ax.set_ylim(0, 105) if col == "gpu_busy_mean" else ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+    if handles:
+        from matplotlib.lines import Line2D
+
+        labels = list(handles)
+        hs = [Line2D([], [], **{k: v for k, v in (("color", h.get_color()),
+                                                  ("ls", h.get_linestyle()),
+                                                  ("marker", h.get_marker()))})
+              for h in handles.values()]
+        if any_unstable:
+            labels.append("hollow: UNSTABLE")
+            hs.append(Line2D([], [], ls="none", marker="o", color="0.3", mfc="white"))
+        fig.legend(hs, labels, loc="outside right upper", fontsize=8, frameon=False)
+    return fig

@@ -1,0 +1,259 @@
+"""fp16lab.distributed: torchrun launches of two gloo ranks on the CPU, and the arithmetic.
+
+Two launches serve the CPU tests (torchrun with two ranks takes seconds to start): one runs a
+training point then a point whose rank 1 raises; the other averages chosen gradients under each
+comm hook, runs GradScaler with an inf on rank 1, then a point whose rank 1 hangs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp16lab import distributed as d
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+CPU = dict(device="cpu", gpus=2, model="mlp", batch=8, warmup=1, steps=3)
+# per-rank gradients chosen so that each wire format leaves its own mark: 70000 overflows fp16,
+# 1e-8 underflows fp16 (but not bf16), 1.001 rounds away in bf16 and ties-to-even in fp16.
+VALUES = [[0.1, 70000.0, 1e-8, 1.001, -2.5e-3], [0.3, 70000.0, 3e-8, 1.0, 7.7e-3]]
+HANG_TIMEOUT_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def train_and_raise():
+    points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16"),
+              d.DistPoint(**CPU, precision="amp-bf16", fault="raise@1")]
+    return points, d.measure_points(points, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def checks_and_hang(tmp_path_factory):
+    work = tmp_path_factory.mktemp("launch")
+    hang = d.DistPoint(**CPU, precision="fp32", fault="hang@1")
+    items = [{"task": "allreduce", "values": VALUES},
+             {"task": "found_inf", "inf_rank": 1},
+             {"task": "train", **hang.settings()}]
+    launch = d.run_ranks(2, ["-m", "fp16lab.distributed_worker"], items,
+                         timeout_s=HANG_TIMEOUT_S, workdir=work)
+    return launch, work
+
+
+# ----------------------------------------------------------------------------- launches
+
+def test_row_from_rank0_gathers_both_ranks(train_and_raise):
+    (point, _), (row, _) = train_and_raise
+    assert row["status"] == "ok", row["error"]
+    assert {k: row[k] for k in d.point_fields()} == point.settings()
+    assert (row["world_size"], row["backend"], row["wrapper"]) == (2, "gloo", "ddp")
+    assert [r["rank"] for r in row["per_rank"]] == [0, 1]
+    slowest = max(r["step_ms_mean"] for r in row["per_rank"])
+    assert row["step_ms_mean"] == slowest
+    assert math.isclose(row["samples_per_s"], 2 * 8 / (slowest / 1e3), rel_tol=1e-12)
+    for r in row["per_rank"]:
+        assert 0 < r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
+    # the mlp's parameter count, by hand: 64*128+128 + 128*128+128 + 128*10+10
+    assert row["parameters"] == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+    assert set(d.NCCL_ENV) <= set(row["env"])
+
+
+def test_a_rank_that_raises_ends_its_point_as_error(train_and_raise):
+    _, (_, row) = train_and_raise
+    assert row["status"] == "error"
+    assert row["error"] == "rank 1 raised RuntimeError: a fault planted for the test: rank 1 raises"
+
+
+def test_a_rank_that_hangs_times_out_and_its_processes_end(checks_and_hang):
+    launch, work = checks_and_hang
+    row = launch.rows[2]
+    assert row["status"] == "error"
+    assert row["error"].startswith(f"timed out: the point did not finish within {HANG_TIMEOUT_S:g} s")
+    assert "rank 1 in 'timed steps' of point 2" in row["error"]
+    assert [r["status"] for r in launch.rows[:2]] == ["ok", "ok"]
+    import json
+
+    for p in work.glob("progress_rank*.json"):
+        pid = json.loads(p.read_text())["pid"]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # the rank's process is gone
+
+
+def _oracle_mean(dtype) -> np.ndarray:
+    """DDP's hook arithmetic by hand: cast each rank's gradient, divide by 2, sum, in ``dtype``."""
+    with np.errstate(over="ignore"):  # 70000 becomes inf in fp16, as on the wire
+        parts = [np.asarray(v, dtype=np.float32).astype(dtype) / dtype(2) for v in VALUES]
+        return (parts[0] + parts[1]).astype(dtype).astype(np.float32)
+
+
+@pytest.mark.parametrize("hook, dtype", [("none", np.float32), ("fp16", np.float16),
+                                         ("bf16", ml_dtypes.bfloat16)])
+def test_comm_hook_average_matches_hand_computed_rounding(checks_and_hang, hook, dtype):
+    row = checks_and_hang[0].rows[0]
+    assert row["status"] == "ok", row["error"]
+    expected = _oracle_mean(dtype)
+    for r in row["hooks"][hook]:
+        assert r["dtype"] == "float32"  # the hook decompresses into the fp32 gradient
+        np.testing.assert_array_equal(np.asarray(r["grad"], dtype=np.float32), expected)
+
+
+def test_each_wire_format_leaves_a_different_mark(checks_and_hang):
+    hooks = checks_and_hang[0].rows[0]["hooks"]
+    fp32, fp16, bf16 = (np.asarray(hooks[h][0]["grad"]) for h in ("none", "fp16", "bf16"))
+    assert fp32[1] == 70000 and np.isinf(fp16[1]) and np.isfinite(bf16[1])  # fp16 overflows
+    assert fp16[2] == 0 and bf16[2] > 0  # fp16 flushes 2e-8, bf16 keeps it
+    assert not np.array_equal(fp32, bf16)
+
+
+def test_found_inf_on_one_rank_makes_every_rank_skip(checks_and_hang):
+    row = checks_and_hang[0].rows[1]
+    assert row["status"] == "ok", row["error"]
+    ranks = row["ranks"]
+    # rank 1's own gradients hold the inf, rank 0's do not: alone they would disagree
+    assert [r["local_grads_finite"] for r in ranks] == [True, False]
+    # after the all-reduce both see it, both skip, both back off like torch's GradScaler does
+    import torch
+
+    backoff = torch.amp.GradScaler("cpu").get_backoff_factor()
+    for r in ranks:
+        assert r["allreduced_grads_finite"] is False
+        assert r["stepped"] is False
+        assert r["scale_after"] == row["init_scale"] * backoff
+
+
+# ----------------------------------------------------------------------------- no launch
+
+def test_point_rejects_bad_settings_with_what_is_allowed():
+    for kwargs, words in [
+        (dict(precision="fp16"), "allowed: fp32, amp-fp16, amp-bf16"),
+        (dict(model="vgg"), "known:"),
+        (dict(batch=0), "positive integer"),
+        (dict(strategy="fsdp", comm_hook="fp16", precision="amp-bf16"), "DDP only"),
+        (dict(reduce_dtype="bf16"), "FSDP only"),
+        (dict(strategy="fsdp", precision="amp-fp16"), "use ddp for amp-fp16"),
+        (dict(model="mlp", layout="channels_last"), "image models only"),
+        (dict(fault="raise@2", gpus=2), "R < gpus=2"),
+        (dict(bucket_cap_mb=0), "positive number"),
+        (dict(device="tpu"), "'cuda' or 'cpu'"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            d.DistPoint(**kwargs)
+    assert d.DistPoint(model="resnet50").layout == "channels_last"
+    assert d.DistPoint(model="transformer_stack").layout == "nchw"
+
+
+def test_launcher_refuses_bad_arguments_before_starting():
+    with pytest.raises(ValueError, match="share gpus and device"):
+        d.measure_points([d.DistPoint(**CPU), d.DistPoint(**{**CPU, "gpus": 1})])
+    with pytest.raises(ValueError, match="timeout_s must be a positive"):
+        d.run_ranks(2, ["x.py"], [{}], timeout_s=0)
+    with pytest.raises(ValueError, match="at least one item"):
+        d.run_ranks(2, ["x.py"], [])
+    with pytest.raises(ValueError, match="task must be"):
+        d.run_check("broadcast")
+    with pytest.raises(ValueError, match="env_overrides must map"):
+        d.measure_points([d.DistPoint(**CPU)], env_overrides={"NCCL_ALGO": 1})
+
+
+def _grid_oracle(kernels, steps):
+    """Busy and exposed communication time on a 0.5 us grid (the kernels' ends are on it)."""
+    t = np.arange(0, 200, 0.5) + 0.25
+    comm = np.zeros_like(t, dtype=bool)
+    comp = np.zeros_like(t, dtype=bool)
+    for name, s, e in kernels:
+        inside = (t > s) & (t < e)
+        if "nccl" in name.lower():
+            comm |= inside
+        else:
+            comp |= inside
+    return comm.sum() * 0.5 / steps, (comm & ~comp).sum() * 0.5 / steps
+
+
+def test_comm_overlap_against_a_grid_count():
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        kernels = []
+        for i in range(12):
+            s = float(rng.integers(0, 300)) / 2
+            e = s + float(rng.integers(1, 80)) / 2
+            kernels.append((("ncclDevKernel_AllReduce" if rng.random() < 0.4 else "sm90_gemm"), s, min(e, 199.5)))
+        steps = int(rng.integers(1, 4))
+        got = d.comm_overlap(kernels, steps=steps)
+        busy, exposed = _grid_oracle(kernels, steps)
+        assert got["comm_us"] == pytest.approx(busy, abs=1e-9)
+        assert got["exposed_comm_us"] == pytest.approx(exposed, abs=1e-9)
+        assert got["overlapped_comm_us"] == pytest.approx(busy - exposed, abs=1e-9)
+
+
+def test_comm_overlap_small_case_by_hand():
+    kernels = [("conv", 0, 10), ("ncclKernel_AllReduce", 8, 14), ("gemm", 12, 20)]
+    got = d.comm_overlap(kernels)
+    # nccl runs 8..14 (6 us); compute covers 8..10 and 12..14 of it: exposed 10..12 = 2 us
+    assert (got["span_us"], got["comm_us"], got["exposed_comm_us"]) == (20, 6, 2)
+    assert got["comm_share"] == pytest.approx(0.3) and got["exposed_comm_share"] == pytest.approx(0.1)
+
+
+def test_allreduce_seconds_and_efficiency_by_hand():
+    # 100 MB over 2 ranks at 100 GB/s: each rank moves 2*(1/2)*100 MB = 100 MB -> 1 ms
+    assert d.allreduce_seconds(100e6, 2, 100.0) == pytest.approx(1e-3)
+    # 8 ranks move 2*7/8 of the buffer
+    assert d.allreduce_seconds(8e9, 8, 50.0) == pytest.approx(2 * 7 / 8 * 8e9 / 50e9)
+    assert d.allreduce_seconds(1e9, 1, 10.0) == 0
+    assert d.scaling_efficiency(10583, 5397, 2) == pytest.approx(10583 / 10794)
+    with pytest.raises(ValueError):
+        d.allreduce_seconds(1e6, 0, 10.0)
+
+
+# ----------------------------------------------------------------------------- two GPUs
+
+def _two_gpus() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+needs_two = pytest.mark.skipif("not _two_gpus()", reason="needs two CUDA GPUs (NCCL)")
+
+
+@pytest.fixture(scope="module")
+def nccl_checks():
+    return d.run_checks([("allreduce", {"values": VALUES}), ("found_inf", {"comm_hook": "fp16"})],
+                        device="cuda", timeout_s=120)
+
+
+@pytest.mark.gpu
+@needs_two
+def test_nccl_comm_hooks_round_like_the_hand_computed_mean(nccl_checks):
+    row = nccl_checks[0]
+    assert row["backend"] == "nccl"
+    for hook, dtype in [("none", np.float32), ("fp16", np.float16), ("bf16", ml_dtypes.bfloat16)]:
+        for r in row["hooks"][hook]:
+            np.testing.assert_array_equal(np.asarray(r["grad"], dtype=np.float32), _oracle_mean(dtype))
+
+
+@pytest.mark.gpu
+@needs_two
+def test_nccl_found_inf_agrees_across_ranks(nccl_checks):
+    row = nccl_checks[1]
+    assert [r["local_grads_finite"] for r in row["ranks"]] == [True, False]
+    assert all(not r["stepped"] and r["scale_after"] == row["init_scale"] / 2 for r in row["ranks"])
+
+
+@pytest.mark.gpu
+@needs_two
+def test_nccl_points_ddp_and_fsdp_give_rows():
+    base = dict(device="cuda", gpus=2, warmup=2, steps=5)
+    points = [d.DistPoint(model="small_cnn", batch=64, precision="amp-fp16", comm_hook="fp16",
+                          profile_steps=2, **base),
+              d.DistPoint(model="transformer_block", batch=32, precision="amp-bf16", strategy="fsdp",
+                          reduce_dtype="bf16", **base)]
+    rows = d.measure_points(points, timeout_s=120)
+    for row in rows:
+        assert row["status"] == "ok", row["error"]
+        assert row["backend"] == "nccl" and len(row["per_rank"]) == 2
+        assert row["peak_memory_gib"] > 0
+    assert rows[0]["comm_us"] > 0 and 0 < rows[0]["comm_share"] <= 1

@@ -1,0 +1,52 @@
+"""Notebook 09's exercises with right and wrong answers; the right ones computed here with ml_dtypes."""
+
+import ml_dtypes
+import torch
+
+from fp16lab import fp8
+from fp16lab.exercises import ch09
+
+E4M3 = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+E5M2 = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)
+
+
+def test_q1_tensorwise_scale():
+    assert ch09.q1.check(E4M3 / 3.5) and ch09.q1.check(str(E4M3 / 3.5))
+    assert "e5m2" in ch09.q1.check(E5M2 / 3.5).message
+    assert "inverse" in ch09.q1.check(3.5 / E4M3).message
+    assert not ch09.q1.check(100) and "give a number" in ch09.q1.check("lots").message
+    assert not ch09.q1.check(float("inf"))
+
+
+def test_q2_delayed_scale_after_a_history():
+    s = fp8.DelayedScaling("e4m3", history_len=3)
+    for a in (2.0, 8.0, 1.0, 1.0, 0.5):
+        s.update(a)
+    assert s.scale.item() == E4M3 / 1.0
+    assert ch09.q2.check(s.scale.item())
+    assert "current scaling" in ch09.q2.check(E4M3 / 0.5).message
+    assert "has left it" in ch09.q2.check(E4M3 / 8.0).message
+    assert not ch09.q2.check(1.0)
+
+
+def test_q3_current_scale_function():
+    assert ch09.q3.check(lambda x: E4M3 / x.abs().max())
+    assert ch09.q3.check(lambda x: fp8.quantize(x, "e4m3").scale)
+    assert "inverse" in ch09.q3.check(lambda x: x.abs().max() / E4M3).message
+    assert "mean" in ch09.q3.check(lambda x: E4M3 / x.abs().mean()).message
+    assert "negative" in ch09.q3.check(lambda x: E4M3 / x.max()).message
+    assert not ch09.q3.check(lambda x: E5M2 / x.abs().max())
+    assert "give a function" in ch09.q3.check(448).message
+
+
+def test_q4_gradient_format():
+    assert ch09.q4.check("e5m2") and ch09.q4.check(" E5M2 ")
+    wrong = ch09.q4.check("e4m3")
+    assert not wrong and "binades" in wrong.message
+    assert "answer 'e4m3' or 'e5m2'" in ch09.q4.check("fp16").message
+
+
+def test_every_exercise_has_hint_and_solution():
+    for q in (ch09.q1, ch09.q2, ch09.q3, ch09.q4):
+        assert q.hint().message and q.solution().message
+        assert q.check().kind == "missing"

@@ -1,0 +1,440 @@
+"""fp16lab.fp8 against independent oracles: float64 numpy with ml_dtypes casts, a hand-computed
+amax history, torchao's float8 training where it imports, and (on a GPU) the emulation."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from fp16lab import fp8
+from fp16lab.fp8 import training
+
+NP = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+TOP = {"e4m3": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max),
+       "e5m2": float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)}
+# the tile of each granularity for an operand summed over its columns, written out independently
+TILES = {"tensorwise": lambda m, k: (m, k), "rowwise": lambda m, k: (1, k),
+         "1x128": lambda m, k: (1, 128), "128x128": lambda m, k: (128, 128)}
+
+
+def ref_quant(x: np.ndarray, fmt: str, tile: tuple[int, int]):
+    """Returns (codes as uint8, scales float32, dequantized float64) computed with numpy + ml_dtypes."""
+    m, k = x.shape
+    tr, tc = tile
+    blocks = np.abs(x.astype(np.float64)).reshape(m // tr, tr, k // tc, tc).max(axis=(1, 3))
+    scale = (TOP[fmt] / np.maximum(blocks, 1e-12)).astype(np.float32)
+    full = np.kron(scale, np.ones((tr, tc), np.float32)).astype(np.float32)
+    prod = np.clip(x.astype(np.float32) * full, -TOP[fmt], TOP[fmt])  # the product in fp32
+    codes = prod.astype(NP[fmt])
+    return codes.view(np.uint8), scale, codes.astype(np.float64) / full.astype(np.float64)
+
+
+def ref_quant_t(x: np.ndarray, fmt: str, granularity: str, contraction_dim: int) -> np.ndarray:
+    """Dequantized float64 values of x scaled along contraction_dim (0: transpose, scale, transpose)."""
+    if contraction_dim == 1:
+        return ref_quant(x, fmt, TILES[granularity](*x.shape))[2]
+    return ref_quant(x.T, fmt, TILES[granularity](*x.T.shape))[2].T
+
+
+def spread(m: int, k: int, seed: int) -> np.ndarray:
+    """Returns float32 values whose rows and 128-column blocks differ in magnitude by up to 2^12."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x *= np.exp2(rng.integers(-6, 7, size=(m, 1))).astype(np.float32)
+    x *= np.exp2(rng.integers(-6, 7, size=(1, k))).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("granularity", list(TILES))
+@pytest.mark.parametrize("contraction_dim", [1, 0])
+def test_quantize_matches_numpy_and_ml_dtypes(fmt, granularity, contraction_dim):
+    x = spread(256, 384, seed=hash((fmt, granularity, contraction_dim)) % 1000)
+    q = fp8.quantize(torch.from_numpy(x), fmt, granularity, contraction_dim=contraction_dim)
+    src = x if contraction_dim == 1 else x.T
+    codes, scale, _ = ref_quant(src, fmt, TILES[granularity](*src.shape))
+    got_codes = q.data.view(torch.uint8).numpy()
+    got_scale = q.scale.numpy()
+    if contraction_dim == 0:
+        got_codes, got_scale = got_codes.T, got_scale.T
+    np.testing.assert_array_equal(got_scale, scale)
+    np.testing.assert_array_equal(got_codes, codes)
+    assert q.data.dtype == fp8.DTYPES[fmt]
+
+
+@pytest.mark.parametrize("granularity", list(TILES))
+def test_dequantize_and_emulated_matmul_against_float64(granularity):
+    a, b = spread(128, 256, 1), spread(256, 128, 2)
+    qa = fp8.quantize(torch.from_numpy(a), "e4m3", granularity, contraction_dim=1)
+    qb = fp8.quantize(torch.from_numpy(b), "e4m3", granularity, contraction_dim=0)
+    ra = ref_quant_t(a, "e4m3", granularity, 1)
+    rb = ref_quant_t(b, "e4m3", granularity, 0)
+    np.testing.assert_allclose(fp8.dequantize(qa).numpy(), ra, rtol=1e-6)
+    ref = ra @ rb
+    out = fp8.fp8_mm(qa, qb, backend="emulate").double().numpy()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-6
+
+
+def test_finer_granularity_keeps_small_rows_that_tensorwise_loses():
+    rng = np.random.default_rng(3)
+    # rows 2^-10 .. 2^10: the smallest sit 2^20 below the largest, beyond e4m3's 2^17.8 range
+    a = (rng.standard_normal((256, 256)) * np.exp2(np.linspace(-10, 10, 256))[:, None]).astype(np.float32)
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    worst = {}
+    for g in TILES:
+        out = fp8.fp8_mm(fp8.quantize(torch.from_numpy(a), "e4m3", g),
+                         fp8.quantize(torch.from_numpy(b), "e4m3", g, contraction_dim=0),
+                         backend="emulate").double().numpy()
+        rows = np.linalg.norm(out - exact, axis=1) / np.linalg.norm(exact, axis=1)
+        worst[g] = rows.max()
+    assert worst["tensorwise"] > 0.5  # one scale for all rows: the smallest underflow to zero
+    # per row, per 1x128 tile, or per 128x128 tile (each spanning only 2^10): all rows survive
+    assert max(worst["rowwise"], worst["1x128"], worst["128x128"]) < 0.1
+
+
+def test_saturation_and_the_clamp():
+    x = torch.tensor([[1.0, -2.0, 3.0, 1000.0]])
+    q = fp8.quantize(x, "e4m3", scale=torch.tensor(1.0))
+    assert fp8.dequantize(q).tolist() == [[1.0, -2.0, 3.0, 448.0]]
+    q5 = fp8.quantize(x * 100, "e5m2", scale=torch.tensor(1.0))
+    assert fp8.dequantize(q5)[0, 3].item() == 57344.0
+    zero = fp8.quantize(torch.zeros(4, 4), "e4m3")
+    assert zero.scale.item() == pytest.approx(448 / 1e-12, rel=1e-6)
+    assert torch.all(fp8.dequantize(zero) == 0)
+
+
+def test_delayed_scaling_follows_a_hand_computed_history():
+    s = fp8.DelayedScaling("e4m3", history_len=3, margin=0)
+    assert s.scale.item() == 1.0  # nothing recorded yet
+    amaxes = [1.0, 4.0, 2.0, 0.5, 0.5, 0.5, 0.0]
+    # by hand: history (newest first) [1], [4,1], [2,4,1], [.5,2,4], [.5,.5,2], [.5,.5,.5], [0,.5,.5]
+    # scale = 448 / max(history)
+    expected = [448.0, 112.0, 112.0, 112.0, 224.0, 896.0, 896.0]
+    got = [s.update(a).item() for a in amaxes]
+    assert got == expected
+    assert s.history.tolist() == [0.0, 0.5, 0.5]
+    with_margin = fp8.DelayedScaling("e5m2", history_len=2, margin=2)
+    assert with_margin.update(7.0).item() == pytest.approx(57344 / 7 / 4, rel=1e-7)
+    assert with_margin.update(float("inf")).item() == pytest.approx(57344 / 7 / 4, rel=1e-7)
+
+
+def test_a_spike_delayed_scaling_misses_and_current_scaling_catches():
+    s = fp8.DelayedScaling("e4m3", history_len=4)
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        x = torch.randn(64, 64, generator=rng)
+        s.update(fp8.amax(x, (64, 64)))
+    spike = torch.randn(64, 64, generator=rng)
+    spike[3, 5] = 40 * spike.abs().max()
+    delayed = fp8.dequantize(fp8.quantize(spike, "e4m3", scale=s.scale))
+    current = fp8.dequantize(fp8.quantize(spike, "e4m3"))
+    assert delayed[3, 5].item() == pytest.approx(448 / s.scale.item())  # saturated
+    assert current[3, 5].item() == pytest.approx(spike[3, 5].item(), rel=2 ** -3)
+
+
+def test_bad_input_raises_before_work():
+    with pytest.raises(ValueError, match="multiples of 16"):
+        fp8.Float8Linear(20, 32)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        fp8.Float8Linear(64, 128, recipe="blockwise")
+    with pytest.raises(ValueError, match="unknown FP8 recipe 'perrow'; allowed: tensorwise"):
+        fp8.Float8Linear(32, 32, recipe="perrow")
+    with pytest.raises(ValueError, match="unknown backend"):
+        fp8.Float8Linear(32, 32, backend="cuda")
+    with pytest.raises(ValueError, match="do not divide"):
+        fp8.quantize(torch.ones(100, 64), "e4m3", "1x128")
+    with pytest.raises(ValueError, match="unknown FP8 format 'e3m4'"):
+        fp8.quantize(torch.ones(4, 4), "e3m4")
+    with pytest.raises(ValueError, match="2-d floating-point"):
+        fp8.quantize(torch.ones(2, 4, 4), "e4m3")
+    with pytest.raises(ValueError, match="history_len"):
+        fp8.DelayedScaling(history_len=0)
+    qa = fp8.quantize(torch.ones(32, 32), "e4m3")
+    if not fp8.scaled_mm_available("cpu"):
+        with pytest.raises(RuntimeError, match="compute capability 8.9"):
+            fp8.fp8_mm(qa, qa, backend="scaled_mm")
+    with pytest.raises(ValueError, match="inner dimensions"):
+        fp8.fp8_mm(qa, fp8.quantize(torch.ones(16, 32), "e4m3"))
+
+
+# The recipe each tensor of a linear layer gets, written out once more for the oracle:
+# (granularity of x and dy, granularity of W)
+RECIPE_TILES = {"tensorwise": ("tensorwise", "tensorwise"), "rowwise": ("rowwise", "rowwise"),
+                "blockwise": ("1x128", "128x128"), "delayed": ("tensorwise", "tensorwise")}
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
+def test_float8_linear_forward_and_backward_against_float64(recipe):
+    m, k, n = 256, 256, 128
+    x, w, g = spread(m, k, 5), spread(n, k, 6) / 16, spread(m, n, 7) * 1e-4
+    layer = fp8.Float8Linear(k, n, bias=False, recipe=recipe, backend="emulate")
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(w))
+    xt = torch.from_numpy(x).requires_grad_()
+    y = layer(xt)
+    y.backward(torch.from_numpy(g))
+    gd, gw = RECIPE_TILES[recipe]
+    y_ref = ref_quant_t(x, "e4m3", gd, 1) @ ref_quant_t(w.T, "e4m3", gw, 0)
+    dx_ref = ref_quant_t(g, "e5m2", gd, 1) @ ref_quant_t(w, "e4m3", gw, 0)
+    dw_ref = ref_quant_t(g.T, "e5m2", gd, 1) @ ref_quant_t(x, "e4m3", gd, 0)
+    for got, ref in ((y, y_ref), (xt.grad, dx_ref), (layer.weight.grad, dw_ref)):
+        got = got.detach().double().numpy()
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
+
+
+def test_delayed_linear_uses_the_previous_steps_amax():
+    layer = fp8.Float8Linear(32, 32, bias=False, recipe="delayed", backend="emulate", history_len=2)
+    x1, x2 = torch.randn(16, 32) * 3, torch.randn(16, 32) * 0.01
+    layer(x1).sum().backward()
+    assert layer.scalers["input"].history[0].item() == x1.abs().max().item()
+    assert layer.scalers["grad"].history[0].item() == 1.0  # d(sum)/dy is all ones
+    scale_used = layer.scalers["input"].scale.item()
+    assert scale_used == pytest.approx(448 / x1.abs().max().item(), rel=1e-6)
+    y2 = layer(x2)  # scaled by x1's amax, not its own
+    w = layer.weight.detach().numpy()
+    x2q = np.clip(x2.numpy() * np.float32(scale_used), -448, 448).astype(NP["e4m3"])
+    expected = (x2q.astype(np.float64) / np.float32(scale_used)) @ ref_quant(w, "e4m3", (32, 32))[2].T
+    got = y2.detach().double().numpy()
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1e-6
+
+
+@pytest.mark.parametrize("m", [50, 16 * 7 + 1])
+def test_token_count_not_a_multiple_of_16_is_padded(m):
+    x, w = spread(m, 64, 8), spread(32, 64, 9)
+    layer = fp8.Float8Linear(64, 32, bias=True, backend="emulate")
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(w))
+        layer.bias.fill_(0.5)
+    y = layer(torch.from_numpy(x)).detach().double().numpy()
+    assert y.shape == (m, 32)
+    ref = ref_quant(x, "e4m3", (m, 64))[2] @ ref_quant(w, "e4m3", (32, 64))[2].T + 0.5
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-6
+
+
+def test_convert_and_sweep_step_on_the_workbook_transformer_block():
+    from fp16lab.models import build_model, input_shape
+    torch.manual_seed(0)
+    model = build_model("transformer_block")
+    x = torch.randn(input_shape("transformer_block", 4))
+    y = torch.randint(10, (4,))
+    step = training.make_fp8_step(model, x, y, "tensorwise", backend="emulate")
+    assert step.converted == ["block.linear1", "block.linear2"]  # the head (10 outputs) stays
+    assert isinstance(model.block.linear1, fp8.Float8Linear)
+    losses = [step().item() for _ in range(8)]
+    assert losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="no linear layer"):
+        training.make_fp8_step(torch.nn.Sequential(torch.nn.Linear(10, 10)), x, y, "tensorwise")
+
+
+def test_fp8_training_follows_fp32_training():
+    cfg = training.GPTConfig()
+    ref = training.train_curve("fp32", cfg, steps=12)
+    assert ref["losses"][-1] < ref["losses"][0] - 0.1
+    for precision in ("fp8-tensorwise", "fp8-delayed"):
+        got = training.train_curve(precision, cfg, steps=12)
+        assert len(got["converted"]) == 4 * cfg.n_layers
+        np.testing.assert_allclose(got["losses"], ref["losses"], rtol=0.02)
+    with pytest.raises(ValueError, match="unknown precision"):
+        training.train_curve("fp16", cfg, steps=2)
+
+
+def test_batches_follow_the_rule():
+    cfg = training.GPTConfig(vocab=16, seq_len=8, batch=3)
+    tokens, targets = training.make_batch(cfg, 5, seed=2)
+    perm = {}
+    for t, prev, tgt in zip(tokens[:, 1:].flatten(), tokens[:, :-1].flatten(), targets[:, 1:].flatten()):
+        assert perm.setdefault(int(prev), int(tgt)) == int(tgt)
+    assert torch.equal(training.make_batch(cfg, 5, seed=2)[0], tokens)
+    assert not torch.equal(training.make_batch(cfg, 6, seed=2)[0], tokens)
+
+
+# ---------------------------------------------------------------- torchao, the well-kept reference
+
+def _torchao():
+    try:
+        import torchao.float8 as ao
+        return ao
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not here
+        pytest.skip(f"torchao does not import here ({type(exc).__name__}: {exc}); "
+                    "pip install torchao to compare with it")
+
+
+def _ao_pair(recipe: str, device: str, emulate: bool):
+    ao = _torchao()
+    from torchao.float8.config import CastConfig, Float8LinearConfig, ScalingGranularity
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(256, 128)).to(device)
+    mine = torch.nn.Sequential(torch.nn.Linear(256, 128)).to(device)
+    mine.load_state_dict(ref.state_dict())
+    if recipe == "tensorwise":
+        config = Float8LinearConfig(emulate=emulate)
+    else:  # rowwise with e5m2 gradients and exact scales, as ours
+        axis = ScalingGranularity.AXISWISE
+        config = Float8LinearConfig(
+            cast_config_input=CastConfig(scaling_granularity=axis),
+            cast_config_weight=CastConfig(scaling_granularity=axis),
+            cast_config_grad_output=CastConfig(scaling_granularity=axis,
+                                               target_dtype=torch.float8_e5m2),
+            emulate=emulate)
+    ao.convert_to_float8_training(ref, config=config)
+    fp8.convert_to_fp8(mine, recipe, backend="emulate" if emulate else "scaled_mm")
+    return ref, mine
+
+
+def _compare_with_torchao(recipe: str, device: str, emulate: bool, tol: float):
+    ref, mine = _ao_pair(recipe, device, emulate)
+    x = torch.randn(64, 256, device=device) * 3
+    xr, xm = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(64, 128, device=device) * 1e-3
+    yr, ym = ref(xr), mine(xm)
+    yr.backward(g)
+    ym.backward(g)
+    for a, b in ((ym, yr), (xm.grad, xr.grad), (mine[0].weight.grad, ref[0].weight.grad)):
+        a, b = a.detach().double(), b.detach().double()
+        assert ((a - b).norm() / b.norm()).item() < tol
+
+
+def test_same_scales_as_torchao():
+    _torchao()
+    from torchao.float8.float8_utils import tensor_to_scale
+    from torchao.float8.config import ScalingGranularity
+    x = torch.from_numpy(spread(64, 256, 10))
+    for fmt in ("e4m3", "e5m2"):
+        ours = fp8.quantize(x, fmt).scale.reshape(())
+        assert torch.equal(ours, tensor_to_scale(x, fp8.DTYPES[fmt]))
+        ours_rows = fp8.quantize(x, fmt, "rowwise").scale
+        theirs = tensor_to_scale(x, fp8.DTYPES[fmt], scaling_granularity=ScalingGranularity.AXISWISE,
+                                 axiswise_dim=-1)
+        assert torch.equal(ours_rows, theirs)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_same_outputs_as_torchao_emulated(recipe):
+    _compare_with_torchao(recipe, "cpu", emulate=True, tol=1e-6)
+
+
+# ---------------------------------------------------------------- GPU: _scaled_mm against the emulation
+
+def _cuda_fp8_or_skip():
+    if not fp8.scaled_mm_available("cuda"):
+        pytest.skip("torch._scaled_mm needs a CUDA GPU of compute capability 8.9+ (Ada, Hopper)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("shape", [(256, 512, 128), (1024, 2048, 4096)])
+def test_scaled_mm_matches_the_emulation(granularity, shape):
+    _cuda_fp8_or_skip()
+    m, k, n = shape
+    a = torch.randn(m, k, device="cuda") * torch.logspace(-2, 2, m, device="cuda")[:, None]
+    b = torch.randn(k, n, device="cuda")
+    qa = fp8.quantize(a, "e4m3", granularity)
+    qb = fp8.quantize(b, "e4m3", granularity, contraction_dim=0)
+    ref = fp8.fp8_mm(qa, qb, backend="emulate").double()
+    got = fp8.fp8_mm(qa, qb, backend="scaled_mm").double()
+    # rowwise writes bf16 (2^-9 relative rounding of each output)
+    tol = 1e-5 if granularity == "tensorwise" else 4e-3
+    assert ((got - ref).norm() / ref.norm()).item() < tol
+    with pytest.raises(ValueError, match="multiples of 16"):
+        fp8.fp8_mm(fp8.quantize(a[:, :40], "e4m3"), fp8.quantize(b[:40], "e4m3", contraction_dim=0),
+                   backend="scaled_mm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "delayed"])
+def test_float8_linear_on_gpu_matches_the_emulation(recipe):
+    _cuda_fp8_or_skip()
+    torch.manual_seed(0)
+    # auto: _scaled_mm where this torch takes the format pair (FALLBACKS says where it did not)
+    layers = {b: fp8.Float8Linear(512, 256, recipe=recipe, backend=b, device="cuda")
+              for b in ("auto", "emulate")}
+    layers["emulate"].load_state_dict(layers["auto"].state_dict())
+    x = torch.randn(8, 100, 512, device="cuda")
+    g = torch.randn(8, 100, 256, device="cuda") * 1e-3
+    out = {}
+    for b, layer in layers.items():
+        xb = x.clone().requires_grad_()
+        y = layer(xb)
+        y.backward(g)
+        out[b] = (y.double(), xb.grad.double(), layer.weight.grad.double())
+    print(f"{recipe}: emulated cases: {fp8.FALLBACKS or 'none'}")
+    assert not any(k.startswith(("tensorwise", "rowwise e4m3 x e4m3")) for k in fp8.FALLBACKS)
+    for a, r in zip(out["auto"], out["emulate"]):
+        assert ((a - r).norm() / r.norm()).item() < 5e-3
+
+
+@pytest.mark.gpu
+def test_same_outputs_as_torchao_on_gpu():
+    _cuda_fp8_or_skip()
+    # both call torch._scaled_mm; torchao's forward uses fast accumulation as ours does
+    _compare_with_torchao("tensorwise", "cuda", emulate=False, tol=1e-3)
+
+
+def test_granularity_census_agrees_with_ml_dtypes_casts():
+    from fp16lab.fp8 import ranges
+    from fp16lab.models import build_model, input_shape
+    torch.manual_seed(0)
+    model = build_model("transformer_block")
+    x, y = torch.randn(input_shape("transformer_block", 2)), torch.randint(10, (2,))
+    captured = ranges.capture_linear_tensors(model, x, y)
+    assert set(captured["activations"]) == {"block.linear1", "block.linear2", "head"}
+    g = captured["gradients"]["block.linear2"]
+    assert g.shape == (2 * 64, 256)
+    table = ranges.granularity_census({"g": g}, "e5m2")
+    for scaling, row in table.set_index("scaling").iterrows():
+        tile = TILES[scaling](*g.shape) if scaling != "none" else None
+        arr = g.numpy()
+        if tile is None:
+            vals = arr.astype(NP["e5m2"]).astype(np.float64)
+        else:
+            vals = ref_quant(arr, "e5m2", tile)[2]
+        lost = np.count_nonzero((vals == 0) & (arr != 0)) / arr.size * 100
+        assert row["underflow"] == pytest.approx(lost, abs=1e-9), scaling
+        if scaling != "none":
+            assert row["overflow"] == 0
+    # unscaled gradients of this size sit low: much of them underflow e5m2 until scaled
+    by = table.set_index("scaling")
+    assert by.loc["none", "underflow"] > by.loc["tensorwise", "underflow"] >= by.loc["rowwise", "underflow"]
+
+
+@pytest.mark.gpu
+def test_compiled_casts_give_the_eager_codes():
+    _cuda_fp8_or_skip()
+    x = torch.randn(512, 384, device="cuda") * torch.logspace(-3, 3, 384, device="cuda")
+    # fp32 activations, bf16 gradients per row, and a given (delayed) scale that saturates
+    cases = [(x, "e4m3", "tensorwise", None), (x.bfloat16(), "e5m2", "rowwise", None),
+             (x, "e4m3", "tensorwise", torch.tensor(1.0))]
+    eager = [fp8.quantize(t, f, g, scale=s) for t, f, g, s in cases]
+    try:
+        fp8.compile_casts(True)
+        fused = [fp8.quantize(t, f, g, scale=s) for t, f, g, s in cases]
+    finally:
+        fp8.compile_casts(False)
+    for e, c in zip(eager, fused):
+        assert torch.equal(e.scale, c.scale)
+        assert torch.equal(e.data.view(torch.uint8), c.data.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_notebook_09_runs_live_on_the_gpu(monkeypatch, tmp_path):
+    """The GPU host has no Jupyter: run the notebook's code cells in order, as a kernel would."""
+    _cuda_fp8_or_skip()
+    import json
+    import pathlib
+
+    import matplotlib
+    matplotlib.use("Agg")
+    path = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "09_fp8.ipynb"
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    monkeypatch.chdir(path.parent)
+    namespace = {"display": print, "__name__": "__main__"}
+    for i, cell in enumerate(cells):
+        source = "".join(cell["source"])
+        try:
+            exec(compile(source, f"09_fp8.ipynb cell {i}", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"code cell {i} failed: {type(exc).__name__}: {exc}\n{source}") from exc
+    assert namespace["GPU_FP8"] and namespace["live"], "the live GEMM section did not run"

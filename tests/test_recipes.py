@@ -1,0 +1,123 @@
+"""The training step per precision, checked against plain torch steps and torch's GradScaler."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fp16lab import recipes
+from fp16lab.models import build_model, input_shape
+from fp16lab.scaling import ScalerSettings
+
+
+def _batch(n: int = 8):
+    torch.manual_seed(0)
+    return torch.randn(input_shape("small_cnn", n)), torch.randint(0, 10, (n,))
+
+
+def test_unknown_precision_is_refused_with_the_names():
+    with pytest.raises(ValueError, match="fp16.*allowed: fp32, tf32, amp-fp16, amp-bf16, fp16-o2"):
+        recipes.check_precision("fp16")
+    with pytest.raises(ValueError, match="allowed"):
+        recipes.make_train_step("half", None, None, None, device="cpu")
+
+
+@pytest.mark.parametrize("precision, enabled", [("fp32", False), ("tf32", False),
+                                                ("amp-fp16", True), ("amp-bf16", False),
+                                                ("fp16-o2", True)])
+def test_grad_scaler_is_enabled_only_where_the_loss_is_scaled(precision, enabled):
+    s = ScalerSettings(init_scale=8.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=7)
+    gs = recipes.grad_scaler(precision, "cpu", s)
+    assert isinstance(gs, torch.amp.GradScaler)
+    assert gs.is_enabled() == enabled
+    if enabled:  # the settings reach torch's scaler unchanged
+        assert (gs.get_scale(), gs.get_growth_factor(), gs.get_backoff_factor(),
+                gs.get_growth_interval()) == (8.0, 3.0, 0.25, 7)
+
+
+def test_scaler_defaults_are_torchs():
+    ref = torch.amp.GradScaler("cpu")
+    gs = recipes.grad_scaler("amp-fp16", "cpu")
+    assert (gs.get_scale(), gs.get_growth_factor(), gs.get_backoff_factor(),
+            gs.get_growth_interval()) == (ref.get_scale(), ref.get_growth_factor(),
+                                          ref.get_backoff_factor(), ref.get_growth_interval())
+
+
+@pytest.mark.parametrize("precision, dtype", [("amp-fp16", torch.float16),
+                                              ("amp-bf16", torch.bfloat16),
+                                              ("fp32", torch.float32), ("tf32", torch.float32)])
+def test_autocast_runs_a_linear_in_the_recipes_dtype(precision, dtype):
+    lin = torch.nn.Linear(4, 4)
+    with recipes.autocast(precision, "cpu"):
+        out = lin(torch.ones(2, 4))
+    assert out.dtype == dtype
+
+
+def test_math_flags_set_tf32_only_for_tf32_and_restore():
+    b = torch.backends
+    before = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)
+    with recipes.math_flags("tf32", cudnn_benchmark=True):
+        assert b.cuda.matmul.allow_tf32 and b.cudnn.allow_tf32 and b.cudnn.benchmark
+    with recipes.math_flags("fp32"):
+        assert not b.cuda.matmul.allow_tf32 and not b.cudnn.allow_tf32
+    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark) == before
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_fp32_step_is_one_plain_sgd_step(precision):
+    x, y = _batch()
+    torch.manual_seed(1)
+    ref = build_model("small_cnn")
+    model = build_model("small_cnn")
+    model.load_state_dict(ref.state_dict())
+    step, scaler = recipes.make_train_step(precision, model, x, y, device="cpu")
+    assert scaler is None
+    loss = step()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.9)  # the oracle
+    ref_loss = torch.nn.functional.cross_entropy(ref(x), y)
+    ref_loss.backward()
+    opt.step()
+    assert float(loss.detach()) == pytest.approx(float(ref_loss.detach()), rel=1e-6)
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, r, msg=name)
+
+
+def test_amp_fp16_step_scales_and_backs_off_like_gradscaler():
+    # With a scale of 2**60 the fp16 gradients overflow: GradScaler skips the step and backs off.
+    x, y = _batch()
+    model = build_model("small_cnn")
+    before = [p.detach().clone() for p in model.parameters()]
+    s = ScalerSettings(init_scale=2.0**60, backoff_factor=0.25)
+    step, scaler = recipes.make_train_step("amp-fp16", model, x, y, device="cpu", scaler=s)
+    step()
+    assert scaler.get_scale() == 2.0**60 * 0.25
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p.detach(), b)  # the step was skipped
+
+
+def test_fp16_o2_keeps_fp32_master_weights_and_matches_an_fp32_step():
+    torch.manual_seed(0)
+    ref = build_model("small_cnn")
+    model = build_model("small_cnn")
+    model.load_state_dict(ref.state_dict())
+    x = torch.randn(input_shape("small_cnn", 8))
+    y = torch.randint(0, 10, (8,))
+    step, scaler = recipes.make_train_step("fp16-o2", model, x, y, device="cpu",
+                                           scaler=ScalerSettings(init_scale=256.0))
+    step()
+    # the oracle: one plain fp32 SGD step of the same model on the same batch
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.9)
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    opt.step()
+    bn = {id(p) for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)
+          for p in m.parameters()}
+    assert bn
+    for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        assert p.dtype == (torch.float32 if id(p) in bn else torch.float16), name
+        np.testing.assert_allclose(p.float().detach().numpy(), r.detach().numpy(),
+                                   rtol=2e-2, atol=2e-3, err_msg=name)
+    master = [p for g in step.optimizer.param_groups for p in g["params"]]
+    assert all(m.dtype == torch.float32 for m in master)
+    for m, p in zip(master, model.parameters()):  # the model holds the master weights, rounded
+        assert torch.equal(m.to(p.dtype), p.detach())
