@@ -655,8 +655,8 @@ def test_toward_zero_keeps_infinities_and_saturates_finite_values():
 
 def test_accumulate_takes_tensors_formats_and_seeds():
     xs = np.full(300, 0.1)
-    np.testing.assert_array_equal(bits.accumulate(torch.tensor(xs), "bf16"),
-                                  bits.accumulate(xs, "bf16"))
+    np.testing.assert_array_equal(bits.accumulate(torch.tensor(xs, requires_grad=True), "bf16"),
+                                  bits.accumulate(xs, "bf16"))  # a tensor that needs grad too
     acc, want = ml_dtypes.bfloat16(0), []
     for x in xs.astype(ml_dtypes.bfloat16):
         acc = ml_dtypes.bfloat16(np.float32(acc) + np.float32(x))
