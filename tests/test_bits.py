@@ -718,27 +718,28 @@ def test_code_helpers_name_themselves_and_take_one_element_arrays():
         bits.to_bits(1, "fp16", sep=0)
 
 
+def _message(func, *args) -> str:
+    """Returns the message of the ValueError that func(*args) must raise."""
+    with pytest.raises(ValueError) as info:
+        func(*args)
+    return str(info.value)
+
+
 def test_parse_code_messages_show_the_formats_own_examples():
-    with pytest.raises(ValueError) as info:
-        bits.parse_code(15360, "bf16")
-    assert str(info.value) == ("parse_code() reads a string (hex like '0x3f80' or 16 bits), got "
-                               "int 15360; an integer code goes to decode() or to_hex() as it is")
-    with pytest.raises(ValueError) as info:
-        bits.parse_code("0x1ff", "e4m3")
-    assert str(info.value) == ("hex code '0x1ff' is out of range for fp8_e4m3: allowed 0x0..0xff "
-                               "(8 bits)")
+    assert _message(bits.parse_code, 15360, "bf16") == (
+        "parse_code() reads a string (hex like '0x3f80' or 16 bits), got int 15360; an integer "
+        "code goes to decode() or to_hex() as it is")
+    assert _message(bits.parse_code, "0x1ff", "e4m3") == (
+        "hex code '0x1ff' is out of range for fp8_e4m3: allowed 0x0..0xff (8 bits)")
     assert bits.parse_code("0xff", "e4m3") == 0xFF  # the top code itself is allowed
     assert bits.parse_code("0x3c_00", "fp16") == 0x3C00
     assert bits.parse_code("0b_0011_1000_", "e4m3") == 0x38
-    with pytest.raises(ValueError) as info:
-        bits.parse_code("0 111 000", "e4m3")
-    assert str(info.value) == ("bit string '0 111 000' has 7 bits; fp8_e4m3 codes have 8 (1 sign, "
-                               "4 exponent, 3 mantissa), e.g. '0 0111 000'")
-    with pytest.raises(ValueError) as info:
-        bits.parse_code("one", "bf16")
-    assert str(info.value) == ("cannot read 'one' as a bf16 code: allowed are hex like '0x3f80' or "
-                               "16 bits like '0 01111111 0000000' (spaces and underscores allowed, "
-                               "0b prefix optional)")
+    assert _message(bits.parse_code, "0 111 000", "e4m3") == (
+        "bit string '0 111 000' has 7 bits; fp8_e4m3 codes have 8 (1 sign, 4 exponent, "
+        "3 mantissa), e.g. '0 0111 000'")
+    assert _message(bits.parse_code, "one", "bf16") == (
+        "cannot read 'one' as a bf16 code: allowed are hex like '0x3f80' or 16 bits like "
+        "'0 01111111 0000000' (spaces and underscores allowed, 0b prefix optional)")
 
 
 def test_explain_messages_and_single_digits():
@@ -748,11 +749,10 @@ def test_explain_messages_and_single_digits():
         bits.explain(np.array([1.0, 2.0]), "fp16")
     with pytest.raises(ValueError, match=r"^explain\(\) takes one value, got a tensor of shape \(2, 1\)$"):
         bits.explain(torch.ones(2, 1), "fp16")
-    with pytest.raises(ValueError) as info:
-        bits.explain("zz", "e5m2")
-    assert str(info.value) == ("cannot read 'zz': allowed are a number ('1.5', '1e15', '-inf', "
-                               "'nan'), hex like '0x3c', or 8 bits with a 0b prefix ('0b00111100') "
-                               "or with spaces or underscores between the fields ('0 01111 00')")
+    assert _message(bits.explain, "zz", "e5m2") == (
+        "cannot read 'zz': allowed are a number ('1.5', '1e15', '-inf', 'nan'), hex like "
+        "'0x3c', or 8 bits with a 0b prefix ('0b00111100') or with spaces or underscores "
+        "between the fields ('0 01111 00')")
 
 
 def test_decode_refuses_codes_out_of_range_naming_the_bad_one():
