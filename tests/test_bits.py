@@ -280,17 +280,20 @@ def test_toward_zero_matches_float64_truncation():
     assert np.array_equal(got, lower_mag)
 
 
+def _stochastic_fp16(xs: np.ndarray, as_torch: bool, seed: int) -> np.ndarray:
+    """Returns the fp16 codes of xs rounded stochastically, through numpy or through torch."""
+    if as_torch:
+        return bits.encode(torch.from_numpy(xs), "fp16", rounding="stochastic",
+                           generator=torch.Generator().manual_seed(seed)).numpy()
+    return bits.encode(xs, "fp16", rounding="stochastic", seed=seed)
+
+
 @pytest.mark.parametrize("as_torch", [False, True])
 def test_stochastic_rounding_unbiased(as_torch):
     x = np.array([1.0 + 2.0**-12, 1000.3, -3.7e-6, 2.0**-26])  # last one: below half min subnormal
     n = 20_000
     xs = np.repeat(x, n)
-    if as_torch:
-        codes = bits.encode(torch.from_numpy(xs), "fp16", rounding="stochastic",
-                            generator=torch.Generator().manual_seed(0)).numpy()
-    else:
-        codes = bits.encode(xs, "fp16", rounding="stochastic", seed=0)
-    vals = bits.decode(codes, "fp16").reshape(len(x), n)
+    vals = bits.decode(_stochastic_fp16(xs, as_torch, seed=0), "fp16").reshape(len(x), n)
     for xi, row in zip(x, vals):
         lo = np.float16(xi)
         lo = lo if abs(float(lo)) <= abs(xi) else np.nextafter(lo, np.float16(0))
@@ -588,12 +591,7 @@ def test_stochastic_rounding_far_below_the_smallest_subnormal(as_torch):
     n = 200_000
     for x in (1e-10, -3e-12, 2.0**-34):
         xs = np.full(n, x)
-        if as_torch:
-            codes = bits.encode(torch.from_numpy(xs), "fp16", rounding="stochastic",
-                                generator=torch.Generator().manual_seed(1)).numpy()
-        else:
-            codes = bits.encode(xs, "fp16", rounding="stochastic", seed=1)
-        vals = bits.decode(codes, "fp16")
+        vals = bits.decode(_stochastic_fp16(xs, as_torch, seed=1), "fp16")
         assert set(np.unique(np.abs(vals))) <= {0.0, tiny}
         p = float(Fraction(abs(x)) / Fraction(tiny))  # exact
         ups = int((vals != 0).sum())
