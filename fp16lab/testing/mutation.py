@@ -57,7 +57,7 @@ class Target:
     data: tuple[str, ...] = ()
 
 
-_SWEEP_STORE_TESTS = tuple(f"tests/test_sweep.py::{t}" for t in (
+_SWEEP_STORE_TESTS = ("tests/test_sweep_results.py",) + tuple(f"tests/test_sweep.py::{t}" for t in (
     "test_results_file_must_be_parquet", "test_rows_carry_measurements_and_provenance_on_cpu",
     "test_interrupt_keeps_finished_points_and_rerun_resumes",
     "test_load_reference_says_when_the_file_is_absent"))

@@ -1,0 +1,44 @@
+"""The sweep's results store: rows appended to parquet, a CSV copy beside it, read back by pandas."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from fp16lab.sweep.results import ROW_COLUMNS, append_rows, read_results
+
+
+def _row(key: str, repeat: int, ms: float, status: str = "ok") -> dict:
+    return {"key": key, "repeat": repeat, "status": status, "step_ms_median": ms, "model": "m"}
+
+
+def test_an_absent_file_reads_as_no_rows_with_every_column(tmp_path):
+    empty = read_results(tmp_path / "none.parquet")
+    assert len(empty) == 0 and list(empty.columns) == list(ROW_COLUMNS)
+
+
+def test_files_hold_exactly_the_row_columns_and_no_index(tmp_path):
+    path = tmp_path / "r.parquet"
+    append_rows(path, [_row("a", 0, 1.5), _row("a", 1, 2.5)])
+    append_rows(path, [_row("b", 0, 3.5, "error")])
+    # read with pyarrow and the csv module's view of the header: no index column in either
+    assert pq.read_table(path).column_names == list(ROW_COLUMNS)
+    header = (tmp_path / "r.csv").read_text().splitlines()[0]
+    assert header == ",".join(ROW_COLUMNS)
+    for df in (read_results(path), read_results(tmp_path / "r.csv")):
+        assert list(df.columns) == list(ROW_COLUMNS)
+        assert list(df.index) == [0, 1, 2]
+        assert list(df["key"]) == ["a", "a", "b"] and list(df["repeat"]) == [0, 1, 0]
+        assert list(df["step_ms_median"]) == [1.5, 2.5, 3.5]
+        assert list(df["status"]) == ["ok", "ok", "error"]
+    assert pd.read_parquet(path)["model"].tolist() == ["m"] * 3
+
+
+def test_only_parquet_files_take_rows(tmp_path):
+    for name in ("r.csv", "r.CSV", "r"):
+        with pytest.raises(ValueError, match=r"^a results file must end in \.parquet \(a \.csv copy "
+                                             r"is written beside it\), got "):
+            append_rows(tmp_path / name, [_row("a", 0, 1.0)])
+    append_rows(tmp_path / "deep" / "er" / "r.parquet", [_row("a", 0, 1.0)])  # folders made
+    assert len(read_results(tmp_path / "deep" / "er" / "r.csv")) == 1
