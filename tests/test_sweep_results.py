@@ -35,6 +35,16 @@ def test_files_hold_exactly_the_row_columns_and_no_index(tmp_path):
     assert pd.read_parquet(path)["model"].tolist() == ["m"] * 3
 
 
+def test_append_returns_what_a_reader_gets_and_takes_no_rows_too(tmp_path):
+    path = tmp_path / "r.parquet"
+    empty = append_rows(path, [])
+    assert len(empty) == 0 and list(read_results(path).columns) == list(ROW_COLUMNS)
+    append_rows(path, [_row("a", 0, 1.0)])
+    both = append_rows(path, [_row("b", 0, 2.0), _row("b", 1, 3.0)])
+    pd.testing.assert_frame_equal(both, read_results(path))
+    assert list(both.index) == [0, 1, 2]
+
+
 def test_only_parquet_files_take_rows(tmp_path):
     for name in ("r.csv", "r.CSV", "r"):
         with pytest.raises(ValueError, match=r"^a results file must end in \.parquet \(a \.csv copy "
