@@ -528,3 +528,11 @@ def test_gpu_interrupt_returns_memory_to_its_start(tmp_path):
     df = pd.read_parquet(out)
     assert list(df["batch"]) == [512] and (df["status"] == "ok").all()
     assert len(sweep.run_sweep(spec, out)) == 2  # resumes: only batch 1024 measured now
+
+
+def test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked(capsys):
+    df = sweep.run_sweep(tiny(batches=(2,), repeats=1))
+    assert list(df.columns) == list(sweep.ROW_COLUMNS) and list(df["status"]) == ["ok"]
+    assert "sweep" not in capsys.readouterr().err
+    sweep.run_sweep(tiny(batches=(2,), repeats=1), progress=True)
+    assert "sweep: 100%" in capsys.readouterr().err  # tqdm's bar, on stderr

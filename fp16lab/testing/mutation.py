@@ -65,7 +65,8 @@ _SWEEP_RESUME_TESTS = tuple(f"tests/test_sweep.py::{t}" for t in (
     "test_rows_carry_measurements_and_provenance_on_cpu", "test_oom_is_recorded_and_the_sweep_goes_on",
     "test_other_failures_are_recorded_with_their_message",
     "test_interrupt_keeps_finished_points_and_rerun_resumes",
-    "test_stop_event_ends_the_sweep_between_points"))
+    "test_stop_event_ends_the_sweep_between_points", "test_repeats_are_interleaved_round_robin",
+    "test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked"))
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("formats", "fp16lab/formats.py", ("tests/test_formats.py", "tests/test_hostile.py")),
