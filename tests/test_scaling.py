@@ -307,3 +307,103 @@ def test_replay_with_gradscaler_matches_simulation():
     theirs = replay_with_gradscaler(flags, init_scale=8.0, growth_interval=2)
     assert [e.scale for e in theirs] == [e.scale for e in ours] == [8, 4, 4, 8, 4, 4, 8, 8]
     assert list(events_frame(theirs).skipped) == flags
+
+
+# ----------------------------------------------------------------- messages, reprs, tables
+def _message(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+def test_parameter_messages_name_the_value_and_what_is_allowed():
+    assert _message(lambda: DynamicLossScaler(init_scale="big")) == \
+        "init_scale must be a finite positive number, got 'big'"
+    assert _message(lambda: DynamicLossScaler(init_scale=-1.0)) == (
+        "init_scale must be a finite positive number that fits in float32 "
+        "(0 < init_scale <= 3.4e38), got -1.0")
+    assert _message(lambda: DynamicLossScaler(growth_factor=1.0)) == \
+        "growth_factor must be a finite number > 1.0, got 1.0"
+    assert _message(lambda: DynamicLossScaler(growth_factor=math.inf)) == \
+        "growth_factor must be a finite number > 1.0, got inf"
+    assert _message(lambda: DynamicLossScaler(backoff_factor=1.5)) == \
+        "backoff_factor must lie strictly between 0 and 1, got 1.5"
+    assert _message(lambda: DynamicLossScaler(growth_interval=True)) == \
+        "growth_interval must be an integer from 1 to 2147483647, got True"
+    assert _message(lambda: DynamicLossScaler(growth_interval=2**31)) == \
+        "growth_interval must be an integer from 1 to 2147483647, got 2147483648"
+    assert DynamicLossScaler(growth_interval=2**31 - 1).growth_interval == 2**31 - 1
+    assert DynamicLossScaler(growth_interval=np.int64(3)).growth_interval == 3
+    assert _message(lambda: DynamicLossScaler(min_scale=4.0, max_scale=2.0)) == \
+        "min_scale must be <= max_scale, got 4.0 > 2.0"
+    assert _message(lambda: DynamicLossScaler(init_scale=1.0, min_scale=2.0)) == \
+        "init_scale must lie within [min_scale, max_scale] = [2.0, None], got 1.0"
+    assert _message(lambda: DynamicLossScaler(init_scale=8.0, max_scale=4.0)) == \
+        "init_scale must lie within [min_scale, max_scale] = [None, 4.0], got 8.0"
+    for bad in (0, True, 2.0):
+        assert _message(lambda: DynamicLossScaler(collapse_halvings=bad)) == \
+            f"collapse_halvings must be an integer >= 1, got {bad!r}"
+    assert _message(lambda: StaticLossScaler(0.0)) == (
+        "scale must be a finite positive number that fits in float32 (0 < scale <= 3.4e38), "
+        "got 0.0")
+
+
+def test_bounds_equal_to_the_scale_are_allowed_and_kept():
+    s = DynamicLossScaler(init_scale=4.0, min_scale=4.0, max_scale=4.0, growth_interval=1)
+    assert [s.update(found_inf=f).next_scale for f in (True, False, False)] == [4.0, 4.0, 4.0]
+
+
+def test_reprs_show_the_settings():
+    assert repr(StaticLossScaler(3.0)) == "StaticLossScaler(scale=3.0)"
+    assert repr(DynamicLossScaler(init_scale=8.0, growth_interval=7, min_scale=1.0)) == (
+        "DynamicLossScaler(init_scale=8.0, growth_factor=2.0, backoff_factor=0.5, "
+        "growth_interval=7, min_scale=1.0, max_scale=None)")
+
+
+def test_history_tables_have_one_row_per_step():
+    s = DynamicLossScaler(init_scale=8.0, growth_interval=2)
+    for f in (True, False, False):
+        s.update(found_inf=f)
+    t = s.history_frame()
+    assert list(t.columns) == ["step", "scale", "found_inf", "skipped", "next_scale"]
+    assert t.to_dict("list") == {"step": [0, 1, 2], "scale": [8.0, 4.0, 4.0],
+                                 "found_inf": [True, False, False],
+                                 "skipped": [True, False, False], "next_scale": [4.0, 4.0, 8.0]}
+    assert s.history[0].as_dict() == {"step": 0, "scale": 8.0, "found_inf": True,
+                                      "skipped": True, "next_scale": 4.0}
+
+
+def test_collapse_messages_in_full():
+    from fp16lab.scaling import COLLAPSE_CAUSES, ScaleCollapseMonitor
+
+    s = DynamicLossScaler(init_scale=4.0, collapse_halvings=3)
+    with pytest.warns(ScaleCollapseWarning) as record:
+        for _ in range(5):  # next scales 2, 1, 0.5, 0.25, 0.125
+            s.update(found_inf=True)
+    messages = [str(w.message) for w in record]
+    assert messages == [
+        f"loss scale backed off 3 steps in a row (now 0.5 at step 2); every one of those steps "
+        f"was skipped. Likely causes: {COLLAPSE_CAUSES}.",
+        f"loss scale fell below 1 (0.25 at step 3): the gradients overflow FP16 even unscaled. "
+        f"Likely causes: {COLLAPSE_CAUSES}.",
+    ]  # once each: not again at step 4
+    assert s._monitor.warnings == messages
+    for bad in (0, True, 1.5):
+        assert _message(lambda: ScaleCollapseMonitor(bad)) == \
+            f"halvings must be an integer >= 1, got {bad!r}"
+
+
+def test_recorder_passes_calls_through_to_the_gradscaler():
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    rec = GradScalerRecorder(scaler)
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.5)
+    assert rec.get_scale() == scaler.get_scale() == 4.0
+    rec.scale((p * 2.0).sum()).backward()
+    assert torch.equal(p.grad, torch.full((2,), 8.0))
+    rec.unscale_(opt)
+    assert torch.equal(p.grad, torch.full((2,), 2.0))  # unscaled in place
+    assert rec.step(opt) is None  # SGD.step returns None
+    ev = rec.update()
+    assert torch.equal(p.detach(), torch.zeros(2)) and not ev.skipped
+    assert rec.history_frame().to_dict("list")["next_scale"] == [4.0]
