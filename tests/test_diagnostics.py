@@ -437,6 +437,9 @@ def test_bin_codes_default_to_ops_and_exponent_bins_end_where_inf_begins():
     x = np.array([0.0, 1e-40, 2.0**-126, 1.5, 3e38, np.inf, np.nan], dtype=np.float32)
     np.testing.assert_array_equal(histogram._bin_codes(torch.from_numpy(x.copy())).numpy(),
                                   _numpy_bins(x))
+    # the search boundaries are made on the data's device ('meta' stands in for a GPU here)
+    on_meta = histogram._bin_codes(torch.zeros(4, device="meta"), method="search")
+    assert (on_meta.device.type, on_meta.dtype, tuple(on_meta.shape)) == ("meta", torch.int32, (4,))
     assert d.exponent_of_bin(2) == -126 and d.exponent_of_bin(d.N_BINS - 3) == 127
     for b in (1, d.N_BINS - 2):
         with pytest.raises(ValueError) as info:
