@@ -681,8 +681,9 @@ def test_stochastic_rounding_follows_the_seed_or_generator():
     again = bits.encode(t, "fp16", rounding="stochastic", generator=torch.Generator().manual_seed(2))
     assert torch.equal(first, again)
     # the uniforms are float64, so probabilities finer than float32's 2^-24 steps still count
-    u = bits._uniform_like(torch.zeros(4, dtype=torch.float64), None, None)
-    assert u.dtype == torch.float64 and u.device == torch.device("cpu")
+    # (on the tensor's device: 'meta' stands in for a GPU here)
+    u = bits._uniform_like(torch.zeros(4, dtype=torch.float64, device="meta"), None, None)
+    assert u.dtype == torch.float64 and u.device.type == "meta" and tuple(u.shape) == (4,)
 
 
 def test_quantize_passes_rounding_on():
