@@ -287,7 +287,7 @@ def write_report(path: pathlib.Path = REPORT) -> float:
             survivors.append((target.name, name, statuses[name], diff, reason))
         counts = summarize(statuses, equivalent)
         timing = BUILD / target.name / "seconds"
-        seconds = timing.read_text().strip() if timing.exists() else "running"
+        seconds = timing.read_text().strip() if timing.exists() else "unfinished"
         rows.append((target, counts, seconds))
         for c in totals:
             totals[c] += counts[c]
