@@ -11,7 +11,8 @@ Each module in ``TARGETS`` runs in its own directory under ``build/mutation/<nam
 copy of the package, only that module's fast CPU tests and a ``[tool.mutmut]`` section naming
 them, with one worker (``--max-children 1``) so that a shared machine stays usable. Results stay
 there, so modules can be run one by one; the report (``data/mutation_report.md``) is written
-from every module that has results::
+from every module that has results (a ``note`` file in a module's directory, say on a run cut
+short, is printed under the table)::
 
     python -m fp16lab.testing.mutation                 # every module, then the report
     python -m fp16lab.testing.mutation bits scaling    # just these two, then the report
@@ -165,6 +166,7 @@ def run_target(target: Target, rerun_missed: bool = False) -> float:
         if not names:
             return 0.0
     prepare(target, work, keep_results=rerun_missed)
+    (work / "note").unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # one thread per process: the machine is shared, and forked workers stay simple
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
@@ -321,6 +323,10 @@ def write_report(path: pathlib.Path = REPORT) -> float:
     n = sum(totals[c] for c in COLUMNS)
     lines.append("| **all** | | | " + f"{n} | " + " | ".join(str(totals[c]) for c in COLUMNS)
                  + f" | {totals['equivalent']} | **{overall:.1%}** | |")
+    notes = [f"- `{t.source}`: {(BUILD / t.name / 'note').read_text().strip()}"
+             for t, _, _ in rows if (BUILD / t.name / "note").exists()]
+    if notes:
+        lines += ["", "Notes on these runs:", "", *notes]
     lines += ["", "## Survivors", ""]
     if not survivors:
         lines.append("None.")
