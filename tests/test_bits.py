@@ -777,3 +777,51 @@ def test_decode_refuses_codes_out_of_range_naming_the_bad_one():
         bits.decode(np.array(1.5, dtype=object), "fp16")
     with pytest.raises(ValueError, match=r"got str 'a'; allowed"):  # 0-d: no index to name
         bits.encode(np.array("a", dtype=object), "fp16")
+
+
+def test_value_messages_say_what_kind_of_array_was_given():
+    allowed = bits._ALLOWED_VALUES
+    dates = np.array(["2020-01-01", "2020-01-02"], dtype="datetime64[D]")
+    assert _message(bits.encode, dates) == (
+        "encode expects real numbers, got a datetime64[D] array of dates (datetime64), not "
+        f"numbers, like {dates.tolist()!r}; allowed: {allowed}")
+    spans = np.array([1, 2, 3, 4], dtype="timedelta64[s]")
+    assert _message(bits.quantize, spans, "fp16") == (
+        "encode expects real numbers, got a timedelta64[s] array of durations (timedelta64), not "
+        f"numbers, like {spans[:3].tolist()!r}; allowed: {allowed}")
+    raw = np.zeros(2, dtype="V4")
+    assert "got a |V4 array of raw records, like" in _message(bits.encode, raw)
+    assert _message(bits.encode, torch.ones(2, dtype=torch.complex64)) == (
+        f"encode expects real numbers, got a complex tensor (torch.complex64); allowed: {allowed}")
+
+
+def test_rounding_aliases_and_toward_zero_on_tensors():
+    x = np.array([0.1, -0.3, 1000.7])
+    lower = bits.encode(x, "fp16", rounding="toward_zero")
+    assert np.array_equal(bits.encode(x, "fp16", rounding="truncate"), lower)
+    assert torch.equal(bits.encode(torch.from_numpy(x), "fp16", rounding="toward_zero"),
+                       torch.from_numpy(lower))
+    sr = bits.encode(np.full(100, 0.1), "fp16", rounding="sr", seed=0)
+    assert set(np.unique(sr)) <= {int(lower[0]), int(lower[0]) + 1}
+    # meta tensors stand in for a GPU: every helper stays on the tensor's device
+    assert bits.ulp(torch.zeros(3, device="meta"), "fp16").device.type == "meta"
+
+
+def test_explain_details_in_other_formats():
+    assert bits.explain(float("nan"), "fp16").exponent is None
+    e = bits.explain(0.1, "bf16")
+    assert e.ulp == float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) * 2.0**-4  # 0.1 is in [2^-4, 2^-3)
+    html = bits.explain(1.0, "fp16")._repr_html_()
+    rows = bits.explain(1.0, "fp16").rows()
+    assert html == ("<table class='fp16lab-explain'>" + "".join(
+        f"<tr><th style='text-align:left'>{k}</th><td style='text-align:left'><code>"
+        f"{v.replace('<', '&lt;')}</code></td></tr>" for k, v in rows) + "</table>")
+
+
+def test_explain_table_defaults_and_odd_inputs():
+    assert list(bits.explain_table([1.0])["hex"]) == ["0x3c00"]  # fp16 by default
+    assert list(bits.explain_table([0.1], "bf16")["hex"]) == [
+        f"0x{int(np.array(0.1, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)):04x}"]
+    assert len(bits.explain_table(np.array(0.5), "fp16")) == 1  # a 0-d array is one value
+    assert _message(bits.explain_table, None) == (
+        "explain_table() takes a list of values (numbers, hex or bit strings), got None")
