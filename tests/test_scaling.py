@@ -407,3 +407,20 @@ def test_recorder_passes_calls_through_to_the_gradscaler():
     ev = rec.update()
     assert torch.equal(p.detach(), torch.zeros(2)) and not ev.skipped
     assert rec.history_frame().to_dict("list")["next_scale"] == [4.0]
+
+
+def test_scaler_settings_defaults_are_gradscalers_and_bad_ones_are_all_named():
+    from fp16lab.scaling import ScalerSettings
+
+    gs = torch.amp.GradScaler("cpu")
+    s = ScalerSettings()
+    assert (s.init_scale, s.growth_factor, s.backoff_factor, s.growth_interval) == (
+        gs.get_scale(), gs.get_growth_factor(), gs.get_backoff_factor(), gs.get_growth_interval())
+    assert ScalerSettings(init_scale=1.0, growth_factor=1.5, backoff_factor=0.25,
+                          growth_interval=1).growth_interval == 1
+    assert _message(lambda: ScalerSettings(init_scale=0.0, backoff_factor=2.0)) == (
+        "bad scaler settings: init_scale must be a finite positive number that fits in float32 "
+        "(0 < init_scale <= 3.4e38), got 0.0; backoff_factor must lie strictly between 0 and 1, "
+        "got 2.0")
+    assert _message(lambda: ScalerSettings(growth_interval=0)) == (
+        "bad scaler settings: growth_interval must be an integer from 1 to 2147483647, got 0")
