@@ -424,3 +424,78 @@ def test_scaler_settings_defaults_are_gradscalers_and_bad_ones_are_all_named():
         "got 2.0")
     assert _message(lambda: ScalerSettings(growth_interval=0)) == (
         "bad scaler settings: growth_interval must be an integer from 1 to 2147483647, got 0")
+
+
+def test_unscale_misuse_messages_in_full():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    s = StaticLossScaler(4.0)
+    (p.sum()).backward()
+    with pytest.raises(RuntimeError) as info:
+        s.unscale_(opt)
+    assert str(info.value) == (
+        "unscale_(optimizer) before scale() in this iteration: the gradients were not multiplied "
+        "by the scale (4), so unscaling them would divide the update by it. Write "
+        "scaler.scale(loss).backward(), not loss.backward(), then scaler.step(optimizer) and "
+        "scaler.update()")
+    opt.zero_grad()
+    s.scale(p.sum()).backward()
+    s.unscale_(opt)
+    with pytest.raises(RuntimeError) as info:
+        s.unscale_(opt)
+    assert str(info.value) == ("unscale_() has already been called on this optimizer since the "
+                               "last update()")
+    s.step(opt)
+    with pytest.raises(RuntimeError) as info:
+        s.unscale_(opt)
+    assert str(info.value) == ("unscale_() is being called after step(): unscale before "
+                               "stepping, then call update()")
+    s.update()
+    half = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    opt16 = torch.optim.SGD([half], lr=0.1)
+    s.scale(half.float().sum()).backward()
+    assert _message(lambda: s.unscale_(opt16)) == (
+        "cannot unscale FP16 gradients (their small values would flush to zero): give the "
+        "optimizer FP32 parameters (autocast keeps them) or FP32 master weights")
+    with pytest.raises(TypeError) as info:
+        DynamicLossScaler().update(found_inf="yes")
+    assert str(info.value).endswith("got str 'yes'")
+
+
+def test_skip_classifier_edges():
+    assert classify_skips(_history([False, True] + [False] * 998))["warmup_skips"] == 0
+    never = classify_skips(_history([True] * 5))
+    assert (never["verdict"], never["later_skip_rate"], never["later_skips"]) == ("problem", 0.0, 0)
+    empty = classify_skips([])
+    assert empty["verdict"] == "no skips" and math.isnan(empty["min_scale"])
+    assert empty["longest_later_run"] == 0 and empty["later_skip_rate"] == 0.0
+    from fp16lab.scaling import events_frame
+
+    assert list(events_frame([]).columns) == ["step", "scale", "found_inf", "skipped", "next_scale"]
+
+
+def test_recorder_counts_steps_takes_new_scales_and_warns_at_the_callers_line():
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+    rec = GradScalerRecorder(scaler)  # default: warn after 12 backoffs in a row
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    rec.scale(torch.ones(()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(12):
+            p.grad = torch.full((1,), math.inf)
+            rec.step(opt)
+            rec.update()
+            collapse = [w for w in caught if issubclass(w.category, ScaleCollapseWarning)]
+            assert len(collapse) == (1 if i == 11 else 0), i
+    assert collapse[0].filename == __file__  # attributed to the caller of update()
+    assert [e.step for e in rec.history] == list(range(12))
+    p.grad = torch.ones(1)
+    rec.step(opt)
+    assert rec.update(new_scale=8.0).next_scale == 8.0 == rec.get_scale()
+    # arguments reach GradScaler.step: it refuses a closure keyword, passes positionals on
+    with pytest.raises(RuntimeError, match="[Cc]losure"):
+        rec.step(opt, closure=lambda: torch.zeros(()))
+    calls = []
+    rec.step(opt, lambda: calls.append(1) or torch.zeros(()))
+    assert calls == [1]
