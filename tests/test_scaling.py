@@ -499,3 +499,35 @@ def test_recorder_counts_steps_takes_new_scales_and_warns_at_the_callers_line():
     calls = []
     rec.step(opt, lambda: calls.append(1) or torch.zeros(()))
     assert calls == [1]
+
+
+def test_step_misuse_messages_in_full_and_arguments_passed_on():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    s = DynamicLossScaler(init_scale=4.0)
+
+    def runtime_message(call) -> str:
+        with pytest.raises(RuntimeError) as info:
+            call()
+        return str(info.value)
+
+    assert runtime_message(lambda: s.step(opt, closure=lambda: 0)) == (
+        "step(optimizer, closure=...) is not supported: a closure would recompute an unscaled "
+        "loss; call scaler.scale(loss).backward() yourself before step()")
+    assert runtime_message(lambda: s.step(opt)).startswith(
+        "step(optimizer) before scale() in this iteration: the gradients were not multiplied by "
+        "the scale (4)")
+    s.scale(p.sum()).backward()
+    calls = []
+    assert s.step(opt, lambda: calls.append("closure") or 1.5) == 1.5  # SGD runs the closure
+    assert calls == ["closure"]
+    assert runtime_message(lambda: s.step(opt)) == (
+        "step() has already been called on this optimizer since the last update(): call "
+        "scaler.update() once after each step")
+    s.update()
+    unused = torch.nn.Parameter(torch.ones(1))
+    s.scale(p.sum())  # a loss that does not depend on `unused`
+    assert runtime_message(lambda: s.step(torch.optim.SGD([unused], lr=0.1))) == (
+        "no inf/NaN check was recorded for this optimizer: none of its parameters has a "
+        "gradient. Call scaler.scale(loss).backward() on a loss that depends on them before "
+        "step()")
