@@ -29,9 +29,7 @@ from torch import nn
 
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
 from .models import NUM_CLASSES, build_model, input_shape
-
-# recipes: replace with fp16lab.recipes once it lands (the sweep's SGD settings, copied here)
-LR, MOMENTUM = 0.01, 0.9
+from .recipes import LR, MOMENTUM, make_train_step, sgd
 
 #: Autocast dtype of each precision (None: no autocast).
 AUTOCAST = {"fp32": None, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
@@ -122,25 +120,7 @@ def batch_shape(name: str, batch: int) -> tuple[int, ...]:
 def make_step(precision: str, model: nn.Module, x: torch.Tensor,
               y: torch.Tensor) -> Callable[[], torch.Tensor]:
     """Returns one full training step (forward, loss, backward, optimizer) in ``precision``."""
-    # recipes: replace with fp16lab.recipes once it lands
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    dtype = AUTOCAST[precision]
-    kind = x.device.type
-    scaler = torch.amp.GradScaler(kind) if precision == "amp-fp16" else None
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(kind, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = F.cross_entropy(model(x), y)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        return loss
-
+    step, _ = make_train_step(precision, model, x, y, device=x.device.type, optimizer=sgd)
     return step
 
 

@@ -20,7 +20,9 @@ between kernels however fast its tensor cores are. Two fixes, beside plain ``eag
     first step, and if that step is skipped (ResNet-50's first AMP steps overflow) they stay so;
   * autocast's cast cache is off during capture (``cache_enabled=False``), as PyTorch requires;
   * warm-up steps run on a side stream before capture (cuDNN, cuBLAS and the optimizer's
-    momentum buffers settle there), and the scale only changes on the device afterwards.
+    momentum buffers settle there), and the scale only changes on the device afterwards;
+  * capture records the step's kernels but does not run them: after ``make_step`` the model
+    has taken only the warm-up steps, and the first ``replay`` takes the next one.
 
 - ``compile``: ``torch.compile(model, mode=...)`` fuses elementwise kernels with Triton (fewer,
   larger kernels); mode ``reduce-overhead`` also replays the model's forward and backward as CUDA
@@ -40,6 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from .profile import phase
+from .recipes import LR, MOMENTUM, grad_scaler  # LR, MOMENTUM: the sweep's SGD, written once
+from .scaling import ScalerSettings
 
 #: Execution modes, with what each does.
 EXECUTIONS = {
@@ -53,9 +57,6 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 #: Precisions these steps implement (fp16-o2 is not among them yet).
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
-
-# recipes: replace with fp16lab.recipes once it lands (the sweep's SGD settings, written once there)
-LR, MOMENTUM = 0.01, 0.9
 
 #: Steps run before a CUDA graph is captured (and before timing, in the benchmarks).
 WARMUP_STEPS = 3
@@ -134,12 +135,13 @@ class TrainingStep:
 def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, precision: str,
               execution: str = "eager", compile_mode: str = "default",
               warmup: int = WARMUP_STEPS, fused_optimizer: bool | None = None,
-              traceable: bool = True) -> TrainingStep:
+              traceable: bool = True, scaler: ScalerSettings | None = None) -> TrainingStep:
     """Returns a :class:`TrainingStep` training ``model`` on the batch (x, y) as asked.
 
     The model and tensors must already be on one device, in the memory layout wanted. For
-    ``cuda-graph`` this runs ``warmup`` steps and the capture (one more step) before returning,
-    so the model has then taken ``warmup + 1`` optimizer steps; the other modes take none.
+    ``cuda-graph`` this runs ``warmup`` steps and then captures one more without running it
+    (capture only records kernels; the GPU executes them at the first ``replay``), so the model
+    has then taken ``warmup`` optimizer steps; the other modes take none.
 
     Args:
         fused_optimizer: use ``SGD(fused=True)`` (one kernel for all weights, and GradScaler's
@@ -149,6 +151,7 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
             later profile of the replays can list the graph's kernels one by one (CUPTI, which
             the profiler uses, may see only the whole graph if it was not active when the graph
             was built).
+        scaler: GradScaler settings for ``amp-fp16`` (default: torch's defaults).
     """
     device = x.device.type
     check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
@@ -168,7 +171,7 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
         for p in model.parameters():
             if p.requires_grad:
                 opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
-    scaler = torch.amp.GradScaler(device) if precision == "amp-fp16" else None
+    scaler = grad_scaler(precision, device, scaler) if precision == "amp-fp16" else None
     forward = model
     notes: list[str] = []
     mark_step = False

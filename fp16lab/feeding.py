@@ -40,8 +40,6 @@ PRECISIONS = {
     "amp-bf16": "autocast to bf16, no scaler",
 }
 
-#: SGD settings of the training step (as in the sweeps).
-LR, MOMENTUM = 0.01, 0.9
 
 
 def _tree_cpu_seconds(pid: int) -> float | None:
@@ -110,35 +108,18 @@ def _math_flags(precision: str) -> Iterator[None]:
         b.cudnn.benchmark = benchmark
 
 
-# recipes: replace with fp16lab.recipes once it lands
 def make_train_step(model: torch.nn.Module, precision: str,
                     device: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Returns ``step(x, y) -> loss``: one SGD training step of ``model`` in ``precision``.
 
-    The model must already be on ``device`` in the layout the batches will have.
+    The model must already be on ``device`` in the layout the batches will have. The step is
+    :func:`fp16lab.recipes.make_train_step`'s, fed a new batch at every call.
     """
-    import torch.nn.functional as F
+    from .recipes import make_train_step as recipe_step
 
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
-    dev = torch.device(device).type
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
-    scaler = torch.amp.GradScaler(dev) if precision == "amp-fp16" else None
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = F.cross_entropy(model(x), y)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        return loss
-
+    step, _ = recipe_step(precision, model, None, None, device=torch.device(device).type)
     return step
 
 

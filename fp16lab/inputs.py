@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .augment import augment_pil, augment_tensor, crop_params, flip_draw, normalize
+from .augment import augment_pil, crop_params, flip_draw, normalize, resized_crops
 from .data import CorruptImageError, load_rgb, read_jpeg_bytes, scan_image_folder
 
 __all__ = ["BACKENDS", "InputPipeline", "InputSettings", "cpu_cores", "default_workers",
@@ -312,21 +312,28 @@ def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> l
 def augment_batch(images: list[torch.Tensor], size: int,
                   generator: torch.Generator) -> torch.Tensor:
     """Returns a (N, 3, size, size) float32 batch on the images' device (0-255 scale): a random
-    resized crop and flip of each decoded (3, H, W) uint8 image."""
-    out = []
+    resized crop and flip of each decoded (3, H, W) uint8 image.
+
+    The crops and flips are drawn picture by picture on the CPU (torchvision's draws, in its
+    order); the pixels are resampled for the whole batch at once (:func:`resized_crops`): a
+    batch of 256 costs a few tens of kernel launches, not three or four per picture.
+    """
+    params, flips = [], []
     for img in images:
-        params = crop_params(img.shape[1], img.shape[2], generator)
-        out.append(augment_tensor(img, size, params, flip_draw(generator)))
-    return torch.stack(out)
+        params.append(crop_params(img.shape[1], img.shape[2], generator))
+        flips.append(flip_draw(generator))
+    return resized_crops(images, params, flips, size)
 
 
 def _gpu_decode(s: InputSettings, root: Path, device: str, *,
                 decode: Callable[[list[torch.Tensor], list[Path], str], list[torch.Tensor]] = decode_batch,
                 depth: int = 3) -> InputPipeline:
-    """A producer thread reads the files (with a pool of reader threads), decodes and augments
-    each batch on a CUDA stream of its own, and hands ready batches over with an event to wait
-    on, so decoding overlaps the training step. ``decode`` turns bytes into pictures (tests on a
-    CPU swap in PIL)."""
+    """A producer thread reads the files (with a pool of reader threads, one batch ahead),
+    decodes each batch with one nvJPEG call and augments it with a few batched kernels
+    (:func:`augment_batch`) on a CUDA stream of its own, and hands ready batches over with an
+    event to wait on, so decoding overlaps the training step. The producer's Python work per
+    batch is small because it shares the interpreter lock with the training loop's launches.
+    ``decode`` turns bytes into pictures (tests on a CPU swap in PIL)."""
     files, labels, _ = scan_image_folder(root)
     cuda = str(device).startswith("cuda")
     order_rng = torch.Generator().manual_seed(s.seed)
@@ -347,8 +354,8 @@ def _gpu_decode(s: InputSettings, root: Path, device: str, *,
                 continue
         return False
 
-    def make(idx: list[int], stream: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        blobs = list(threads.map(read, idx))
+    def make(idx: list[int], blobs: list[torch.Tensor],
+             stream: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
         with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
             x = normalize(augment_batch(decode(blobs, [files[i] for i in idx], device),
                                         s.image_size, crop_rng))
@@ -360,14 +367,26 @@ def _gpu_decode(s: InputSettings, root: Path, device: str, *,
                 done.record(stream)
         return x, y, done
 
+    def batches() -> Iterator[list[int]]:
+        while True:
+            perm = torch.randperm(len(files), generator=order_rng).tolist()
+            for b in range(len(files) // s.batch):
+                yield perm[b * s.batch:(b + 1) * s.batch]
+
     def producer() -> None:
         try:
             stream = torch.cuda.Stream(device=torch.device(device)) if cuda else None
+            order = batches()
+            idx = next(order)
+            reading = [threads.submit(read, i) for i in idx]
             while not stop.is_set():
-                perm = torch.randperm(len(files), generator=order_rng).tolist()
-                for b in range(len(files) // s.batch):
-                    if not put(make(perm[b * s.batch:(b + 1) * s.batch], stream)):
-                        return
+                blobs = [f.result() for f in reading]
+                # the reader threads fetch the next batch's files while this one is decoded
+                nxt = next(order)
+                reading = [threads.submit(read, i) for i in nxt]
+                if not put(make(idx, blobs, stream)):
+                    return
+                idx = nxt
         except BaseException as e:  # handed to the consumer, which raises it
             put(e)
 

@@ -143,16 +143,72 @@ def plot_ulp(formats: Iterable[str] = ("fp16", "bf16"), ax=None, *, points: int 
     return ax
 
 
-def plot_census_table(df, column: str = "underflow", ax=None, *, kinds: Iterable[str] = (
-        "weight", "activation", "gradient")):
-    """Returns Axes with one class's fraction per layer and kind from :func:`census_model`'s
-    DataFrame (e.g. how much of each layer's gradient would underflow)."""
-    ax = _axes(ax)
+def census_table(df, column: str = "underflow", *, kinds: Iterable[str] = (
+        "weight", "activation", "gradient"), split_tensors: bool = True):
+    """Returns a DataFrame of one class's fraction per row label and kind from
+    :func:`~fp16lab.census.census_model`'s DataFrame.
+
+    With ``split_tensors`` (the default) each parameter gets its own row (``bn.weight`` and
+    ``bn.bias``: a BatchNorm's weights, all 1, and biases, all 0, are not one "50% zero" layer);
+    activations keep the layer's name. Without it, rows are layers and each layer's fraction is
+    over all of its elements (the tensors weighted by their element counts ``n``).
+    """
+    missing = {"layer", "kind", "tensor", "n", column} - set(df.columns)
+    if missing:
+        raise ValueError(f"census_table needs census_model's columns; missing {sorted(missing)}")
     sub = df[df["kind"].isin(tuple(kinds))]
-    table = sub.groupby(["layer", "kind"], sort=False)[column].mean().unstack("kind")
-    table = table.reindex(columns=[k for k in kinds if k in table.columns])
+    label = sub["layer"]
+    if split_tensors:
+        param = sub["kind"] != "activation"
+        label = label.where(~param, sub["layer"] + "." + sub["tensor"])
+        label = label.str.lstrip(".")
+    counted = sub.assign(label=label, _hits=sub[column] * sub["n"])
+    sums = counted.groupby(["label", "kind"], sort=False)[["_hits", "n"]].sum()
+    table = (sums["_hits"] / sums["n"]).unstack("kind")
+    return table.reindex(index=list(dict.fromkeys(label)),
+                         columns=[k for k in kinds if k in table.columns])
+
+
+def plot_census_table(df, column: str = "underflow", ax=None, *, kinds: Iterable[str] = (
+        "weight", "activation", "gradient"), split_tensors: bool = True):
+    """Returns Axes with one class's fraction per layer (or parameter) and kind, drawn from
+    :func:`census_table` (e.g. how much of each layer's gradient would underflow)."""
+    ax = _axes(ax)
+    table = census_table(df, column, kinds=kinds, split_tensors=split_tensors)
     table.plot.bar(ax=ax, width=0.8)
     ax.set_ylabel(f"fraction {column}")
-    ax.set_xlabel("layer")
-    ax.tick_params(axis="x", labelrotation=45)
+    ax.set_xlabel("parameter or layer" if split_tensors else "layer")
+    ax.tick_params(axis="x", labelrotation=60)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+def plot_waves(rows: list[Mapping[str, Any]], ax=None, *, mark: Iterable[int] = (256, 320)):
+    """Plots measured TFLOP/s of a GEMM against the batch, beside the tile-and-wave efficiency.
+
+    ``rows`` are those of ``fp16lab.bench.wave_quantization`` (batch, tflops, efficiency, waves).
+    The efficiency, on the right axis, is the arithmetic of :mod:`fp16lab.waves` for the tile
+    each call's kernel name states; where the two curves move together, the tiles explain the
+    rate. Returns the axes.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    batch = [r["batch"] for r in rows]
+    ax.plot(batch, [r["tflops"] for r in rows], "o-", ms=3, color="C0", label="measured TFLOP/s")
+    ax.set_xlabel("batch (rows M of the GEMM)")
+    ax.set_ylabel("TFLOP/s")
+    right = ax.twinx()
+    eff = [(b, r["efficiency"]) for b, r in zip(batch, rows) if r.get("efficiency") is not None]
+    if eff:
+        right.plot(*zip(*eff), "--", color="C1", label="tiles x waves efficiency")
+    right.set_ylabel("useful share of SM-tile slots")
+    right.set_ylim(0, 1.05)
+    for b in mark:
+        ax.axvline(b, color="0.6", lw=0.8, ls=":")
+    lines = ax.get_lines()[:1] + right.get_lines()[:1]
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper left",
+              bbox_to_anchor=(0, -0.18), ncol=2, frameon=False)
+    ax.set_title("Linear(4096, 4096) in fp16: rate against batch, with the tile arithmetic")
     return ax

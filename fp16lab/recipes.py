@@ -42,6 +42,9 @@ SCALED_PRECISIONS = ("amp-fp16", "fp16-o2")
 #: The dtype autocast runs in, per precision (absent: autocast off).
 AUTOCAST_DTYPES = {"amp-fp16": "float16", "amp-bf16": "bfloat16"}
 
+#: Learning rate and momentum of the SGD optimizer every measured training step uses.
+LR, MOMENTUM = 0.01, 0.9
+
 
 def check_precision(precision: str) -> str:
     """Returns ``precision`` when it names a recipe, else raises ValueError listing the names."""
@@ -131,8 +134,8 @@ def _keep_batchnorm_fp32(model: Any) -> None:
             m.float()
 
 
-def sgd(params: Any, lr: float = 0.01, momentum: float = 0.9) -> Any:
-    """Returns the SGD optimizer (lr 0.01, momentum 0.9 by default) the sweep's steps use."""
+def sgd(params: Any, lr: float = LR, momentum: float = MOMENTUM) -> Any:
+    """Returns the SGD optimizer (``LR`` and ``MOMENTUM`` by default) the sweep's steps use."""
     import torch
 
     return torch.optim.SGD(params, lr=lr, momentum=momentum)
@@ -145,7 +148,9 @@ def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
                     ) -> tuple[Callable[[], Any], Any]:
     """Returns (step, scaler): a closure running one full training step, and its GradScaler or None.
 
-    ``step.optimizer`` is the optimizer the step uses; ``step()`` returns the loss.
+    ``step.optimizer`` is the optimizer the step uses; ``step()`` returns the loss. ``step(xb,
+    yb)`` trains on another batch of the same kind instead of (x, y) (an input pipeline's next
+    batch, on ``device`` in the same layout).
 
     The model, input and labels must already be on ``device``, in their memory layout. For
     ``fp16-o2`` the model is converted to fp16 here (BatchNorm stays fp32) and the optimizer
@@ -173,9 +178,10 @@ def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
         opt = optimizer(master)
         gs = grad_scaler(precision, dev, scaler)
 
-        def step() -> Any:
+        def step(xb: Any = None, yb: Any = None) -> Any:
             model.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x).float(), y)
+            xb, yb = (x, y) if xb is None else (xb.half(), yb)
+            loss = loss_fn(model(xb).float(), yb)
             gs.scale(loss).backward()
             # fp16 gradients (inf where the scaled loss overflowed) become fp32 master gradients;
             # the scaler unscales them in fp32, skips the step on inf/NaN and adjusts the scale.
@@ -195,10 +201,11 @@ def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
     if precision == "amp-fp16":
         gs = grad_scaler(precision, dev, scaler)
 
-        def step() -> Any:
+        def step(xb: Any = None, yb: Any = None) -> Any:
             opt.zero_grad(set_to_none=True)
+            xb, yb = (x, y) if xb is None else (xb, yb)
             with autocast(precision, dev):
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(model(xb), yb)
             gs.scale(loss).backward()
             gs.step(opt)
             gs.update()
@@ -207,10 +214,11 @@ def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
         step.optimizer = opt
         return step, gs
 
-    def step() -> Any:
+    def step(xb: Any = None, yb: Any = None) -> Any:
         opt.zero_grad(set_to_none=True)
+        xb, yb = (x, y) if xb is None else (xb, yb)
         with autocast(precision, dev):
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model(xb), yb)
         loss.backward()
         opt.step()
         return loss

@@ -58,7 +58,8 @@ _PREFIXES = {"gpu_busy_pct": "gpu_busy", "mem_busy_pct": "mem_busy",
 
 
 class TelemetrySource(Protocol):
-    """Anything that returns one reading: a dict with the keys in ``COUNTERS``."""
+    """Anything that returns one reading: a dict with the keys in ``COUNTERS`` (and those of
+    ``GPM_COUNTERS`` too, where the GPU has GPM metrics)."""
 
     def read(self) -> dict[str, float]: ...
 
@@ -349,4 +350,38 @@ class TelemetrySampler:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def other_gpu_processes(handle: Any = None, pynvml: Any = None) -> tuple[list[dict[str, Any]], str]:
+    """Returns (the other processes computing on the GPU, each as pid and MiB used; a note).
+
+    Read with NVML's ``nvmlDeviceGetComputeRunningProcesses``. Inside a container NVML may
+    report this process under its host pid: when no listed pid is ours but this process holds a
+    CUDA context, one listed process is taken to be this one. The note says why the list could
+    not be read (no NVML, no handle); the list is then empty.
+    """
+    import os
+
+    if handle is None:
+        source, why = nvml_source()
+        if source is None:
+            return [], why
+        handle, pynvml = source._handle, source._nvml
+    try:
+        procs = list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except Exception as e:  # an old driver or a MIG slice without the query: say so, do not fail
+        return [], f"NVML could not list the GPU's processes ({type(e).__name__}: {e})"
+    me = os.getpid()
+    others = [p for p in procs if p.pid != me]
+    if len(others) == len(procs) and others and _holds_cuda_context():
+        others = others[1:] if len(others) > 1 else []
+    return [{"pid": int(p.pid), "used_mib": (p.usedGpuMemory or 0) / 2**20} for p in others], ""
+
+
+def _holds_cuda_context() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_initialized()
+    except ImportError:
+        return False
 

@@ -115,13 +115,14 @@ class RunResult:
 
 
 def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: int = 0,
-              device: str = "cpu", lr: float = 1e-3, depth: int = 28, width: int = 32
-              ) -> RunResult:
+              device: str = "cpu", lr: float = 1e-3, depth: int = 28, width: int = 32,
+              progress: bool = False) -> RunResult:
     """Returns the measurements of one training run of :func:`deep_tanh_mlp` on :func:`make_task`.
 
     Every run with the same ``seed`` starts from the same weights and sees the same batches.
     Gradient statistics come from a :class:`~fp16lab.diagnostics.GradientMonitor` (the gradients
     as they are after backward: scaled where a scaler is used, exact zeros where FP16 flushed).
+    ``progress`` shows a tqdm bar over the steps.
     """
     if steps < 1 or batch < 1:
         raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
@@ -131,34 +132,20 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     x_all, y_all = x_all.to(device), y_all.to(device)
     order = torch.Generator().manual_seed(seed + 1)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    if config.scaling == "static":
-        scaler = StaticLossScaler(config.static_scale)
-    elif config.scaling == "dynamic":
-        scaler = GradScalerRecorder(recipes.grad_scaler(config.precision, device,
-                                                        config.scaler_settings()))
-    else:
-        scaler = None
+    scaler = _make_scaler(config, device)
     result = RunResult(config, device)
     monitor = GradientMonitor(model)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScaleCollapseWarning)
-        for step in range(steps):
+        for step in _steps(steps, progress, config.name):
             idx = torch.randint(0, x_all.shape[0], (batch,), generator=order).to(device)
             opt.zero_grad(set_to_none=True)
             with recipes.autocast(config.precision, device):
                 logits = model(x_all[idx])
             loss = F.cross_entropy(logits.float(), y_all[idx])
             row = {"run": config.name, "step": step, "loss": float(loss.detach())}
-            if scaler is None:
-                loss.backward()
-                opt.step()
-                row.update(scale=1.0, skipped=False)
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                ev = scaler.update()
-                row.update(scale=ev.scale, skipped=ev.skipped)
+            row.update(_backward_and_step(scaler, loss, opt))
             result.steps.append(row)
     result.seconds = time.perf_counter() - t0
     monitor.remove()
@@ -166,6 +153,42 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     stats.insert(0, "run", config.name)
     result.grad_stats = stats
     return result
+
+
+def _make_scaler(config: RunConfig, device: str):
+    """Returns the run's loss scaler: None, a StaticLossScaler or a recorded GradScaler."""
+    if config.scaling == "static":
+        return StaticLossScaler(config.static_scale)
+    if config.scaling == "dynamic":
+        return GradScalerRecorder(recipes.grad_scaler(config.precision, device,
+                                                      config.scaler_settings()))
+    return None
+
+
+def _backward_and_step(scaler, loss, opt, before_step=None) -> dict[str, Any]:
+    """Runs backward and the optimizer step through ``scaler`` (or none); returns the scale used
+    and whether the step was skipped. ``before_step(model grads are ready)`` runs in between."""
+    if scaler is None:
+        loss.backward()
+        if before_step:
+            before_step()
+        opt.step()
+        return {"scale": 1.0, "skipped": False}
+    scaler.scale(loss).backward()
+    if before_step:
+        before_step()
+    scaler.step(opt)
+    ev = scaler.update()
+    return {"scale": ev.scale, "skipped": ev.skipped}
+
+
+def _steps(n: int, progress: bool, desc: str):
+    """Returns range(n), wrapped in a tqdm bar when ``progress``."""
+    if not progress:
+        return range(n)
+    from tqdm.auto import tqdm
+
+    return tqdm(range(n), desc=desc, unit="step", leave=False)
 
 
 def reference_gradients(*, batch: int = 256, seed: int = 0, device: str = "cpu",
@@ -187,8 +210,9 @@ def run_side_by_side(configs=DEFAULT_RUNS, *, steps: int = 150, batch: int = 256
                      device: str | None = None, **kwargs: Any):
     """Returns (steps DataFrame, gradient-statistics DataFrame, seconds per run) for the runs.
 
-    ``device`` defaults to CUDA when available. The steps frame has run, step, loss, scale,
-    skipped and ``zero_frac`` (fraction of all weight-gradient elements that are exactly zero).
+    ``device`` defaults to CUDA when available; ``progress=True`` shows a bar per run. The steps
+    frame has run, step, loss, scale, skipped and ``zero_frac`` (fraction of all weight-gradient
+    elements that are exactly zero).
     """
     import pandas as pd
 
@@ -278,3 +302,107 @@ def plot_scale_history(history, ax=None, title: str = "dynamic loss scale"):
     ax.set(xlabel="step", ylabel="log2 scale", title=title)
     ax.legend(fontsize=8)
     return ax
+
+
+def adam_steps(grads, *, lr: float = 1e-3, eps: float = 1e-8) -> list[float]:
+    """Returns the size of each update ``|w_after - w_before| / lr`` that ``torch.optim.Adam``
+    takes on one float64 weight fed the gradients ``grads`` in turn (a zero is a gradient lost to
+    underflow)."""
+    w = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([w], lr=lr, eps=eps)
+    sizes = []
+    for g in grads:
+        before = w.detach().clone()
+        w.grad = torch.full_like(w, float(g))
+        opt.step()
+        sizes.append(float((w.detach() - before).abs()) / lr)
+    return sizes
+
+
+# -- a model that converges: the loss falls, and the gradients with it ------------------------
+
+#: The runs of the converging demo: the static scale is one that no gradient needs at step 0.
+CONVERGING_RUNS = (
+    RunConfig("fp32"),
+    RunConfig("fp16, no scaling", "amp-fp16"),
+    RunConfig("fp16, static 2^2", "amp-fp16", "static", static_scale=4.0),
+    RunConfig("fp16, dynamic (GradScaler)", "amp-fp16", "dynamic", growth_interval=10),
+)
+
+
+def regression_task(n: int = 16384, in_features: int = 16, out_features: int = 256,
+                    seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (inputs, targets): Gaussian inputs and a linear teacher's outputs (no noise)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, in_features, generator=g)
+    w = torch.randn(in_features, out_features, generator=g) / in_features**0.5
+    return x, x @ w
+
+
+def train_converging(config: RunConfig, *, steps: int = 30, batch: int = 1024, seed: int = 0,
+                     lr: float | None = None, device: str = "cpu", progress: bool = False):
+    """Returns a DataFrame (run, seed, step, loss, scale, skipped, zero_frac) of one run fitting
+    :func:`regression_task` with a ``Linear`` layer, SGD and the mean squared error.
+
+    The teacher is linear, so the loss falls towards 0, and every output gradient,
+    ``2 (y_hat - y) / (batch * out_features)``, falls with it: the mean over that many elements puts
+    it near FP16's underflow as the fit gets good (2^18 elements by default). ``lr`` defaults to ``out_features / 4``,
+    which halves the error at each step (the mean over outputs divides the gradient by them).
+    ``zero_frac`` is the share of the weight gradient that is exactly zero after backward.
+    """
+    import pandas as pd
+
+    if steps < 1 or batch < 1:
+        raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
+    torch.manual_seed(seed)
+    x_all, y_all = (t.to(device) for t in regression_task(seed=seed))
+    model = nn.Linear(x_all.shape[1], y_all.shape[1]).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=lr or y_all.shape[1] / 4)
+    order = torch.Generator().manual_seed(seed + 1)
+    scaler = _make_scaler(config, device)
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScaleCollapseWarning)
+        for step in _steps(steps, progress, f"{config.name}, seed {seed}"):
+            idx = torch.randint(0, x_all.shape[0], (batch,), generator=order).to(device)
+            opt.zero_grad(set_to_none=True)
+            with recipes.autocast(config.precision, device):
+                out = model(x_all[idx])
+            loss = F.mse_loss(out.float(), y_all[idx])
+            row = {"run": config.name, "seed": seed, "step": step, "loss": float(loss.detach())}
+
+            def count_zeros():
+                row["zero_frac"] = float((model.weight.grad == 0).double().mean())
+            row.update(_backward_and_step(scaler, loss, opt, before_step=count_zeros))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def converging_runs(configs=CONVERGING_RUNS, *, seeds=(0, 1, 2), steps: int = 30,
+                    device: str | None = None, progress: bool = False, **kwargs: Any):
+    """Returns the steps of :func:`train_converging` for every run and seed, in one DataFrame."""
+    import pandas as pd
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return pd.concat([train_converging(c, steps=steps, seed=s, device=device, progress=progress,
+                                       **kwargs) for s in seeds for c in configs],
+                     ignore_index=True)
+
+
+def plot_converging(steps):
+    """Returns a matplotlib Figure of :func:`converging_runs`: the loss (log scale) and the share
+    of the weight gradient that is exactly zero, per run (one line per seed)."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    for i, (run, d) in enumerate(steps.groupby("run", sort=False)):
+        for j, (_, s) in enumerate(d.groupby("seed")):
+            label = run if j == 0 else None
+            a.semilogy(s.step, s.loss, color=f"C{i}", lw=1.2, alpha=0.8, label=label)
+            b.plot(s.step, 100 * s.zero_frac, color=f"C{i}", lw=1.2, alpha=0.8, label=label)
+    a.set(xlabel="step", ylabel="training loss (MSE)", title="loss, one line per seed")
+    b.set(xlabel="step", ylabel="% of weight gradient exactly zero", title="gradient lost to zeros")
+    a.legend(fontsize=8)
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from PIL import Image
 
 from fp16lab.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_pil, augment_tensor,
-                             crop_params, flip_draw, normalize)
+                             crop_params, flip_draw, normalize, resized_crops)
 from fp16lab.data import synthetic_photo
 
 
@@ -95,3 +95,50 @@ def test_normalize_against_numpy():
     got = normalize(x)
     assert got.dtype == torch.float32
     np.testing.assert_allclose(got.numpy(), ref, rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------- the whole batch at once, against picture by picture
+
+
+def _pictures_and_draws(seed: int, sizes: list[tuple[int, int]]):
+    g = torch.Generator().manual_seed(seed)
+    pics = [torch.from_numpy(synthetic_photo(seed, i, (w, h))).permute(2, 0, 1).contiguous()
+            for i, (w, h) in enumerate(sizes)]
+    params = [crop_params(p.shape[1], p.shape[2], g) for p in pics]
+    flips = [flip_draw(g) for _ in pics]
+    return pics, params, flips
+
+
+@pytest.mark.parametrize("seed, sizes", [
+    (0, [(500, 375)] * 6),                                   # the data set's pictures
+    (1, [(500, 375), (375, 500), (120, 90), (333, 251)]),    # mixed sizes: zero padding
+])
+def test_batched_crops_equal_the_per_picture_reference(seed, sizes):
+    pics, params, flips = _pictures_and_draws(seed, sizes)
+    params[-1] = (3, 5, 30, 40)  # one crop smaller than the output: an upscale
+    flips[0], flips[1] = True, False
+    got = resized_crops(pics, params, flips, 64)
+    # oracle: torch's own antialiased bilinear resize of each crop (augment_tensor)
+    want = torch.stack([augment_tensor(p, 64, c, f) for p, c, f in zip(pics, params, flips)])
+    assert got.shape == (len(pics), 3, 64, 64) and got.dtype == torch.float32
+    # fp32 on a CPU: the same filter, so rounding only (1e-2 on the 0-255 scale)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-2)
+
+
+def test_batched_crops_refuse_mismatched_lists():
+    pics, params, flips = _pictures_and_draws(0, [(64, 48)] * 2)
+    with pytest.raises(ValueError, match="as many pictures, crops and flips"):
+        resized_crops(pics, params, flips[:1], 32)
+
+
+@pytest.mark.gpu
+def test_batched_crops_on_the_gpu_are_within_half_a_level_of_the_reference():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    pics, params, flips = _pictures_and_draws(2, [(500, 375)] * 64)
+    pics = [p.cuda() for p in pics]
+    got = resized_crops(pics, params, flips, 224)
+    want = torch.stack([augment_tensor(p, 224, c, f) for p, c, f in zip(pics, params, flips)])
+    # fp16 products with fp32 accumulation: weights and the intermediate carry 11 bits, so at
+    # most about 2 * 255 * 2**-11 = 0.25 off; 0.5 of a level is the bound
+    assert float((got - want).abs().max()) <= 0.5

@@ -85,17 +85,31 @@ def test_amp_rule():
     assert claims.judge_amp_vs_fp32(f(1.2, 0.05))[0] == FAILS
 
 
-def test_utilisation_rule():
+def test_utilisation_rule_falls_back_to_busy_and_says_so():
     def f(b32, b16, m32, m16):
-        return {"nvml_utilization_fields": ["gpu", "memory"], "fp32_gpu_busy_pct": b32,
-                "amp-fp16_gpu_busy_pct": b16, "fp32_mem_busy_pct": m32,
-                "amp-fp16_mem_busy_pct": m16, "fp32_telemetry": "nvml"}
+        return {"fp32_gpu_busy_pct": b32, "amp-fp16_gpu_busy_pct": b16, "fp32_mem_busy_pct": m32,
+                "amp-fp16_mem_busy_pct": m16, "fp32_telemetry": "nvml",
+                "fp32_gpm_note": "GPM not supported on this GPU"}
     assert claims.judge_utilisation(f(51, 68, 90, 90))[0] == HOLDS
-    assert claims.judge_utilisation(f(51, 60, 90, 90))[0] == PARTLY
+    assert claims.judge_utilisation(f(51, 61, 90, 90))[0] == HOLDS
+    assert claims.judge_utilisation(f(51, 60.9, 90, 90))[0] == PARTLY
     assert claims.judge_utilisation(f(51, 68, 50, 40))[0] == PARTLY
+    assert claims.judge_utilisation(f(51, 68, 90, 79))[0] == PARTLY
     v, why = claims.judge_utilisation(f(100, 99, 40, 35))
-    assert v == FAILS and "not SM occupancy" in why
+    assert v == FAILS and "NVML busy %" in why and "GPM not supported on this GPU" in why
     assert claims.judge_utilisation(f(None, None, None, None))[0] == UNTESTABLE
+
+
+def test_utilisation_rule_prefers_gpm_where_both_runs_have_it():
+    busy = {"fp32_gpu_busy_pct": 99, "amp-fp16_gpu_busy_pct": 89, "fp32_mem_busy_pct": 30,
+            "amp-fp16_mem_busy_pct": 40}
+    gpm = {"fp32_sm_util_pct": 51, "amp-fp16_sm_util_pct": 68, "fp32_dram_bw_util_pct": 90,
+           "amp-fp16_dram_bw_util_pct": 85}
+    v, why = claims.judge_utilisation({**busy, **gpm})
+    assert v == HOLDS and why.startswith("read GPM") and "51% -> AMP 68%" in why
+    # GPM for one run only: the busy counters decide (busy says fp32 99 -> 89: no rise, memory low)
+    v, why = claims.judge_utilisation({**busy, **gpm, "amp-fp16_sm_util_pct": None})
+    assert v == FAILS and "NVML busy %" in why
 
 
 def gradscaler_figures(**over):
@@ -388,3 +402,36 @@ def test_recorded_figures_that_do_not_fit_the_rule_are_reported(tmp_path):
                        meta={"gpu_name": "NVIDIA H200"}, data_dir=tmp_path)
     c = claims.check(11, data_dir=tmp_path)
     assert c.verdict == UNTESTABLE and "do not fit this rule" in c.reason
+
+
+def test_training_claims_measure_by_the_sweeps_protocol(monkeypatch):
+    """Claims and the reference sweep share one protocol: cudnn.benchmark and warm-up from
+    fp16lab.sweep.GPU_PROTOCOL, and at full size its timed steps too."""
+    from fp16lab import sweep
+    from fp16lab.claims import training
+
+    seen = []
+
+    def fake_measure(point, *, warmup, steps, telemetry):
+        seen.append((point.cudnn_benchmark, warmup, steps))
+        return {"status": "ok", "step_ms_median": 10.0, "spread": 0.01, "samples_per_s": 100.0,
+                "peak_mem_allocated_mb": 1024.0}
+
+    monkeypatch.setattr(claims.core, "EXERCISE_ON_CPU", True)
+    monkeypatch.setattr(sweep, "measure_point", fake_measure)
+    training.train_step_figures.cache_clear()
+    try:
+        training.train_step_figures("small_cnn", "fp32", "nchw", 2, 7)
+    finally:
+        training.train_step_figures.cache_clear()
+    p = sweep.GPU_PROTOCOL
+    assert seen == [(p.cudnn_benchmark, p.warmup, 7)]
+    monkeypatch.setattr(claims.core, "EXERCISE_ON_CPU", False)
+    assert training._train_sizes(quick=False)[1] == p.steps
+
+
+def test_every_claim_names_the_practice_it_comes_from():
+    for c in claims.CLAIMS:
+        assert len(c.origin.split()) >= 8, f"claim {c.id} does not say where it comes from"
+        assert ".txt" not in c.origin and "_" not in c.origin, c.origin
+        assert f"where it comes from: {c.origin}" in c.report()

@@ -77,3 +77,11 @@ def test_ch01_q2_spacing_ratio():
     assert ch01.q2.check(8) and ch01.q2.check("8")
     assert "extra fraction bits" in ch01.q2.check(3).message
     assert not ch01.q2.check(16) and not ch01.q2.check("eight")
+
+
+def test_expect_power_of_two():
+    from fp16lab.exercises import expect_power_of_two
+    assert expect_power_of_two(2**-10, "x") == 2.0**-10 and expect_power_of_two("8", "x") == 8.0
+    for bad in (0, -4, 3, 0.3, float("inf"), "big", None):
+        with pytest.raises(Wrong):
+            expect_power_of_two(bad, "x")

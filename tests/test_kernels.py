@@ -426,3 +426,23 @@ def test_notebook_helpers_check_and_benchmark():
     assert {"cupy.matmul", "wmma_naive", "mma_sync"} <= impls
     assert all(r["rel_err"] < 1e-3 for r in res["rows"])
     assert report.ladder_summary(res).loc[5, "kernel"] == "mma_sync"
+
+
+def test_a_kernel_has_the_same_colour_in_the_ladder_and_the_roofline():
+    import matplotlib
+    matplotlib.use("Agg")
+    from fp16lab import bench
+    g = bench.read_result("gemm")
+    colours = []
+    for plot in (report.plot_ladder, report.plot_roofline):
+        ax = plot(g)
+        colours.append({line.get_label().split(". ")[-1]: matplotlib.colors.to_hex(line.get_color())
+                        for line in ax.lines if not line.get_label().startswith("_")})
+        legend = ax.get_legend().get_window_extent()
+        assert not legend.overlaps(ax.get_window_extent()) or legend.x0 >= ax.get_window_extent().x1 - 1
+    shared = set(colours[0]) & set(colours[1])
+    kernels = [k for k in shared if k in report.best_per_step(g).values()]
+    assert len(kernels) >= 5
+    for k in kernels:
+        assert colours[0][k] == colours[1][k], k
+    assert len({colours[0][k] for k in kernels}) == len(kernels)  # one colour each

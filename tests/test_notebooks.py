@@ -45,3 +45,31 @@ def test_notebook_executes(path):
               if o.get("output_type") == "error"]
     assert not errors, f"{path.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
     print(f"{path.name} executed in {elapsed:.1f} s")
+
+
+@pytest.mark.notebook
+def test_notebook_04_stops_when_every_training_step_raises():
+    """A training step that always raises is recorded as an 'error' row by the sweep; notebook 04
+    must stop at its own check with a message, not stay green."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    path = next(p for p in NOTEBOOKS if p.name.startswith("04_"))
+    nb = nbformat.read(path, as_version=4)
+    plant = nbformat.v4.new_code_cell(
+        "import fp16lab.sweep.steps as _steps\n"
+        "_real = _steps.make_train_step\n"
+        "def _always_raises(*args, **kwargs):\n"
+        "    _, scaler = _real(*args, **kwargs)\n"
+        "    def step():\n"
+        "        raise RuntimeError('planted: this training step always fails')\n"
+        "    return step, scaler\n"
+        "_steps.make_train_step = _always_raises")
+    nb.cells.insert(0, plant)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    with pytest.raises(CellExecutionError) as info:
+        client.execute()
+    assert "AssertionError" in str(info.value) and "failed" in str(info.value)
+    assert "planted" in str(info.value)  # the learner's message names the error

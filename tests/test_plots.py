@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fp16lab import plots  # noqa: E402
-from fp16lab.census import census  # noqa: E402
+from fp16lab.census import census, census_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -66,10 +66,56 @@ def test_plot_ulp_matches_numpy_spacing():
     assert np.all(rel.get_ydata()[normal] <= 2**-10) and np.all(rel.get_ydata()[normal] > 2**-11)
 
 
-def test_plot_census_table():
-    df = pd.DataFrame({"layer": ["a", "a", "b"], "kind": ["weight", "gradient", "gradient"],
-                       "underflow": [0.0, 0.25, 0.5]})
-    ax = plots.plot_census_table(df, "underflow")
+def _bn_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    with torch.no_grad():
+        model[0].bias.zero_()  # 4 zeros beside 12 non-zero weights
+    return model
+
+
+def test_census_table_splits_weight_and_bias_and_weights_layers_by_count():
+    model = _bn_model()
+    df = census_model(model, torch.randn(8, 3), kinds="weight")
+    split = plots.census_table(df, "zero", kinds=("weight",))
+    # oracle: count exact zeros of each parameter with numpy
+    for name, p in model.named_parameters():
+        want = float(np.mean(p.detach().numpy() == 0))
+        assert split.loc[name, "weight"] == want, name
+    assert split.loc["1.weight", "weight"] == 0.0 and split.loc["1.bias", "weight"] == 1.0
+    merged = plots.census_table(df, "zero", kinds=("weight",), split_tensors=False)
+    for layer in ("0", "1"):
+        values = np.concatenate([p.detach().numpy().ravel() for n, p in model.named_parameters()
+                                 if n.startswith(layer + ".")])
+        assert merged.loc[layer, "weight"] == float(np.mean(values == 0))
+    assert merged.loc["0", "weight"] == 4 / 16  # not the unweighted (0 + 1) / 2
+
+
+def test_plot_census_table_draws_the_table_and_needs_counts():
+    model = _bn_model()
+    df = census_model(model, torch.randn(8, 3))
+    ax = plots.plot_census_table(df, "zero")
+    table = plots.census_table(df, "zero")
     heights = [p.get_height() for p in ax.patches]
-    assert len(heights) == 4  # 2 layers x 2 kinds; b has no weight row (drawn empty)
-    assert sorted(h for h in heights if h > 0) == [0.25, 0.5]
+    want = table.to_numpy().T.ravel()  # pandas draws one kind (column) after another
+    assert np.allclose(np.nan_to_num(heights), np.nan_to_num(want))
+    with pytest.raises(ValueError, match=r"missing \['n'\]"):
+        plots.plot_census_table(df.drop(columns="n"), "zero")
+
+
+def test_plot_waves_draws_rate_and_efficiency_with_the_legend_below():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fp16lab.plots import plot_waves
+    rows = [{"batch": b, "tflops": 100.0 + b / 10, "efficiency": min(1.0, b / 1024)}
+            for b in range(64, 1025, 64)] + [{"batch": 1088, "tflops": 90.0, "efficiency": None}]
+    ax = plot_waves(rows)
+    measured = ax.get_lines()[0]
+    assert list(measured.get_xdata()) == [r["batch"] for r in rows]
+    twin = [a for a in ax.figure.axes if a is not ax][0]
+    assert list(twin.get_lines()[0].get_xdata()) == [r["batch"] for r in rows[:-1]]
+    ax.figure.canvas.draw()
+    assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
+    plt.close("all")

@@ -62,3 +62,34 @@ def test_overflow_happens_where_scale_times_gradient_exceeds_fp16():
 def test_bad_steps():
     with pytest.raises(ValueError, match="steps must be >= 1"):
         ScalerPlayground(steps=0)
+
+
+def test_underflow_share_is_what_torch_float16_flushes():
+    pg = ScalerPlayground(steps=50, seed=3)
+    assert pg.underflow.shape == (50,)
+    for t in (0, 17, 49):
+        # oracle: torch's float16 cast of the step's gradients times the scale used
+        scaled = torch.from_numpy(pg.gradients(t) * pg.trajectory[t]).to(torch.float16)
+        if torch.isinf(scaled).any():
+            continue
+        assert pg.underflow[t] == pytest.approx(float((scaled == 0).double().mean()), abs=1e-12)
+
+
+def test_a_small_scale_skips_nothing_but_loses_gradient():
+    pg = ScalerPlayground(steps=300)
+    pg.sliders["overflow-rate"].value = 0.0
+    pg.sliders["growth-interval"].value = 1000   # no growth within the run
+    pg.sliders["init-scale"].value = 0
+    small_lost, small_skips = pg.underflow.mean(), pg.found_inf.sum()
+    pg.sliders["init-scale"].value = 22
+    big_lost, big_skips = pg.underflow[~pg.found_inf].mean(), pg.found_inf.sum()
+    assert small_skips == 0 and small_lost > 0.02 and big_lost < small_lost / 5
+    assert big_skips > 0  # 2^22 * 2^-4 overflows FP16 at first
+    assert "lost to underflow" in pg.summary.value
+
+
+def test_bad_spread_and_values():
+    with pytest.raises(ValueError, match="spread must be >= 0"):
+        ScalerPlayground(spread=-1)
+    with pytest.raises(ValueError, match="n_values"):
+        ScalerPlayground(n_values=0)

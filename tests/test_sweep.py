@@ -13,7 +13,7 @@ import torch
 
 from fp16lab import sweep
 from fp16lab.models import build_model, input_shape
-from fp16lab.sweep import Point, ScalerSettings, SweepSpec, engine
+from fp16lab.sweep import Point, ScalerSettings, SweepSpec, engine, steps
 
 
 def tiny(**kw) -> SweepSpec:
@@ -165,7 +165,7 @@ def test_oom_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 def test_a_real_host_oom_on_cpu_is_recorded(tmp_path, monkeypatch):
     # Stand-in for a memory cap: the model build itself fails the way a capped allocator does.
-    real = engine.make_train_step
+    real = steps.make_train_step
 
     def capped(precision, model, x, *a, **k):
         if x.shape[0] == 3:
@@ -173,7 +173,7 @@ def test_a_real_host_oom_on_cpu_is_recorded(tmp_path, monkeypatch):
                                "1099511627776 bytes. out of memory")
         return real(precision, model, x, *a, **k)
 
-    monkeypatch.setattr(engine, "make_train_step", capped)
+    monkeypatch.setattr(steps, "make_train_step", capped)
     df = sweep.run_sweep(tiny(batches=(2, 3, 4), repeats=1), tmp_path / "cap.parquet")
     assert list(df["status"]) == ["ok", "oom", "ok"]
 
@@ -267,7 +267,8 @@ def _row(key, repeat, ms, status="ok", batch=8):
     r = dict.fromkeys(sweep.ROW_COLUMNS)
     r.update(key=key, model="small_cnn", batch=batch, layout="nchw", precision="fp32",
              device="cpu", repeat=repeat, status=status, error="" if status == "ok" else "boom",
-             step_ms_median=ms, spread=0.01, tolerance=0.03, cudnn_benchmark=False)
+             step_ms_median=ms, spread=0.01, tolerance=0.03, cudnn_benchmark=False, warmup=3,
+             steps=10, elapsed_s=1.0, finished_at="2026-01-01T00:00:00+00:00")
     return r
 
 

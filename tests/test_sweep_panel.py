@@ -198,3 +198,55 @@ def test_plot_gives_each_model_its_own_row():
     titles = [ax.get_title() for ax in fig.axes]
     assert titles[0].startswith("small_cnn") and titles[3].startswith("mlp")
     assert len(sweep.plot_results(rows, model="mlp").axes) == 3
+
+
+class _Proc:
+    def __init__(self, pid, used):
+        self.pid, self.usedGpuMemory = pid, used
+
+
+class _FakeNvml:
+    def __init__(self, procs, fail=None):
+        self.procs, self.fail, self.asked = procs, fail, []
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        self.asked.append(handle)
+        if self.fail:
+            raise self.fail
+        return self.procs
+
+
+def test_other_gpu_processes_leaves_this_process_out(monkeypatch):
+    import os
+
+    from fp16lab import telemetry
+    nv = _FakeNvml([_Proc(os.getpid(), 2**30), _Proc(4242, 3 * 2**30)])
+    others, note = telemetry.other_gpu_processes("h", nv)
+    assert nv.asked == ["h"] and note == ""
+    assert others == [{"pid": 4242, "used_mib": 3072.0}]
+    # in a container NVML shows host pids: with a CUDA context of ours, one listed is us
+    monkeypatch.setattr(telemetry, "_holds_cuda_context", lambda: True)
+    assert telemetry.other_gpu_processes("h", _FakeNvml([_Proc(901, None)]))[0] == []
+    assert [p["pid"] for p in telemetry.other_gpu_processes(
+        "h", _FakeNvml([_Proc(901, None), _Proc(902, 0)]))[0]] == [902]
+    monkeypatch.setattr(telemetry, "_holds_cuda_context", lambda: False)
+    assert [p["pid"] for p in telemetry.other_gpu_processes("h", _FakeNvml([_Proc(901, None)]))[0]] == [901]
+
+
+def test_other_gpu_processes_says_why_it_could_not_tell():
+    from fp16lab import telemetry
+    others, note = telemetry.other_gpu_processes("h", _FakeNvml([], fail=RuntimeError("not supported")))
+    assert others == [] and "could not list" in note and "not supported" in note
+
+
+def test_panel_warns_when_other_processes_use_the_gpu(monkeypatch):
+    from fp16lab import telemetry
+    panel = SweepPanel(device="cpu")
+    assert panel.check_sharing() == ""  # a CPU sweep shares no GPU
+    panel.device = "cuda"
+    monkeypatch.setattr(telemetry, "other_gpu_processes",
+                        lambda: ([{"pid": 77, "used_mib": 10.0}, {"pid": 78, "used_mib": 0.0}], ""))
+    text = panel.check_sharing()
+    assert "2 other process(es)" in text and "77, 78" in text and panel.sharing.value == text
+    monkeypatch.setattr(telemetry, "other_gpu_processes", lambda: ([], ""))
+    assert panel.check_sharing() == "" and panel.sharing.value == ""

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from fp16lab.telemetry import COUNTERS, TelemetrySampler, nvml_source, summarize_samples
+from fp16lab.telemetry import (COUNTERS, GPM_COUNTERS, TelemetrySampler, nvml_source,
+                               summarize_samples)
 
 
 class FakeSource:
@@ -117,10 +118,19 @@ def test_without_a_gpu_nvml_source_is_none_with_a_reason():
 def test_nvml_readings_are_in_range_on_a_gpu():
     src, why = nvml_source()
     assert src is not None, why
+    src.begin()
+    time.sleep(0.1)  # GPM metrics need two snapshots at least min_interval_s apart
     r = src.read()
-    assert set(r) == set(COUNTERS)
+    # the classic counters always; the GPM ones exactly where this GPU has GPM (Hopper and newer)
+    gpm = set(GPM_COUNTERS) if src._gpm is not None else set()
+    assert set(r) == set(COUNTERS) | gpm, src.gpm_note
     assert 0 <= r["gpu_busy_pct"] <= 100 and 0 <= r["mem_busy_pct"] <= 100
     assert r["sm_clock_mhz"] > 0 and r["power_w"] > 0
+    for name in gpm:  # None only where NVML said it cannot read that metric
+        if r[name] is None:
+            assert name in src._gpm.unreadable, (name, src.gpm_note)
+        else:
+            assert 0 <= r[name] <= 100.5, (name, r[name], src.gpm_note)
 
 
 # ---------------------------------------------------------------- GPM metrics, against a fake NVML
@@ -129,7 +139,7 @@ import types  # noqa: E402
 
 import pynvml  # noqa: E402
 
-from fp16lab.telemetry import GPM_COUNTERS, GpmReader, NvmlSource, gpm_reader  # noqa: E402
+from fp16lab.telemetry import GpmReader, NvmlSource, gpm_reader  # noqa: E402
 
 
 class FakeGpmNvml:

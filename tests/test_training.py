@@ -3,7 +3,10 @@ gradients that FP32 keeps (checked against torch's own gradients)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,3 +115,72 @@ def test_plots_draw_the_measured_data():
     fig2 = T.plot_lost_by_layer(stats, [r.name for r in T.DEFAULT_RUNS[:2]], last=3)
     heights = [p.get_height() for p in fig2.axes[0].patches]
     assert max(heights) > 90 and len(heights) == 2 * 29
+
+
+def test_adam_steps_follow_adams_formula():
+    """Oracle: Adam's update written out in float64 (Kingma and Ba, with torch's defaults)."""
+    grads = [1e-9, 1e-9, 0.0, 0.0, 0.0, 1e-3, 0.0]
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    m = v = 0.0
+    want = []
+    for t, g in enumerate(grads, start=1):
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        want.append(abs((m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)))
+    got = T.adam_steps(grads)
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got[0] == pytest.approx(1e-9 / (1e-9 + 1e-8), rel=1e-9)  # about 0.09, not 1
+    assert 0 < got[4] < got[2] < got[1]  # after zeros, momentum keeps moving the weight, fading
+
+
+def test_progress_bar_counts_every_step(monkeypatch):
+    import tqdm.auto
+
+    seen = []
+
+    class Bar:
+        def __init__(self, iterable, **kwargs):
+            self.items, self.kwargs = list(iterable), kwargs
+            seen.append(self)
+
+        def __iter__(self):
+            return iter(self.items)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    r = T.train_run(T.DEFAULT_RUNS[0], steps=3, batch=8, depth=2, progress=True)
+    assert len(r.steps) == 3 and len(seen) == 1
+    assert seen[0].items == [0, 1, 2] and seen[0].kwargs["desc"] == "fp32"
+    T.train_run(T.DEFAULT_RUNS[0], steps=2, batch=8, depth=2)
+    assert len(seen) == 1  # no bar unless asked
+
+
+def test_regression_task_is_linear_and_fp32_fits_it():
+    x, y = T.regression_task(n=256, seed=4)
+    # oracle: float64 least squares recovers the teacher with zero residual
+    w, *_ = np.linalg.lstsq(x.double().numpy(), y.double().numpy(), rcond=None)
+    assert np.abs(x.double().numpy() @ w - y.double().numpy()).max() < 1e-5
+    run = T.train_converging(T.CONVERGING_RUNS[0], seed=0)
+    assert run.loss.iloc[0] > 0.5 and run.loss.iloc[-1] < 1e-12
+    assert (run.zero_frac == 0).all() and (run.scale == 1).all()
+
+
+def test_fp16_without_a_scale_stalls_where_a_dynamic_scale_does_not():
+    runs = {c.name: T.train_converging(c, seed=1) for c in T.CONVERGING_RUNS[1::2]}
+    none, dyn = runs["fp16, no scaling"], runs["fp16, dynamic (GradScaler)"]
+    assert none.zero_frac.iloc[0] < 0.01 and none.zero_frac.iloc[-1] > 0.5
+    assert dyn.zero_frac.iloc[-1] == 0 and dyn.scale.iloc[-1] > dyn.scale.iloc[0]
+    assert none.loss.tail(5).mean() > 3 * dyn.loss.tail(5).mean()
+
+
+def test_train_converging_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="steps and batch must be >= 1"):
+        T.train_converging(T.CONVERGING_RUNS[0], steps=0)
+
+
+def test_plot_converging_draws_each_run_and_seed():
+    import matplotlib
+    matplotlib.use("Agg")
+    frame = T.train_converging(T.CONVERGING_RUNS[0], steps=5, seed=0)
+    frame2 = frame.assign(seed=1, loss=frame.loss * 2)
+    fig = T.plot_converging(pd.concat([frame, frame2]))
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 2 and np.array_equal(lines[1].get_ydata(), frame2.loss.to_numpy())

@@ -6,8 +6,8 @@ yours). Every other module here is one benchmark, runnable as ``python -m fp16la
 or ``fp16lab bench NAME`` (``fp16lab bench --list`` lists them).
 """
 
-from .results import (data_dir, describe_source, find_result, local_dir, merge_with_previous,
-                      read_result, write_result)
+from .results import (check_can_write, data_dir, describe_source, find_result, local_dir,
+                      merge_with_previous, read_result, write_result)
 from .timing import (Timing, copy_bandwidth_gbs, cuda_kernels, nvidia_smi_id, summarize, time_cpu,
                      time_cuda, time_cuda_interleaved, time_cuda_sustained)
 
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "gemm": "the kernel ladder against cuBLAS",
     "gemm_ceiling": "what holds the mma.sync kernels back",
     "alignment": "cuBLAS at N = 4096 + d: which kernels run",
+    "wave_quantization": "a Linear(4096, 4096) at batch 64..2048: tiles, waves and TFLOP/s",
     "diagnostics_overhead": "step-time cost of the per-layer gradient monitor",
     "sweep_engine_vs_loop": "the sweep engine against a bare training loop",
     "sweep_reference": "the reference sweep grid whose results ship in data/",
@@ -26,9 +27,10 @@ BENCHMARKS = {
     "input_pipeline": "input backends alone and feeding ResNet-50 training (notebook 07)",
     "distributed": "two GPUs against one: DDP and FSDP2 settings (notebook 08; needs 2 GPUs)",
     "fp8": "FP8 GEMM against fp16/bf16 cuBLAS and FP8 training per recipe (notebook 09)",
+    "notebook_times": "minutes per notebook and per section, executed with nbclient",
 }
 
-__all__ = ["BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "data_dir",
+__all__ = ["check_can_write", "BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "data_dir",
            "describe_source", "find_result", "local_dir", "merge_with_previous", "nvidia_smi_id",
            "read_result", "summarize", "time_cpu", "time_cuda", "time_cuda_interleaved",
            "time_cuda_sustained", "write_result"]

@@ -6,18 +6,30 @@ operands already cast) and the same including the cast of both operands (what a 
 step). All variants of one size are timed interleaved with CUDA events (``bench.time_cuda_interleaved``:
 ``ROUNDS`` rounds of ``REPEAT`` calls after ``WARMUP``), so the ratios come from one run.
 
-Part 2, training: ``fp16lab.fp8.training.TinyGPT`` at d_model 2048 (4 blocks, 16 heads, 1024 tokens
-per sequence, batch 8), the same seed and batches for ``amp-bf16`` and each FP8 recipe. Reported
-per recipe: the median step time after the warm-up steps (host clock, synchronized), the step
-rate against amp-bf16, and the final loss (mean of the last 10 steps) against amp-bf16's.
-Blockwise, and any case ``torch._scaled_mm`` rejects, runs emulated (fp32 matmuls): its speed is
-not an FP8 speed, and the ``backend`` column says so. Last, on a GPU, tensorwise once more with
-the casts fused by torch.compile (``fp8.compile_casts``; ``casts`` column "compiled"), since the
-eager casts make three passes over each tensor. The result file is rewritten after each part, so
-a run cut short keeps what it measured.
+Part 2, accumulation (GPU only): the relative error of the FP8 GEMM (tensorwise, random operands)
+against a float64 product of the same FP8 values, for several K, with and without fast
+accumulation. Hopper's FP8 tensor cores keep 13 mantissa bits while accumulating; without fast
+accumulation cuBLAS promotes the partial sums to fp32 every few MMAs, so the error should stay
+flat in K (1.28e-4 at K = 512 and 2048 in the first H200 run), and grow with K without it.
 
-    python -m fp16lab.bench.fp8            # full run on a GPU -> data/fp8_h200.json
+Part 3, speed (GPU only): the model at d_model 4096 (4 blocks, 32 heads) and 8192 (2 blocks, 64
+heads), 8 x 1024 tokens per step, where the matmuls are most of the step (torchao's float8 docs
+report end-to-end speedups up to 1.25x for Llama3-8B, d_model 4096, on 8 GPUs, and 1.5x for the
+405B model, d_model 16384): ``amp-bf16`` and ``fp8-tensorwise``, each
+eager and with its blocks compiled (``train_curve(compile=True)``: amax, scale and cast fuse into the
+neighbouring kernels). Each rate is against amp-bf16 run the same way (eager or compiled). The
+result file is rewritten after each part, so a run cut short keeps what it measured.
+
+Part 4, recipes: ``fp16lab.fp8.training.TinyGPT`` at d_model 2048 (4 blocks, 16 heads, 1024 tokens
+per sequence, batch 8), the same seed and batches for ``amp-bf16`` and each FP8 recipe, eager.
+Reported per recipe: the median step time after the warm-up steps (host clock, synchronized), the
+step rate against amp-bf16, and the final loss (mean of the last 10 steps) against amp-bf16's.
+Blockwise, and any case ``torch._scaled_mm`` rejects, runs emulated (fp32 matmuls): its speed is
+not an FP8 speed, and the ``backend`` column says so.
+
+    python -m fp16lab.bench.fp8            # full run on a GPU -> data/local/fp8_h200.json
     python -m fp16lab.bench.fp8 --quick    # a smoke run (CPU or GPU), small sizes
+    python -m fp16lab.bench.fp8 --parts accumulation,speed   # some parts only
 """
 
 from __future__ import annotations
@@ -37,9 +49,15 @@ SIZES = (1024, 2048, 4096, 8192)
 QUICK_SIZES = (256, 512)
 WARMUP, REPEAT, ROUNDS = 5, 20, 4
 GPU_MODEL = GPTConfig(d_model=2048, n_layers=4, n_heads=16, seq_len=1024, vocab=256, batch=8)
+# the same 8 x 1024 tokens per step; a wider model gives the matmuls a larger share of the step
+SPEED_MODELS = (GPTConfig(d_model=4096, n_layers=4, n_heads=32, seq_len=1024, vocab=256, batch=8),
+                GPTConfig(d_model=8192, n_layers=2, n_heads=64, seq_len=1024, vocab=256, batch=8))
+SPEED_STEPS = 30
+ACCUMULATION_K = (512, 2048, 8192)
 CPU_MODEL = GPTConfig()
 STEPS, QUICK_STEPS, WARMUP_STEPS = 50, 8, 10
 GPU_LR = 3e-4
+PARTS = ("gemm", "accumulation", "speed", "recipes")
 LAST = 10  # the final loss is the mean of the last LAST steps
 
 
@@ -77,46 +95,60 @@ def gemm_rows(sizes: tuple[int, ...], device: str) -> list[dict[str, Any]]:
     return rows
 
 
-def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float,
-                  runs: tuple[tuple[str, str], ...] | None = None) -> list[dict[str, Any]]:
-    """Returns one row per (precision, casts): losses, median step ms, rate and loss against the baseline.
+def accumulation_rows(ks: tuple[int, ...] = ACCUMULATION_K, mn: int = 512) -> list[dict[str, Any]]:
+    """Returns the FP8 GEMM's normwise relative error against float64, per K and fast_accum."""
+    rows = []
+    for k in ks:
+        torch.manual_seed(k)
+        a, b = torch.randn(mn, k, device="cuda"), torch.randn(k, mn, device="cuda")
+        qa, qb = fp8.quantize(a, "e4m3"), fp8.quantize(b, "e4m3", contraction_dim=0)
+        exact = fp8.dequantize(qa).double() @ fp8.dequantize(qb).double()
+        for fast in (False, True):
+            got = fp8.fp8_mm(qa, qb, backend="scaled_mm", fast_accum=fast).double()
+            rows.append({"part": "accumulation", "k": k, "m": mn, "n": mn, "fast_accum": fast,
+                         "relative_error": ((got - exact).norm() / exact.norm()).item()})
+    return rows
 
-    ``runs`` lists (precision, "eager" or "compiled"); the first is the baseline. A compiled run
-    that raises is reported with its error instead of numbers.
+
+def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float,
+                  runs: tuple[tuple[str, str], ...] | None = None,
+                  part: str = "training") -> list[dict[str, Any]]:
+    """Returns one row per (precision, mode): losses, median step ms, rate and loss against the baseline.
+
+    ``runs`` lists (precision, "eager" or "compiled"); the baseline of a row is the first run of
+    the same mode. A compiled run that raises is reported with its error instead of numbers.
     """
     baseline = "amp-bf16" if device == "cuda" else "fp32"
     runs = runs or tuple((p, "eager") for p in (baseline, *(f"fp8-{r}" for r in fp8.RECIPES)))
-    baseline = runs[0][0]
     rows = []
-    for precision, casts in runs:
+    for precision, mode in runs:
         fp8.FALLBACKS.clear()
-        fp8.compile_casts(casts == "compiled")
         try:
             r = train_curve(precision, cfg, steps=steps, device=device, lr=lr,
-                            warmup=min(WARMUP_STEPS, steps // 2))
-        except Exception as exc:  # noqa: BLE001 - only the compiled casts may fail; say how
-            if casts != "compiled":
+                            warmup=min(WARMUP_STEPS, steps // 2), compile=mode == "compiled")
+        except Exception as exc:  # noqa: BLE001 - only a compiled run may fail; say how
+            if mode != "compiled":
                 raise
-            rows.append({"part": "training", "precision": precision, "casts": casts,
+            rows.append({"part": part, "precision": precision, "mode": mode,
                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
             continue
-        finally:
-            fp8.compile_casts(False)
+        print(f"{part}: {precision} {mode}, median step {r['step_ms']:.1f} ms", flush=True)
         emulated = sorted(set(fp8.FALLBACKS.values()))
-        backend = ("-" if precision == baseline else
+        backend = ("-" if not precision.startswith("fp8") else
                    "emulate" if device != "cuda" or precision == "fp8-blockwise" else
                    "scaled_mm" if not emulated else "scaled_mm, partly emulated")
-        rows.append({"part": "training", "precision": precision, "casts": casts, "backend": backend,
+        rows.append({"part": part, "precision": precision, "mode": mode, "backend": backend,
                      "fallbacks": emulated, "step_ms": r["step_ms"], "losses": r["losses"],
                      "final_loss": sum(r["losses"][-LAST:]) / len(r["losses"][-LAST:]),
                      "steps": steps, "lr": lr, "config": r["config"],
                      "converted_layers": len(r["converted"])})
         del r
         if device == "cuda":
+            torch._dynamo.reset()
             torch.cuda.empty_cache()
-    base = rows[0]
     for row in rows:
-        if "error" in row:
+        base = next((b for b in rows if b["mode"] == row["mode"] and "error" not in b), None)
+        if "error" in row or base is None:
             continue
         row["baseline"], row["baseline_step_ms"] = base["precision"], base["step_ms"]
         row["rate_vs_baseline"] = base["step_ms"] / row["step_ms"]
@@ -134,44 +166,60 @@ def _result_name(device: str, quick: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs both parts, writes data/fp8_<gpu>.json and prints a table; returns the exit status."""
+    """Runs the chosen parts, writes data/fp8_<gpu>.json and prints a table; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and a few steps")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for the JSON (default: data/local/, or data/ with --replace)")
     parser.add_argument("--replace", action="store_true", help="write the committed file in data/")
-    parser.add_argument("--skip-training", action="store_true", help="GEMM part only")
-    parser.add_argument("--no-compile", action="store_true", help="skip the compiled-casts run")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of: {', '.join(PARTS)}")
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    if not parts or set(parts) - set(PARTS):
+        parser.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sizes = QUICK_SIZES if args.quick or device == "cpu" else SIZES
     name = _result_name(device, args.quick)
-    rows = gemm_rows(sizes, device)
-    path = _write(name, rows, args)
-    if not args.skip_training:
+    rows, path = [], None
+    if "gemm" in parts:
+        rows += gemm_rows(sizes, device)
+        path = _write(name, rows, args)
+    if "accumulation" in parts and device == "cuda" and fp8.scaled_mm_available(device):
+        rows += accumulation_rows()
+        path = _write(name, rows, args)
+    if "speed" in parts and device == "cuda" and not args.quick:
+        for model in SPEED_MODELS:
+            for mode in ("eager", "compiled"):  # compiled second: its compile takes a while
+                rows += training_rows(model, SPEED_STEPS, device, GPU_LR, part="speed",
+                                      runs=(("amp-bf16", mode), ("fp8-tensorwise", mode)))
+                path = _write(name, rows, args)
+    if "recipes" in parts:
         cfg = GPU_MODEL if device == "cuda" and not args.quick else CPU_MODEL
         steps = QUICK_STEPS if args.quick else STEPS
         lr = GPU_LR if cfg is GPU_MODEL else 3e-3
-        train = training_rows(cfg, steps, device, lr)
-        path = _write(name, rows + train, args)
-        if device == "cuda" and not args.no_compile:
-            # its rate is against an amp-bf16 run measured just before it (baseline_step_ms)
-            train += training_rows(cfg, steps, device, lr, runs=(
-                ("amp-bf16", "eager"), ("fp8-tensorwise", "compiled")))[1:]
-            path = _write(name, rows + train, args)
-        rows += train
+        rows += training_rows(cfg, steps, device, lr)
+        path = _write(name, rows, args)
+    if path is None:
+        print("nothing to run on this device for --parts", args.parts)
+        return 1
     print(f"device: {bench.describe_source(bench.read_result(path)['meta'])}")
     print(f"{'GEMM N':>7} {'variant':<22} {'TFLOP/s':>9} {'x fp16':>7}")
     for r in rows:
         if r["part"] == "gemm":
             print(f"{r['n']:>7} {r['variant']:<22} {r['tflops']:>9.1f} {r['speedup_vs_fp16']:>7.2f}")
-    print(f"{'precision':<16} {'casts':<9} {'backend':<26} {'step ms':>8} {'rate x':>7} "
-          f"{'final loss':>10} {'vs base':>8}")
     for r in rows:
-        if r["part"] == "training" and "error" in r:
-            print(f"{r['precision']:<16} {r['casts']:<9} failed: {r['error'][:80]}")
-        elif r["part"] == "training":
-            print(f"{r['precision']:<16} {r['casts']:<9} {r['backend']:<26} {r['step_ms']:>8.1f} "
+        if r["part"] == "accumulation":
+            print(f"accumulation K={r['k']:>5} fast_accum={r['fast_accum']!s:<5} "
+                  f"relative error {r['relative_error']:.2e}")
+    print(f"{'part':<8} {'d':>4} {'precision':<16} {'mode':<9} {'backend':<26} {'step ms':>8} "
+          f"{'rate x':>7} {'final loss':>10} {'vs base':>8}")
+    for r in rows:
+        if r["part"] in ("training", "speed") and "error" in r:
+            print(f"{r['part']:<8} {'':>4} {r['precision']:<16} {r['mode']:<9} failed: {r['error'][:80]}")
+        elif r["part"] in ("training", "speed"):
+            print(f"{r['part']:<8} {r['config']['d_model']:>4} {r['precision']:<16} {r['mode']:<9} "
+                  f"{r['backend']:<26} {r['step_ms']:>8.1f} "
                   f"{r['rate_vs_baseline']:>7.2f} {r['final_loss']:>10.4f} "
                   f"{100 * r['loss_vs_baseline']:>+7.2f}%")
     print(f"wrote {path}")
@@ -182,7 +230,8 @@ def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> P
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meta = {"benchmark": "fp8", "protocol": f"GEMM: time_cuda_interleaved rounds={ROUNDS} "
             f"warmup={WARMUP} repeat={REPEAT}; training: median host-clock step after "
-            f"{WARMUP_STEPS} warm-up steps, synchronized", "quick": args.quick,
+            f"{WARMUP_STEPS} warm-up steps (compile included there), synchronized; accumulation: "
+            f"normwise error against float64", "quick": args.quick,
             "scaled_mm": fp8.scaled_mm_available(device)}
     return bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 #: Name of the setting that overrides where the committed results are.
 DATA_ENV = "FP16LAB_DATA"
@@ -66,6 +66,34 @@ def find_result(name: str, suffix: str = ".json") -> Path:
     return local if local.exists() else data_dir() / f"{name}{suffix}"
 
 
+def is_read_only(path: Path) -> bool:
+    """Returns True when ``path`` cannot be written, or carries no write permission bit at all.
+
+    The mode bits are checked as well as ``os.access`` because the superuser (a container, a
+    cloud GPU box) may write anything: a file marked read-only was still marked so by someone.
+    """
+    return not os.access(path, os.W_OK) or not (path.stat().st_mode & 0o222)
+
+
+def check_can_write(path: Path) -> None:
+    """Raises ValueError, naming ``path``, unless a file can be written there now.
+
+    ``path`` may not exist yet; its nearest existing folder must be a writable folder, and an
+    existing ``path`` a writable regular file (a read-only file is not replaced).
+    """
+    path = Path(path)
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{path}: {folder} is a file, so no folder can be made there")
+    if is_read_only(folder):
+        raise ValueError(f"{path}: the folder {folder} is read-only; write somewhere else")
+    if path.exists() and (not path.is_file() or is_read_only(path)):
+        raise ValueError(f"{path} is read-only or not a regular file, so it is not replaced; "
+                         f"write somewhere else or make it writable")
+
+
 def _check_name(name: str) -> None:
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"result name must be a plain file stem like 'census_bench', got {name!r}")
@@ -94,11 +122,24 @@ def write_result(name: str, rows: list[dict[str, Any]], *, meta: dict[str, Any] 
 _data_dir = data_dir  # write_result's parameter of the same name hides the function
 
 
-def read_result(name_or_path: str | Path, *, data_dir: Path | None = None) -> dict[str, Any]:
+#: The provenance every measured file's ``meta`` holds (``gpu_name`` is None on a CPU).
+PROVENANCE_FIELDS = ("measured_at", "gpu_name", "torch")
+
+
+def read_result(name_or_path: str | Path, *, data_dir: Path | None = None,
+                rows_need: Sequence[str] = (), meta_needs: Sequence[str] = ()) -> dict[str, Any]:
     """Returns ``{"meta": ..., "rows": [...]}`` from a file written by :func:`write_result`.
 
     A name is looked up in ``data_dir`` when given, else with :func:`find_result` (this
     machine's file first). ``meta["read_from"]`` is set to the file that was read.
+
+    The file is checked before it is returned: valid JSON, a ``meta`` object holding the
+    provenance (:data:`PROVENANCE_FIELDS`) and the loader's ``meta_needs`` (a dotted name such
+    as ``"summary.model"`` looks inside), and a list of row objects each holding ``rows_need``.
+
+    Raises:
+        FileNotFoundError: no such file (the message lists what the folder has).
+        ValueError: naming the file and the field that is missing or wrong.
     """
     p = Path(name_or_path)
     if p.suffix != ".json":
@@ -108,11 +149,41 @@ def read_result(name_or_path: str | Path, *, data_dir: Path | None = None) -> di
         known = sorted(x.stem for x in p.parent.glob("*.json")) if p.parent.is_dir() else []
         raise FileNotFoundError(f"no measured result {p}; {p.parent} has: "
                                 f"{', '.join(known) or 'nothing'}")
-    payload = json.loads(p.read_text())
+    try:
+        payload = json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                         f"a truncated copy? Measure it again or restore it") from None
     if not isinstance(payload, dict) or "meta" not in payload or "rows" not in payload:
         raise ValueError(f"{p} is not a fp16lab result file (needs 'meta' and 'rows' keys)")
-    payload["meta"]["read_from"] = str(p)
+    meta, rows = payload["meta"], payload["rows"]
+    if not isinstance(meta, dict):
+        raise ValueError(f"{p}: 'meta' must be an object, got {type(meta).__name__}")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{p}: 'rows' must be a list of objects")
+    for field in (*PROVENANCE_FIELDS, *meta_needs):
+        _lookup(meta, field, p)
+    for i, row in enumerate(rows):
+        missing = [f for f in rows_need if f not in row]
+        if missing:
+            raise ValueError(f"{p}: row {i} lacks the field {missing[0]!r} (each row needs "
+                             f"{', '.join(map(repr, rows_need))})")
+    meta["read_from"] = str(p)
     return payload
+
+
+def _lookup(meta: dict[str, Any], dotted: str, path: Path) -> Any:
+    """Returns ``meta``'s field ``dotted`` ('summary.model' looks inside), or raises naming it."""
+    value: Any = meta
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            what = ("the provenance every measured file records (where and when it was measured)"
+                    if dotted in PROVENANCE_FIELDS else "what this loader reads")
+            raise ValueError(f"{path}: meta lacks the field {dotted!r}, {what}")
+        value = value[part]
+    return value
 
 
 def merge_with_previous(name: str, rows: list[dict[str, Any]], *, key: str = "device",
@@ -140,10 +211,12 @@ def merge_with_previous(name: str, rows: list[dict[str, Any]], *, key: str = "de
 
 def describe_source(meta: dict[str, Any], *, with_file: bool = True) -> str:
     """Returns one line saying which device, driver and versions produced a result (and its file)."""
-    gpu = meta.get("gpu_name") or "CPU"
+    # a missing gpu_name is an unknown device, not a CPU (whose gpu_name is recorded as None)
+    gpu = (meta["gpu_name"] or "CPU") if "gpu_name" in meta else "an unrecorded device"
     line = (f"measured on {gpu} (driver {meta.get('driver_version') or 'n/a'}, "
-            f"torch {meta.get('torch')}, CuPy {meta.get('cupy_version') or 'n/a'}) "
-            f"at {meta.get('measured_at', '?')}")
+            f"torch {meta.get('torch') or 'unrecorded'}, "
+            f"CuPy {meta.get('cupy_version') or 'n/a'}) "
+            f"at {meta.get('measured_at') or 'an unrecorded time'}")
     src = meta.get("read_from")
     if with_file and src:
         mine = Path(src).resolve().parent == local_dir().resolve()

@@ -1,12 +1,18 @@
 """The reference sweeps whose results ship in data/, so readers without a GPU see real numbers.
 
-On a GPU (about 5-6 minutes on an H200):
+On a GPU (the original grid about 5-6 minutes on an H200; the later axes' parts add more,
+compile points compiling once per repeat; ``--only`` runs parts one at a time):
 
 - ResNet-50: batch 64, 128, 256 x nchw, channels_last x fp32, tf32, amp-fp16, amp-bf16;
 - ResNet-50 loss-scaler settings at batch 128, channels_last, amp-fp16 (init_scale 2**16, 2**24,
   2**40; growth_interval 2000 and 1) and pure fp16 (fp32 master weights) at batch 256;
 - small_cnn, ResNet-18 (batch 64, 256 x both layouts x 4 precisions) and transformer_block
-  (batch 64, 256 x 4 precisions).
+  (batch 64, 256 x 4 precisions);
+- the later axes: execution (eager, cuda-graph, compile) for ResNet-50 channels_last batch 64
+  and small_cnn / transformer_block batch 64 in fp32 and AMP; input (synthetic and every file
+  input that runs here) for ResNet-50 channels_last batch 256 amp-fp16, on ``--images``
+  generated JPEGs in ``--images-dir``; the fp8 recipes against amp-bf16 for transformer_block;
+  gpus 1 and 2 for ResNet-50 channels_last batch 256 amp-fp16, where two GPUs are there.
 
 Rows go to ``data/sweep_reference_<gpu>.parquet`` (and .csv) as each point finishes, so a run cut
 short resumes where it stopped when started again; how long each part took goes to
@@ -22,38 +28,74 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 
 import torch
 
 from fp16lab import bench, sweep
 from fp16lab.device import device_info
+from fp16lab.execution import EXECUTIONS
+from fp16lab.inputs import BACKENDS, unavailable_reason
 from fp16lab.sweep import ScalerSettings, SweepSpec
 
 ALL4 = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 BOTH = ("nchw", "channels_last")
+FP8 = tuple(p for p in sweep.SWEEP_PRECISIONS if p.startswith("fp8-"))
 
 
-def gpu_parts() -> dict[str, SweepSpec]:
-    """Returns the named sweeps of the GPU reference run, in the order they run."""
-    common = dict(device="cuda", repeats=3)
+def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, SweepSpec]:
+    """Returns the named sweeps of the GPU reference run, in the order they run.
+
+    Every part measures by :data:`fp16lab.sweep.GPU_PROTOCOL`, as the claims do; the later
+    axes' parts come last, so their default point (eager, synthetic, one GPU) is one an earlier
+    part measured (same key: resumed, not re-measured); ``inputs_resnet50`` only with
+    ``images_dir``, ``gpus_resnet50`` only where torch sees two GPUs or more.
+    """
+    protocol = sweep.GPU_PROTOCOL  # the claims measure the same way
+    common = dict(device="cuda", repeats=3, cudnn_benchmark=protocol.cudnn_benchmark,
+                  warmup=protocol.warmup, steps=protocol.steps)
+    later = {
+        "execution_resnet50": SweepSpec(models=("resnet50",), batches=(64,),
+                                        layouts=("channels_last",),
+                                        precisions=("amp-fp16", "amp-bf16"),
+                                        executions=tuple(EXECUTIONS), **common),
+        "execution_small": SweepSpec(models=("small_cnn", "transformer_block"), batches=(64,),
+                                     precisions=("fp32", "amp-fp16", "amp-bf16"),
+                                     executions=tuple(EXECUTIONS), **common),
+        "fp8_transformer": SweepSpec(models=("transformer_block",), batches=(64, 256),
+                                     precisions=("amp-bf16", *FP8), **common),
+    }
+    if images_dir is not None:
+        runnable = tuple(b for b in BACKENDS if unavailable_reason(b, "cuda") is None)
+        later["inputs_resnet50"] = SweepSpec(
+            models=("resnet50",), batches=(256,), layouts=("channels_last",),
+            precisions=("amp-fp16",), inputs=runnable, images_dir=images_dir, images=images,
+            **common)
+    if torch.cuda.device_count() >= 2:
+        later["gpus_resnet50"] = SweepSpec(
+            models=("resnet50",), batches=(256,), layouts=("channels_last",),
+            precisions=("amp-fp16",), gpus=tuple(range(1, torch.cuda.device_count() + 1)),
+            **common)
     return {
         "resnet50_grid": SweepSpec(models=("resnet50",), batches=(64, 128, 256), layouts=BOTH,
-                                   precisions=ALL4, warmup=4, steps=12, **common),
+                                   precisions=ALL4, **common),
         "resnet50_scaler": SweepSpec(
             models=("resnet50",), batches=(128,), layouts=("channels_last",),
-            precisions=("amp-fp16",), warmup=4, steps=12,
+            precisions=("amp-fp16",),
             scalers=(ScalerSettings(), ScalerSettings(init_scale=2.0**24),
                      ScalerSettings(init_scale=2.0**40), ScalerSettings(growth_interval=1)),
             **common),
         "resnet50_pure_fp16": SweepSpec(models=("resnet50",), batches=(256,),
                                         layouts=("channels_last",), precisions=("fp16-o2", "amp-fp16"),
-                                        warmup=4, steps=12, **common),
+                                        **common),
         "small_models": SweepSpec(models=("small_cnn", "resnet18"), batches=(64, 256), layouts=BOTH,
-                                  precisions=ALL4, warmup=5, steps=20, **common),
+                                  precisions=ALL4, **common),
         "transformer": SweepSpec(models=("transformer_block",), batches=(64, 256),
-                                 precisions=ALL4, warmup=5, steps=20, **common),
+                                 precisions=ALL4, **common),
+        **later,
     }
 
 
@@ -61,7 +103,10 @@ def cpu_parts() -> dict[str, SweepSpec]:
     """Returns a tiny CPU grid (a smoke test of this script, not a reference)."""
     return {"small_cnn_cpu": SweepSpec(models=("small_cnn",), batches=(8, 32), layouts=BOTH,
                                        precisions=("fp32", "amp-bf16"), device="cpu", warmup=1,
-                                       steps=4, repeats=2)}
+                                       steps=4, repeats=2),
+            "mlp_fp8_cpu": SweepSpec(models=("mlp",), batches=(32,),
+                                     precisions=("amp-bf16", "fp8-tensorwise"), device="cpu",
+                                     warmup=1, steps=4, repeats=2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,9 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated part names to run")
     ap.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
+    ap.add_argument("--images-dir", default=None,
+                    help="JPEG folder of the inputs part (default: fp16lab_jpegs_<images> in the "
+                         "temp folder, written once)")
+    ap.add_argument("--images", type=int, default=2048, help="JPEGs in a new --images-dir")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
-    parts = gpu_parts() if gpu else cpu_parts()
+    images_dir = args.images_dir or str(Path(tempfile.gettempdir())
+                                        / f"fp16lab_jpegs_{args.images}")
+    parts = gpu_parts(images_dir, args.images) if gpu else cpu_parts()
     if args.only:
         unknown = set(args.only.split(",")) - set(parts)
         if unknown:

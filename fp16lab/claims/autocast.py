@@ -221,7 +221,9 @@ CLAIM_7 = Claim(
     "Gradients under bf16 autocast with the flag on: bf16 holds; otherwise the switch does "
     "not exist (shown: what the flag sets, and on a GPU whether its error matches TF32 or "
     "bf16 rounding).",
-    experiment_allow_tf32, judge_allow_tf32)
+    experiment_allow_tf32, judge_allow_tf32,
+    origin=("an RTX 3090 FP16 tuning recipe that lists the TF32 switch among its FP16 "
+            "settings"))
 
 
 CLAIM_8 = Claim(
@@ -230,7 +232,9 @@ CLAIM_8 = Claim(
     "layer in FP32.",
     "Linear and softmax on autocast outputs inside the disabled region: float32 without a "
     "cast: holds; only with .float() inputs: holds in part; never: does not hold.",
-    experiment_autocast_disable, judge_autocast_disable)
+    experiment_autocast_disable, judge_autocast_disable,
+    origin=("a practical FP16 guide whose NaN-debugging advice keeps sensitive layers in an "
+            "fp32 whitelist with nested autocast"))
 
 
 CLAIM_10 = Claim(
@@ -239,4 +243,6 @@ CLAIM_10 = Claim(
     "No ratio parameter on autocast or GradScaler: names something that does not exist "
     "(shown: per-op dtypes and saved activations for narrower regions); else holds if a "
     "narrower fp16 region saves memory.",
-    experiment_amp_ratio, judge_amp_ratio)
+    experiment_amp_ratio, judge_amp_ratio,
+    origin=("a write-up of AMP on two large GPUs, which adjusts a dynamic 'FP16 ratio' under "
+            "memory pressure"))

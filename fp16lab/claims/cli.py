@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .report import write_claims
+from .report import claims_folder, write_claims
 from .run import check_all, get_claim
 
 
@@ -23,11 +23,12 @@ def _run_cli(args: argparse.Namespace) -> int:
             raise ValueError(f"--only takes claim numbers like 1,6,8; got {args.only!r}") from None
         for i in ids:
             get_claim(i)
+    folder = claims_folder(args.out)  # before any claim runs
     quick = args.quick or not has_gpu()
     t0 = time.perf_counter()
     checked = check_all(ids, quick=quick, data_dir=args.data, progress=True)
     elapsed = time.perf_counter() - t0
-    md, js = write_claims(checked, args.out, quick=quick, elapsed_s=round(elapsed, 1))
+    md, js = write_claims(checked, folder, quick=quick, elapsed_s=round(elapsed, 1))
     for c in checked:
         if "error" in c.figures:
             print(f"claim {c.id} failed: {c.figures['error']}", file=sys.stderr)

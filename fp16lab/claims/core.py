@@ -52,6 +52,7 @@ class Claim:
         id: the claim's number (1-12, as in notebook 05).
         short: a few words for the table.
         text: the claim as it commonly circulates.
+        origin: the practice it paraphrases, in words (which kind of guide says it, and how).
         rule: the verdict rule, in one sentence.
         experiment: ``experiment(quick) -> figures``, run on this machine.
         judge: ``judge(figures) -> (verdict, reason)``, a pure function of the figures.
@@ -69,6 +70,7 @@ class Claim:
     experiment: Callable[[bool], Figures] = field(repr=False)
     judge: Callable[[Figures], Judgement] = field(repr=False)
     needs_gpu: bool = False
+    origin: str = ""
     figures: Figures = field(default_factory=dict)
     verdict: str | None = None
     reason: str = ""
@@ -76,7 +78,8 @@ class Claim:
 
     def report(self) -> str:
         """Returns the claim, its key figures, the rule and the verdict as a few lines of text."""
-        lines = [f"Claim {self.id}: {self.text}", f"rule: {self.rule}"]
+        lines = [f"Claim {self.id}: {self.text}", f"where it comes from: {self.origin}",
+                 f"rule: {self.rule}"]
         if self.figures:
             lines.append("figures: " + _brief(self.figures))
         lines.append(f"verdict: {(self.verdict or 'not checked').upper()}: {self.reason}")
@@ -86,7 +89,8 @@ class Claim:
 
     def as_row(self) -> dict[str, Any]:
         """Returns the claim and its outcome as a JSON-friendly dict (a row of the result file)."""
-        return {"id": self.id, "short": self.short, "text": self.text, "rule": self.rule,
+        return {"id": self.id, "short": self.short, "text": self.text, "origin": self.origin,
+                "rule": self.rule,
                 "needs_gpu": self.needs_gpu, "verdict": self.verdict, "reason": self.reason,
                 "source": self.source, "figures": self.figures}
 

@@ -151,7 +151,10 @@ CLAIM_1 = Claim(
     "tensor-core kernel by name and runs no faster than 2x the fp32 CUDA-core GEMM; 'x16' if N%16 beats N%8 by >=10%; 'x256' if a Linear at batch 256 beats "
     "batches 192 and 320 by >=10%; all three: holds; none and aligned/odd < 1.1x: does not "
     "hold; else holds in part.",
-    experiment_alignment, judge_alignment, needs_gpu=True)
+    experiment_alignment, judge_alignment, needs_gpu=True,
+    origin=("a widely read WMMA-kernel tutorial and an RTX 3090 tuning recipe, both saying "
+            "that Tensor Cores need dimensions that are multiples of 16, and the recipe that "
+            "batches in multiples of 256 use them best"))
 
 
 CLAIM_11 = Claim(
@@ -159,4 +162,6 @@ CLAIM_11 = Claim(
     "FP16 Tensor Core throughput is 8 times FP32 throughput.",
     "cuBLAS GEMM fp16/fp32 (TF32 off) TFLOP/s ratio within 25% of 8: holds; otherwise "
     "does not hold.",
-    experiment_fp16_vs_fp32, judge_fp16_vs_fp32, needs_gpu=True)
+    experiment_fp16_vs_fp32, judge_fp16_vs_fp32, needs_gpu=True,
+    origin=("a widely read WMMA-kernel tutorial quoting the A100's 312 TFLOPS of FP16 as 8 "
+            "times its FP32 rate"))

@@ -74,22 +74,73 @@ def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
         "Verdicts: " + ", ".join(f"{v}: {n}" for v, n in counts.items() if n) + ".", ""])
 
 
+def claims_folder(out_dir: Path | None = None) -> Path:
+    """Returns the folder the claims files are written to, once it is known they can be.
+
+    ``out_dir`` by default is this machine's results folder (:func:`fp16lab.bench.local_dir`),
+    never the committed ``data/``. Checked before any claim runs: it is a folder (or can be made
+    one), it can be written, and an earlier claims file in it can be read (it is merged with).
+
+    Raises:
+        ValueError: naming the path and what is wrong with it.
+    """
+    from ..bench import check_can_write, local_dir
+    from ..device import device_info
+
+    folder = Path(out_dir) if out_dir is not None else local_dir()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file; --out takes a folder (claims_<device>.md and "
+                         f".json are written in it)")
+    slug = device_slug(device_info().gpu_name)
+    for f in (folder / f"claims_{slug}.json", folder / f"claims_{slug}.md"):
+        check_can_write(f)
+    _earlier_claims(folder / f"claims_{slug}.json", set())  # raises when it cannot be read
+    return folder
+
+
+def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
+    """Returns the claims of an earlier claims file that this run did not check ([] without one)."""
+    from ..bench import read_result
+
+    if not path.exists():
+        return []
+    rows = read_result(path, rows_need=("id", "verdict"))["rows"]
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            c = get_claim(row["id"])
+        except ValueError as e:
+            raise ValueError(f"{path}: row {i}: {e}") from None
+        if c.id not in checked_now:
+            out.append(replace(c, figures=row.get("figures") or {}, verdict=row["verdict"],
+                               reason=row.get("reason", ""), source=row.get("source", "")))
+    return out
+
+
 def write_claims(claims: Iterable[Claim], out_dir: Path | None = None, *,
                  quick: bool = False, elapsed_s: float | None = None) -> tuple[Path, Path]:
     """Writes ``claims_<device>.md`` and ``claims_<device>.json`` and returns their paths.
 
-    They go to ``out_dir``, by default this machine's results folder (:func:`fp16lab.bench.local_dir`).
+    They go to :func:`claims_folder` (by default this machine's results folder). Claims this
+    run did not check keep their rows from an earlier file there, each with its own source,
+    so ``--only 3`` replaces claim 3 and keeps the other eleven; ``meta["checked_now"]`` lists
+    the claims of this run.
     """
-    from ..bench import local_dir, read_result, write_result
+    from ..bench import read_result, write_result
     from ..device import device_info
 
     claims = list(claims)
-    slug = device_slug(device_info().gpu_name)
-    folder = Path(out_dir) if out_dir is not None else local_dir()
-    json_path = write_result(f"claims_{slug}", [c.as_row() for c in claims],
+    folder = claims_folder(out_dir)
+    name = f"claims_{device_slug(device_info().gpu_name)}"
+    now = {c.id for c in claims}
+    merged = sorted(claims + _earlier_claims(folder / f"{name}.json", now), key=lambda c: c.id)
+    json_path = write_result(name, [c.as_row() for c in merged],
                              meta={"quick": quick, "elapsed_s": elapsed_s,
-                                   "verdicts": {c.id: c.verdict for c in claims}},
+                                   "checked_now": sorted(now),
+                                   "verdicts": {c.id: c.verdict for c in merged}},
                              data_dir=folder)
-    md_path = folder / f"claims_{slug}.md"
-    md_path.write_text(to_markdown(claims, read_result(json_path)["meta"]))
+    md_path = folder / f"{name}.md"
+    md_tmp = md_path.with_name(f".{md_path.name}.tmp")
+    md_tmp.write_text(to_markdown(merged, read_result(json_path)["meta"]))
+    md_tmp.replace(md_path)
     return md_path, json_path

@@ -50,7 +50,7 @@ def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
         candidates += sorted(p for p in f.glob("claims_*.json") if p not in candidates)
     for p in candidates:
         if p.exists():
-            payload = read_result(p)
+            payload = read_result(p, rows_need=("id",))
             if payload["meta"].get("gpu_name"):
                 return payload
     return None

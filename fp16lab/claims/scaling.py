@@ -194,7 +194,8 @@ CLAIM_6 = Claim(
     "torch GradScaler with planted NaN/inf steps: each caught at its step, one halves the "
     "scale, growth after growth_interval clean steps: does not hold; checks only every "
     "interval and needs three: holds; else holds in part.",
-    experiment_gradscaler, judge_gradscaler)
+    experiment_gradscaler, judge_gradscaler,
+    origin=("an RTX 3090 FP16 tuning recipe that explains GradScaler's settings this way"))
 
 
 CLAIM_9 = Claim(
@@ -204,4 +205,6 @@ CLAIM_9 = Claim(
     "Short fp16+GradScaler training: clip 1.0 (after unscale_) ends within 5% of no "
     "clipping and mean-|g| beats it by >=5%: holds; one of the two: holds in part; neither: "
     "does not hold.",
-    experiment_clipping, judge_clipping)
+    experiment_clipping, judge_clipping,
+    origin=("an RTX 3090 tuning recipe (clip at 1.0 before scaler.step()) and a write-up of "
+            "AMP on two large GPUs (a threshold adapted each epoch)"))

@@ -28,9 +28,10 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
                        telemetry: bool = False) -> dict[str, Any]:
     """Returns samples/s, peak memory and NVML busy % of training steps, from the sweep engine.
 
-    One point of :func:`fp16lab.sweep.measure_point` (cuDNN autotuning on), cached for the
-    session so that claims sharing a configuration run it once. A point that fails (out of
-    memory, or any error) raises, naming the point.
+    One point of :func:`fp16lab.sweep.measure_point`, measured by the sweep's
+    :data:`fp16lab.sweep.GPU_PROTOCOL` (cuDNN autotuning and warm-up; ``steps`` timed steps),
+    cached for the session so that claims sharing a configuration run it once. A point that
+    fails (out of memory, or any error) raises, naming the point.
 
     Args:
         model_name: a name from :data:`fp16lab.models.MODELS`.
@@ -40,14 +41,14 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
         steps: timed steps.
         telemetry: sample NVML during the timed steps.
     """
-    from ..sweep import Point, measure_point
+    from ..sweep import GPU_PROTOCOL, Point, measure_point
 
     dev = _device()
     if dev != "cuda" and not core.EXERCISE_ON_CPU:
         raise RuntimeError("train_step_figures needs a CUDA GPU; torch sees none")
     point = Point(model=model_name, batch=batch, layout=layout, precision=precision,
-                  cudnn_benchmark=True, device=dev)
-    row = measure_point(point, warmup=max(2, steps // 4), steps=steps, telemetry=telemetry)
+                  cudnn_benchmark=GPU_PROTOCOL.cudnn_benchmark, device=dev)
+    row = measure_point(point, warmup=GPU_PROTOCOL.warmup, steps=steps, telemetry=telemetry)
     if row["status"] != "ok":
         raise RuntimeError(f"training point {point.label()} ended with {row['status']}: "
                            f"{row['error']}")
@@ -58,12 +59,16 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
             "peak_mem_gib": peak / 1024 if peak is not None else math.nan,
             "telemetry": row.get("telemetry_note") or "nvml",
             "telemetry_samples": row.get("telemetry_samples"),
-            "gpu_busy_pct": row.get("gpu_busy_mean"), "mem_busy_pct": row.get("mem_busy_mean")}
+            "gpu_busy_pct": row.get("gpu_busy_mean"), "mem_busy_pct": row.get("mem_busy_mean"),
+            "sm_util_pct": row.get("sm_util_mean"), "dram_bw_util_pct": row.get("dram_bw_util_mean"),
+            "gpm_note": row.get("gpm_note") or ""}
 
 
 def _train_sizes(quick: bool) -> tuple[int, int]:
-    """Returns (batch, timed steps) for the GPU training claims."""
-    return _sizes(quick, (128, 20), (16, 5), (2, 2))
+    """Returns (batch, timed steps) for the GPU training claims (full: the sweep's protocol)."""
+    from ..sweep import GPU_PROTOCOL
+
+    return _sizes(quick, (128, GPU_PROTOCOL.steps), (16, 5), (2, 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,44 +200,56 @@ def judge_amp_vs_fp32(f: Figures) -> Judgement:
 # Claim 5: AMP raises SM utilisation (51% -> 68%) with memory bandwidth at ~90%
 # --------------------------------------------------------------------------------------------
 
-#: Rise in NVML busy % that counts as "raises", and memory busy % that counts as "about 90%".
+#: Rise in utilisation (points) that counts as "raises", and memory figure that counts as "about 90%".
 BUSY_RISE, MEM_BUSY_HIGH = 10.0, 80.0
+
+#: The counters claim 5 can read, best first: (what, SM key, memory key). GPM (Hopper and newer)
+#: measures SM and DRAM-bandwidth use; NVML's busy % only whether a kernel or a memory access ran.
+UTILISATION_COUNTERS = (
+    ("GPM SM utilisation and DRAM bandwidth utilisation", "sm_util_pct", "dram_bw_util_pct"),
+    ("NVML busy % (utilization.gpu and utilization.memory: time shares, not SM or bandwidth use)",
+     "gpu_busy_pct", "mem_busy_pct"),
+)
 
 
 def experiment_utilisation(quick: bool = False) -> Figures:
-    """Returns NVML's busy counters while the CNN trains in fp32 and in AMP fp16 (CUDA)."""
-    import pynvml
-
+    """Returns GPM utilisation (where the GPU has it) and NVML busy % while the CNN trains in fp32
+    and in AMP fp16 (CUDA)."""
     batch, steps = _train_sizes(quick)
     name = _cnn_name()
     seconds = _sizes(quick, 3.0, 1.0, 0.05)
-    out: Figures = {"model": name, "batch": batch, "seconds": seconds,
-                    "nvml_utilization_fields": [n for n, _ in pynvml.c_nvmlUtilization_t._fields_]}
+    out: Figures = {"model": name, "batch": batch, "seconds": seconds}
     for p in ("fp32", "amp-fp16"):
         # enough timed steps to cover `seconds`, since NVML averages over its own period
         step_ms = train_step_figures(name, p, "nchw", batch, steps)["step_ms"]
         r = train_step_figures(name, p, "nchw", batch,
                                max(steps, math.ceil(seconds * 1e3 / step_ms)), telemetry=True)
         out[f"{p}_telemetry"] = r["telemetry"]
-        out[f"{p}_gpu_busy_pct"] = r["gpu_busy_pct"]
-        out[f"{p}_mem_busy_pct"] = r["mem_busy_pct"]
+        out[f"{p}_gpm_note"] = r["gpm_note"]
+        for _, sm_key, mem_key in UTILISATION_COUNTERS:
+            out[f"{p}_{sm_key}"] = r[sm_key]
+            out[f"{p}_{mem_key}"] = r[mem_key]
     return out
 
 
 def judge_utilisation(f: Figures) -> Judgement:
-    """Rules on claim 5 from NVML's time-busy counters in fp32 and AMP fp16."""
-    busy = [f.get("fp32_gpu_busy_pct"), f.get("amp-fp16_gpu_busy_pct")]
-    mem = [f.get("fp32_mem_busy_pct"), f.get("amp-fp16_mem_busy_pct")]
-    if None in busy or None in mem:
-        return UNTESTABLE, f"NVML gave no readings ({f.get('fp32_telemetry')})"
-    fields = ", ".join(f.get("nvml_utilization_fields", []))
-    caveat = (f"NVML reports only [{fields}], time-busy shares, not SM occupancy: there is no "
-              f"'SM utilisation' counter to raise")
-    rise = busy[1] - busy[0]
-    facts = (f"GPU busy fp32 {busy[0]:.0f}% -> AMP {busy[1]:.0f}%; memory busy "
+    """Rules on claim 5 from GPM's SM and DRAM-bandwidth utilisation where both runs have them,
+    else from NVML's time-busy counters, naming the counters it read."""
+    for what, sm_key, mem_key in UTILISATION_COUNTERS:
+        sm = [f.get(f"fp32_{sm_key}"), f.get(f"amp-fp16_{sm_key}")]
+        mem = [f.get(f"fp32_{mem_key}"), f.get(f"amp-fp16_{mem_key}")]
+        if None not in sm and None not in mem:
+            break
+    else:
+        return UNTESTABLE, (f"neither GPM nor NVML gave readings ({f.get('fp32_telemetry')}; "
+                            f"{f.get('fp32_gpm_note') or 'no GPM note'})")
+    facts = (f"read {what}: SM fp32 {sm[0]:.0f}% -> AMP {sm[1]:.0f}%; memory "
              f"{mem[0]:.0f}% -> {mem[1]:.0f}%")
-    up, high = rise >= BUSY_RISE, min(mem) >= MEM_BUSY_HIGH
-    return verdict_of_parts({"busy rise": up, "memory-busy": high}, f"{facts}. {caveat}")
+    if sm_key == "gpu_busy_pct":
+        gpm = f.get("fp32_gpm_note") or "this GPU or driver has none, or the run predates them"
+        facts += f". GPM metrics were not read ({gpm})"
+    up, high = sm[1] - sm[0] >= BUSY_RISE, min(mem) >= MEM_BUSY_HIGH
+    return verdict_of_parts({"SM rise": up, "memory near 90%": high}, facts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,7 +329,9 @@ CLAIM_2 = Claim(
     "Converting a CNN to channels_last (NHWC) speeds convolution up by 20-30%.",
     "channels_last/NCHW training throughput (ResNet-50): >=1.15x under both AMP fp16 and "
     "fp32: holds; under one, or 1.05-1.15x: holds in part; <1.05x: does not hold.",
-    experiment_channels_last, judge_channels_last, needs_gpu=True)
+    experiment_channels_last, judge_channels_last, needs_gpu=True,
+    origin=("a practical FP16 guide (WMMA kernel, loss scaling, NaN debugging, a BERT recipe) "
+            "that recommends converting CNNs to NHWC"))
 
 
 CLAIM_3 = Claim(
@@ -320,7 +339,9 @@ CLAIM_3 = Claim(
     "bf16 uses about 15% less memory than fp16.",
     "bf16/fp16 memory (GPU peak training memory, else saved activations): <=0.90 holds, "
     "0.90-0.97 holds in part, >0.97 does not hold.",
-    experiment_bf16_memory, judge_bf16_memory)
+    experiment_bf16_memory, judge_bf16_memory,
+    origin=("an RTX 3090 FP16 tuning recipe that recommends bf16 partly for its lower memory "
+            "use"))
 
 
 CLAIM_4 = Claim(
@@ -328,16 +349,22 @@ CLAIM_4 = Claim(
     "AMP FP16 gives about 60% more training throughput than FP32 and about 30% less memory.",
     "AMP fp16 vs fp32 (TF32 off) training: speedup >=1.45x and peak memory >=20% lower: "
     "holds; one of the two: holds in part; neither: does not hold.",
-    experiment_amp_vs_fp32, judge_amp_vs_fp32, needs_gpu=True)
+    experiment_amp_vs_fp32, judge_amp_vs_fp32, needs_gpu=True,
+    origin=("a write-up of AMP plus a hand-written fp16 kernel on two large GPUs, whose "
+            "before/after table reports these gains"))
 
 
 CLAIM_5 = Claim(
     5, "AMP raises SM util",
     "AMP raises SM utilisation (e.g. from about 51% to 68%) while memory-bandwidth "
     "utilisation stays around 90%.",
-    "NVML busy % during training: AMP raises GPU busy by >=10 points and memory busy stays "
-    ">=80% in both: holds; one of the two: holds in part; neither: does not hold.",
-    experiment_utilisation, judge_utilisation, needs_gpu=True)
+    "During training, from NVML's GPM SM utilisation and DRAM bandwidth utilisation where the "
+    "GPU reports them (Hopper and newer), else from NVML's busy % (time shares, named as such): "
+    "AMP raises SM utilisation by >=10 points and memory stays >=80% in both: holds; one of "
+    "the two: holds in part; neither: does not hold.",
+    experiment_utilisation, judge_utilisation, needs_gpu=True,
+    origin=("a write-up of AMP plus a hand-written fp16 kernel on two large GPUs, which reads "
+            "SM utilisation and bandwidth use from profiler tables before and after AMP"))
 
 
 CLAIM_12 = Claim(
@@ -348,4 +375,5 @@ CLAIM_12 = Claim(
     ">=1.10x and by more than twice what eager moves (eager, which the flag cannot touch, "
     "gauges the noise); eager >=1.10x too: holds; TorchScript only: holds in part; "
     "otherwise does not hold.",
-    experiment_profiling_executor, judge_profiling_executor)
+    experiment_profiling_executor, judge_profiling_executor,
+    origin=("an RTX 3090 FP16 tuning recipe that lists this flag among its speed settings"))

@@ -15,7 +15,8 @@ class NonFiniteReport:
     """Where an inf/NaN first appeared during one training step."""
 
     module: str            # dotted module name ("" is the whole model)
-    phase: str             # "forward", "backward" (gradient w.r.t. the module's input) or
+    phase: str             # "input batch" (the batch fed to the model already holds it),
+                           # "forward", "backward" (gradient w.r.t. the module's input) or
                            # "parameter gradient"
     tensor: str            # which tensor: "output 0", "input 0", or the parameter's name
     dtype: str
@@ -31,6 +32,10 @@ class NonFiniteReport:
 
     def __str__(self) -> str:
         where = self.module or "<model>"
+        if self.phase == "input batch":
+            return (f"the input batch itself holds non-finite values ({self.tensor} of the model, "
+                    f"{self.dtype} {list(self.shape)}: {self.n_inf} inf, {self.n_nan} NaN): "
+                    f"no layer produced them; look at the data pipeline")
         return (f"first non-finite value in {self.phase} of {where!r} ({self.tensor}, "
                 f"{self.dtype} {list(self.shape)}): {self.n_inf} inf, {self.n_nan} NaN; finite "
                 f"values range over [{self.finite_min:.3g}, {self.finite_max:.3g}]")
@@ -73,7 +78,14 @@ def locate_first_nonfinite(model: nn.Module, step: Callable[[], torch.Tensor], *
     * backward: a tensor hook on every leaf module's inputs sees the gradient that module's
       backward produced; the first non-finite one in backward order is reported (a functional
       op between two modules is attributed to the module whose input it feeds);
-    * parameter gradients are checked as they are accumulated.
+    * parameter gradients are checked as they are accumulated;
+    * an inf/NaN already in the input batch (a tensor given to the model) is reported as phase
+      ``"input batch"``: no layer is to blame.
+
+    Gradients left in ``.grad`` by an earlier step are set to None first (as
+    ``optimizer.zero_grad()`` does): a NaN gradient from an earlier step would otherwise be
+    accumulated into this step's and blamed on it. The parameters' ``.grad`` after the call are
+    this step's.
 
     This syncs with the device at every module: a debugging tool, not something to leave on.
     """
@@ -90,6 +102,10 @@ def locate_first_nonfinite(model: nn.Module, step: Callable[[], torch.Tensor], *
                                      tuple(t.shape), n_inf, n_nan, lo, hi))
 
     def pre_hook(module, args):
+        if module is model:
+            bad = [(k, t) for k, t in enumerate(_tensors(args)) if _nonfinite(t)]
+            if bad:
+                report("", "input batch", f"input {bad[0][0]}", bad[0][1])
         if not backward or module not in leaves:
             return
         for k, t in enumerate(_tensors(args)):
@@ -120,6 +136,9 @@ def locate_first_nonfinite(model: nn.Module, step: Callable[[], torch.Tensor], *
                 if _nonfinite(q.grad):
                     report(_m, "parameter gradient", _f, q.grad)
             handles.append(p.register_post_accumulate_grad_hook(on_param))
+    if backward:
+        for p in model.parameters():
+            p.grad = None  # a stale NaN from an earlier step must not be blamed on this one
     try:
         loss = step()
         if not isinstance(loss, torch.Tensor):

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Exercise", "Feedback", "Wrong", "expect_close", "expect_equal"]
+__all__ = ["Exercise", "Feedback", "Wrong", "expect_close", "expect_equal", "expect_power_of_two"]
 
 _MISSING = object()
 
@@ -133,3 +133,14 @@ def expect_close(answer: Any, expected: float, what: str, *, rel: float = 0.01) 
         raise Wrong(f"{what}: give a number, not {type(answer).__name__} {answer!r}.") from None
     if not math.isfinite(value) or not math.isclose(value, expected, rel_tol=rel):
         raise Wrong(f"{what}: {value:g} is not it.")
+
+
+def expect_power_of_two(answer: Any, what: str) -> float:
+    """Returns ``answer`` as a float; raises :class:`Wrong` unless it is a positive power of two."""
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        raise Wrong(f"give {what} as a number such as 2**-12, not {answer!r}.") from None
+    if not (value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
+        raise Wrong(f"{value!r} is not a power of two; answer with 2**k.")
+    return value

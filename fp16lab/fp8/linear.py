@@ -15,7 +15,15 @@ Two backends compute an FP8 matmul of two scaled operands:
   fp32, a matmul in fp32. It is what runs on a CPU, and for blockwise scales everywhere (no fused
   blockwise kernel is used here), so it is the reference the GPU path is checked against.
 
-``auto`` picks ``scaled_mm`` where it can and says in :data:`FALLBACKS` why it did not.
+``auto`` picks ``scaled_mm`` where it can and says in :data:`FALLBACKS` why it did not. Inside
+``torch.compile`` it decides from the operands alone (tensorwise or rowwise scales, CUDA tensors,
+multiples of 16: ``scaled_mm``; else ``emulate``), with no fallback bookkeeping, so the casts,
+amaxes and scales compile into the neighbouring kernels (see ``training.compile_blocks``).
+
+Neither backend is bit-exact with the other: on Hopper, ``_scaled_mm``'s FP8 tensor cores keep
+13 mantissa bits while they accumulate (the rest is truncated; SageAttention2, arXiv 2411.10958;
+DeepSeek-V3, arXiv 2412.19437, sec. 3.3.2), and cuBLAS promotes the partial sums to fp32 every
+few MMAs unless ``fast_accum`` asks it not to. The emulation accumulates in fp32 throughout.
 """
 
 from __future__ import annotations
@@ -130,7 +138,11 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
                              f"{qa.tile} and {qb.tile}; use backend='emulate'")
         _check_multiples(shape)
         return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
-    if backend == "auto" and scaled_mm_available(device):
+    if backend == "auto" and torch.compiler.is_compiling():
+        # no try/except or FALLBACKS inside a graph: the operands decide (see the module docstring)
+        if kind is not None and device.type == "cuda" and not any(n % GEMM_MULTIPLE for n in shape):
+            return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
+    elif backend == "auto" and scaled_mm_available(device):
         key = f"{kind or 'tiles ' + str(qa.tile) + ' x ' + str(qb.tile)} {qa.fmt} x {qb.fmt}"
         if kind is None:
             FALLBACKS.setdefault(key, "emulated: no fused kernel for these tiles is used here")
@@ -148,20 +160,22 @@ class _Fp8Matmul(torch.autograd.Function):
     """``x @ w.T`` with e4m3 operands forward and e5m2 gradients backward, scaled by the layer's recipe."""
 
     @staticmethod
-    def forward(ctx, x, w, layer, out_dtype):
-        recipe, backend = layer.recipe, layer.backend
+    def forward(ctx, x, w, recipe, backend, out_dtype, scalers):
+        # plain arguments (strings, a dtype, the delayed recipe's scalers or None): torch.compile
+        # traces this function and its backward into the model's graph
         gd, gw = granularity(recipe, "data"), granularity(recipe, "weight")
         delayed = recipe == "delayed"
         sx = sw = None
         if delayed:
-            sx, sw = layer.scalers["input"].scale, layer.scalers["weight"].scale
+            sx, sw = scalers["input"].scale, scalers["weight"].scale
         qx = quantize(x, "e4m3", gd, contraction_dim=1, scale=sx, saturate=delayed)
         qw = quantize(w.t(), "e4m3", gw, contraction_dim=0, scale=sw, saturate=delayed)
         if delayed:
-            layer.scalers["input"].update(amax(x, tuple(x.shape)))
-            layer.scalers["weight"].update(amax(w, tuple(w.shape)))
+            scalers["input"].update(amax(x, tuple(x.shape)))
+            scalers["weight"].update(amax(w, tuple(w.shape)))
         y = fp8_mm(qx, qw, out_dtype=out_dtype, backend=backend, fast_accum=True)
-        ctx.layer, ctx.dtypes = layer, (x.dtype, w.dtype)
+        ctx.recipe, ctx.backend, ctx.scalers = recipe, backend, scalers
+        ctx.dtypes = (x.dtype, w.dtype)
         if recipe in ("tensorwise", "delayed"):
             # one scale per tensor: the forward's codes serve the backward too (transposed)
             ctx.save_for_backward(qx.data, qx.scale, qw.data, qw.scale)
@@ -171,15 +185,14 @@ class _Fp8Matmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        layer = ctx.layer
-        recipe, backend = layer.recipe, layer.backend
+        recipe, backend = ctx.recipe, ctx.backend
         gd, gw = granularity(recipe, "data"), granularity(recipe, "weight")
         delayed = recipe == "delayed"
         g = g.contiguous()
-        sg = layer.scalers["grad"].scale if delayed else None
+        sg = ctx.scalers["grad"].scale if delayed else None
         qg = quantize(g, "e5m2", gd, contraction_dim=1, scale=sg, saturate=delayed)
         if delayed:
-            layer.scalers["grad"].update(amax(g, tuple(g.shape)))
+            ctx.scalers["grad"].update(amax(g, tuple(g.shape)))
         if recipe in ("tensorwise", "delayed"):
             xd, xs, wd, ws = ctx.saved_tensors
             qx = Quantized(xd, xs, tuple(xd.shape), "e4m3")
@@ -192,7 +205,7 @@ class _Fp8Matmul(torch.autograd.Function):
             qx = quantize(x, "e4m3", gd, contraction_dim=0)
         grad_x = fp8_mm(qg, qw, out_dtype=ctx.dtypes[0], backend=backend)
         grad_w = fp8_mm(qg_t, qx, out_dtype=ctx.dtypes[1], backend=backend)
-        return grad_x, grad_w, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 def _feature_multiple(recipe: str) -> int:
@@ -256,7 +269,8 @@ class Float8Linear(nn.Linear):
         if pad:  # zero rows change no amax; the output rows they make are sliced off
             x2d = F.pad(x2d, (0, 0, 0, pad))
         with torch.autocast(dev, enabled=False):
-            y = _Fp8Matmul.apply(x2d, self.weight, self, out_dtype)
+            y = _Fp8Matmul.apply(x2d, self.weight, self.recipe, self.backend, out_dtype,
+                                 self.scalers or None)
         if pad:
             y = y[:m]
         if self.bias is not None:

@@ -161,6 +161,11 @@ def sizes_table(payload: dict[str, Any], kernels: list[str] | None = None, value
     return t[order].loc[list(dict.fromkeys(df["impl"]))]
 
 
+def kernel_colour(impl: str, step: int | None) -> str:
+    """Returns the colour of a kernel in every plot of notebook 03: one per ladder step, cuBLAS black."""
+    return "black" if step is None or impl in ("cupy.matmul", "torch.matmul") else f"C{int(step) - 1}"
+
+
 def plot_ladder(payload: dict[str, Any], kernels: list[str] | None = None, ax=None):
     """Returns an Axes with TFLOP/s against square size; by default the best kernel of each step."""
     import matplotlib.pyplot as plt
@@ -170,7 +175,7 @@ def plot_ladder(payload: dict[str, Any], kernels: list[str] | None = None, ax=No
         kernels = list(best_per_step(payload).values())
     sq = df[(df.m == df.n) & (df.n == df.k) & (df.m % 1024 == 0)]
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
+        _, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
     for impl in ["cupy.matmul", "torch.matmul"] + kernels:
         g = sq[sq["impl"] == impl].sort_values("m")
         if g.empty:
@@ -178,7 +183,8 @@ def plot_ladder(payload: dict[str, Any], kernels: list[str] | None = None, ax=No
         if g["kind"].iloc[0] == "cublas":
             ax.plot(g["m"], g["tflops"], "k--" if impl == "cupy.matmul" else "k:", label=f"cuBLAS ({impl})")
         else:
-            ax.plot(g["m"], g["tflops"], "o-", label=f"{g['step'].iloc[0]}. {impl}")
+            step = g["step"].iloc[0]
+            ax.plot(g["m"], g["tflops"], "o-", color=kernel_colour(impl, step), label=f"{step}. {impl}")
     peak = mma_sync_peak(payload)
     if peak:
         ax.axhline(peak, color="tab:red", lw=1, ls="-.", label=f"mma.sync peak ({peak:.0f})")
@@ -187,7 +193,7 @@ def plot_ladder(payload: dict[str, Any], kernels: list[str] | None = None, ax=No
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("TFLOP/s")
     ax.set_title("fp16 GEMM on " + str(payload["meta"].get("gpu_name")) + ": the ladder against cuBLAS")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not over, the lines
     ax.grid(alpha=0.3)
     return ax
 
@@ -226,7 +232,9 @@ def plot_roofline(payload: dict[str, Any], kernels: list[str] | None = None, ax=
     for impl in ["cupy.matmul"] + kernels:
         g = sq[sq["impl"] == impl].sort_values("m")
         ai = 2 * g.m * g.n * g.k / (2 * (g.m * g.k + g.k * g.n + g.m * g.n))
-        ax.plot(ai, g["tflops"], "x--" if impl == "cupy.matmul" else "o-", label=impl, ms=5)
+        step = None if g.empty or impl == "cupy.matmul" else g["step"].iloc[0]
+        ax.plot(ai, g["tflops"], "x--" if impl == "cupy.matmul" else "o-", label=impl, ms=5,
+                color=kernel_colour(impl, step))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(1, 2 * peak)

@@ -12,6 +12,11 @@ How one point is measured:
 
 A CUDA out-of-memory point is recorded with status ``oom`` and its memory released; any other
 failure is recorded with its message; re-running the same sweep skips what the file holds.
+
+The step itself comes from :mod:`.steps` (recipe or FP8 recipe, execution mode, input
+pipeline: with a file input, the timed steps include waiting for the next batch, and the
+warm-up is at least ``num_workers + 2`` steps, recorded as ``input_warmup``). A point with ``gpus > 1`` is measured by
+:mod:`.multi_gpu` in torchrun ranks, with the same warm-up and timed steps.
 """
 
 from __future__ import annotations
@@ -25,25 +30,33 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ..recipes import make_train_step, math_flags, sgd
-from .results import META_COLUMNS, ROW_COLUMNS, append_rows, read_results
+from ..recipes import LR, MOMENTUM, PRECISIONS, math_flags
+from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
 from .spec import Point, SweepSpec
+from .steps import build_step, input_warmup
 
-#: Learning rate and momentum of the SGD optimizer every point uses.
-LR, MOMENTUM = 0.01, 0.9
+__all__ = ["LR", "MOMENTUM", "FaultInjector", "is_oom", "measure_point", "run_sweep"]
 
 #: Called before every training step as fault_injector(point, repeat, step_index); tests use
 #: it to raise an out-of-memory error or an interrupt from inside a point.
 FaultInjector = Callable[[Point, int, int], None]
 
+#: What torch's allocators say when memory runs out (CUDA, the CPU allocator on Linux, Windows).
+_OOM_WORDS = ("out of memory", "can't allocate memory", "not enough memory")
+
 
 def is_oom(exc: BaseException) -> bool:
-    """Returns True when an exception is an out-of-memory error (CUDA or host)."""
+    """Returns True when an exception is an out-of-memory error (CUDA or host).
+
+    On the host, torch's CPU allocator raises a RuntimeError saying "DefaultCPUAllocator: can't
+    allocate memory" (Linux) or "not enough memory" (Windows), not "out of memory".
+    """
     import torch
 
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in _OOM_WORDS)
 
 
 class _ScaleHistory:
@@ -74,14 +87,11 @@ def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interv
     """Returns the measurements of one repeat of one point (raises on OOM and other failures)."""
     import torch
 
-    from ..bench import summarize
     from ..models import NUM_CLASSES, build_model, input_shape
-    from ..telemetry import TelemetrySampler
 
     dev = point.device
-    cuda = dev == "cuda"
     torch.manual_seed(1234 + repeat)
-    if cuda:
+    if dev == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     model = build_model(point.model).to(dev)
@@ -90,9 +100,28 @@ def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interv
     if point.layout == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    step, scaler = make_train_step(point.precision, model, x, y, device=dev, scaler=point.scaler,
-                                   optimizer=lambda p: sgd(p, LR, MOMENTUM))
-    history = _ScaleHistory(scaler)
+    built = build_step(point, model, x, y)
+    try:
+        measured = _time_steps(point, built, warmup=warmup, steps=steps, telemetry=telemetry,
+                               interval_s=interval_s, repeat=repeat, fault_injector=fault_injector)
+    finally:
+        built.close()
+    return {**measured, **built.columns, **built.finish()}
+
+
+def _time_steps(point: Point, built: Any, *, warmup: int, steps: int, telemetry: bool,
+                interval_s: float, repeat: int,
+                fault_injector: FaultInjector | None) -> dict[str, Any]:
+    """Returns the timings, memory, scaler and telemetry of ``steps`` steps after ``warmup``."""
+    import torch
+
+    from ..bench import summarize
+    from ..telemetry import TelemetrySampler
+
+    dev = point.device
+    cuda = dev == "cuda"
+    step = built.step
+    history = _ScaleHistory(built.scaler)
 
     def one(i: int) -> Any:
         if fault_injector is not None:
@@ -197,10 +226,21 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
     t0 = time.perf_counter()
     status, error = "ok", ""
     try:
-        with math_flags(point.precision, point.cudnn_benchmark):
-            row.update(_run_point(point, warmup=warmup, steps=steps, telemetry=telemetry,
-                                  interval_s=interval_s, repeat=repeat,
-                                  fault_injector=fault_injector))
+        if point.gpus > 1:
+            from .multi_gpu import measure_on_gpus
+
+            measured = measure_on_gpus(point, warmup=warmup, steps=steps)
+            status, error = measured.pop("status"), measured.pop("error")
+            row.update(measured)
+        else:
+            warmup = input_warmup(point, warmup)
+            row["input_warmup"] = warmup if point.input != "synthetic" else None
+            # an fp8 point's other layers run as amp-bf16 does: TF32 off
+            flags = point.precision if point.precision in PRECISIONS else "amp-bf16"
+            with math_flags(flags, point.cudnn_benchmark):
+                row.update(_run_point(point, warmup=warmup, steps=steps, telemetry=telemetry,
+                                      interval_s=interval_s, repeat=repeat,
+                                      fault_injector=fault_injector))
     except Exception as e:  # recorded, and the sweep goes on
         status = "oom" if is_oom(e) else "error"
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -218,6 +258,19 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
 
 # --------------------------------------------------------------------------- running a sweep
 
+def _prepare_images(spec: SweepSpec, points: list[Point]) -> None:
+    """Writes the image folder file inputs read (``spec.images`` JPEGs) unless it holds images,
+    then checks it is an image folder: a missing or empty one fails before any point runs."""
+    if all(p.input == "synthetic" for p in points):
+        return
+    from ..data import make_image_folder, scan_image_folder
+
+    root = Path(spec.images_dir)
+    if not root.exists() or not any(root.iterdir()):
+        make_image_folder(root, images=spec.images)
+    scan_image_folder(root)
+
+
 ResultCallback = Callable[[dict[str, Any], int, int], None]
 
 
@@ -227,12 +280,14 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
     """Runs a sweep and returns its rows (one per point and repeat), resuming from ``out``.
 
     Args:
-        spec: the grid and how to measure it.
-        out: a ``.parquet`` results file; each finished repeat is appended at once (with a CSV
-            copy). Repeats the file already holds are skipped, as are the remaining repeats of
-            a point recorded as ``oom`` or ``error`` (delete those rows to retry them). A point's
-            key holds its settings, not warmup/steps: measure with another protocol into
-            another file.
+        spec: the grid and how to measure it. With a file input, ``spec.images_dir`` is
+            written first when it holds no images yet (:func:`fp16lab.data.make_image_folder`).
+        out: a ``.parquet`` results file, checked before anything runs; each finished repeat
+            is appended at once (with a CSV copy). Repeats the file already holds with this
+            spec's protocol (``warmup`` and ``steps``) are skipped, as are the remaining repeats
+            of a point recorded as ``oom`` or ``error`` with it (delete those rows to retry
+            them). Rows measured with another protocol are kept but not counted: their points
+            are measured again, and the rows returned are this protocol's only.
         stop: when set (from another thread), the sweep ends after the current point.
         on_result: called as ``on_result(row, done, total)`` after every finished repeat.
         progress: show a tqdm progress bar.
@@ -240,8 +295,11 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
     """
     points = spec.points()
     keys = {p.key for p in points}
-    existing = read_results(out) if out is not None else pd.DataFrame(columns=list(ROW_COLUMNS))
-    existing = existing[existing["key"].isin(keys)] if len(existing) else existing
+    if out is not None:
+        check_results_path(out)
+    _prepare_images(spec, points)
+    existing = _this_protocol(read_results(out), spec, keys) if out is not None else \
+        pd.DataFrame(columns=list(ROW_COLUMNS))
     done = {(k, int(r)) for k, r, s in zip(existing.get("key", []), existing.get("repeat", []),
                                             existing.get("status", [])) if s == "ok"}
     failed = {k for k, s in zip(existing.get("key", []), existing.get("status", [])) if s != "ok"}
@@ -280,6 +338,14 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
         if bar is not None:
             bar.close()
     if out is not None:
-        df = read_results(out)
-        return df[df["key"].isin(keys)].reset_index(drop=True)
+        return _this_protocol(read_results(out), spec, keys)
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+
+
+def _this_protocol(df: pd.DataFrame, spec: SweepSpec, keys: set[str]) -> pd.DataFrame:
+    """Returns the rows of ``df`` for these points measured with the spec's warm-up and steps."""
+    if not len(df):
+        return df
+    same = (df["key"].isin(keys) & (pd.to_numeric(df["warmup"]) == spec.warmup)
+            & (pd.to_numeric(df["steps"]) == spec.steps))
+    return df[same].reset_index(drop=True)

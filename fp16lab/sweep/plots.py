@@ -1,4 +1,9 @@
-"""Plotting a sweep: samples/s, peak memory and GPU busy % against batch size."""
+"""Plotting a sweep: samples/s, peak memory and GPU busy % against batch size.
+
+A series is one layout, precision and variant (non-default execution, input or gpus): colour
+by precision (the fp8 recipes after the recipes' five, drawn with diamonds), line style by
+layout, and a dotted line with a marker of its own for a variant.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,14 @@ from typing import Any
 
 import pandas as pd
 
-from ..recipes import PRECISIONS
 from ..scaling import ScalerSettings
+from .axes import SWEEP_PRECISIONS, variant_label
 from .report import summarize_results
 
 _LAYOUT_STYLE = {"nchw": ("-", "o"), "channels_last": ("--", "s")}
+#: Marker of a variant, by its first word (execution, input, or xN for several GPUs).
+_VARIANT_MARKERS = {"cuda-graph": "P", "compile": "X", "dataloader": "v", "gpu-decode": "<",
+                    "dali": ">"}
 _PLOT_PANELS = (("samples_per_s", "samples/s"),
                 ("peak_mem_allocated_mb", "peak memory allocated (MB)"),
                 ("gpu_busy_mean", "GPU busy % (NVML)"))
@@ -32,10 +40,16 @@ def _plot_points(rows: pd.DataFrame, model: str | None) -> pd.DataFrame:
     return s[default]
 
 
-def plot_style(layout: str, precision: str) -> dict[str, Any]:
-    """Returns the matplotlib line style of a series: colour by precision, line and marker by layout."""
+def plot_style(layout: str, precision: str, variant: str = "") -> dict[str, Any]:
+    """Returns the matplotlib line style of a series: colour by precision, line and marker by
+    layout, diamonds for fp8, a dotted line and a marker of its own for a variant."""
     ls, marker = _LAYOUT_STYLE.get(layout, (":", "^"))
-    return dict(color=f"C{list(PRECISIONS).index(precision)}", ls=ls, marker=marker)
+    if precision.startswith("fp8-"):
+        marker = "D"
+    if variant:
+        first = variant.split()[0].split("(")[0]
+        ls, marker = ":", "*" if first.startswith("x") else _VARIANT_MARKERS.get(first, "*")
+    return dict(color=f"C{list(SWEEP_PRECISIONS).index(precision) % 10}", ls=ls, marker=marker)
 
 
 def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = None) -> Any:
@@ -61,6 +75,7 @@ def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = Non
     any_unstable = False
     for r, m in enumerate(models):
         sm = s[s["model"] == m] if len(s) else s
+        sm = sm.assign(variant=[variant_label(r) for r in sm.to_dict("records")])
         for ax, (col, title) in zip(axes[r], _PLOT_PANELS):
             ax.set_title(f"{m}: {title}" if len(models) > 1 else title, fontsize=10)
             ax.set_xlabel("batch size")
@@ -73,22 +88,23 @@ def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = Non
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
-            for (lay, prec), g in sm.groupby(["layout", "precision"], sort=False):
+            for (lay, prec, var), g in sm.groupby(["layout", "precision", "variant"], sort=False):
                 g = g.assign(y=pd.to_numeric(g[col], errors="coerce")).dropna(subset=["y"])
                 g = g.sort_values("batch")
                 if not len(g):
                     continue
-                style = plot_style(lay, prec)
+                style = plot_style(lay, prec, var)
+                name = f"{lay} {prec}{' ' + var if var else ''}"
                 unstable = g["unstable"].astype(bool).to_numpy()
                 stable_at = [i for i, u in enumerate(unstable) if not u]
                 (line,) = ax.plot(g["batch"].to_numpy(), g["y"].to_numpy(), **style, ms=6,
-                                  markevery=stable_at, label=f"{lay} {prec}")
+                                  markevery=stable_at, label=name)
                 if unstable.any():
                     any_unstable = True
                     ax.plot(g["batch"].to_numpy()[unstable], g["y"].to_numpy()[unstable],
                             ls="none", marker=style["marker"], ms=6, color=style["color"],
                             mfc="white", zorder=line.get_zorder() + 0.1)
-                handles.setdefault(f"{lay} {prec}", line)
+                handles.setdefault(name, line)
             batches = sorted(sm["batch"].unique())
             if len(batches) > 1:
                 ax.set_xscale("log", base=2)

@@ -9,10 +9,13 @@ import pandas as pd
 
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
+from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, read_results
+from .spec import check_tolerance
 
 _POINT_COLUMNS = ("model", "batch", "layout", "precision", "init_scale", "growth_factor",
-                  "backoff_factor", "growth_interval", "cudnn_benchmark", "device")
+                  "backoff_factor", "growth_interval", "cudnn_benchmark", "device",
+                  *AXIS_DEFAULTS)
 
 
 def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.DataFrame:
@@ -20,16 +23,19 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
 
     ``repeat_spread`` is (max - min) / median of the repeats' median step times; a point is
     ``unstable`` when it exceeds ``tolerance`` (by default the tolerance the sweep was run with).
-    ``status`` is 'oom' or 'error' when any repeat failed, else 'ok'.
+    ``status`` is 'oom' or 'error' when any repeat failed, else 'ok'. Rows of one point
+    measured with different protocols (``warmup``, ``steps``) are summarized apart, one row each.
     """
+    if tolerance is not None:
+        check_tolerance(tolerance)
     out = []
-    for key, g in rows.groupby("key", sort=False):
+    for (key, _, _), g in rows.groupby(["key", "warmup", "steps"], sort=False, dropna=False):
         first = g.iloc[0]
         ok = g[g["status"] == "ok"]
         bad = g[g["status"] != "ok"]
         tol = tolerance if tolerance is not None else float(first.get("tolerance") or 0.03)
-        rec: dict[str, Any] = {c: first[c] for c in _POINT_COLUMNS}
-        rec["key"] = key
+        rec: dict[str, Any] = {c: first.get(c, AXIS_DEFAULTS.get(c)) for c in _POINT_COLUMNS}
+        rec.update(key=key, warmup=first.get("warmup"), steps=first.get("steps"))
         rec["status"] = bad["status"].iloc[0] if len(bad) else "ok"
         rec["error"] = bad["error"].iloc[0] if len(bad) else ""
         rec["repeats"] = len(ok)
@@ -37,7 +43,8 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
             med = ok["step_ms_median"].astype(float)
             m = float(med.median())
             rec["step_ms"] = m
-            rec["samples_per_s"] = float(first["batch"]) / (m / 1e3)
+            gpus = rec["gpus"] if rec["gpus"] == rec["gpus"] and rec["gpus"] else 1  # NaN: 1
+            rec["samples_per_s"] = float(first["batch"]) * float(gpus) / (m / 1e3)
             rec["spread"] = float(ok["spread"].astype(float).median())
             rec["repeat_spread"] = float((med.max() - med.min()) / m) if len(ok) > 1 else 0.0
             rec["unstable"] = bool(rec["repeat_spread"] > tol)
@@ -48,15 +55,17 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
                       "sm_clock_mhz_mean", "power_w_mean", "power_w_max"):
                 vals = pd.to_numeric(ok[c], errors="coerce")
                 rec[c] = float(vals.mean()) if vals.notna().any() else None
+            emulated = ok["fp8_emulated"].dropna() if "fp8_emulated" in ok else []
+            rec["fp8_emulated"] = bool(any(emulated)) if len(emulated) else None
         else:
             rec["unstable"] = False
         for c in META_COLUMNS:
             rec[c] = first.get(c)
         out.append(rec)
-    cols = ["key", *_POINT_COLUMNS, "status", "repeats", "step_ms", "samples_per_s", "spread",
+    cols = ["key", *_POINT_COLUMNS, "warmup", "steps", "status", "repeats", "step_ms", "samples_per_s", "spread",
             "repeat_spread", "unstable", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
             "final_scale", "skipped_steps", "gpu_busy_mean", "mem_busy_mean", "sm_clock_mhz_mean",
-            "power_w_mean", "power_w_max", "error", *META_COLUMNS]
+            "power_w_mean", "power_w_max", "fp8_emulated", "error", *META_COLUMNS]
     return pd.DataFrame(out).reindex(columns=cols)
 
 
@@ -65,9 +74,12 @@ def describe_rows(rows: pd.DataFrame) -> str:
     if not len(rows):
         return "no rows"
     parts = []
+    def filled(column: str, blank: str) -> pd.Series:  # a CSV's empty column reads as float
+        return rows[column].astype(object).fillna(blank)
+
     for (gpu, drv, cuda, tv), _ in rows.groupby(
-            [rows["gpu_name"].fillna("CPU"), rows["driver_version"].fillna("n/a"),
-             rows["cuda_runtime_version"].fillna("n/a"), rows["torch"].fillna("?")]):
+            [filled("gpu_name", "CPU"), filled("driver_version", "n/a"),
+             filled("cuda_runtime_version", "n/a"), filled("torch", "?")]):
         parts.append(f"{gpu} (driver {drv}, CUDA {cuda}, torch {tv})")
     when = rows["finished_at"].dropna()
     span = f", {when.min()} to {when.max()}" if len(when) else ""
@@ -82,8 +94,10 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
     show = pd.DataFrame({
         "model": s["model"], "batch": s["batch"], "layout": s["layout"],
         "precision": s["precision"],
+        "variant": _variants(s),
         "scale0": s["init_scale"].map(_pow2),
         "grow every": s["growth_interval"].map(lambda v: "" if pd.isna(v) else f"{int(v)}"),
+        "warm-up+steps": [_protocol(w, n) for w, n in zip(s["warmup"], s["steps"])],
         "status": s["status"],
         "samples/s": s["samples_per_s"].map(lambda v: "" if pd.isna(v) else f"{v:,.0f}"),
         "step ms": s["step_ms"].map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
@@ -98,16 +112,38 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         "GPU busy": s["gpu_busy_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}%"),
         "power W": s["power_w_mean"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}"),
     })
+    if not show["variant"].astype(bool).any():  # no execution, input or gpus but the defaults
+        show = show.drop(columns="variant")
     lines = [describe_rows(rows), show.to_string(index=False)]
     errs = s[s["status"] != "ok"]
     for _, e in errs.iterrows():
-        lines.append(f"{e['status']}: {e['model']} b{e['batch']} {e['layout']} {e['precision']}: "
-                     f"{e['error']}")
+        v = variant_label(e.to_dict())
+        lines.append(f"{e['status']}: {e['model']} b{e['batch']} {e['layout']} {e['precision']}"
+                     f"{' ' + v if v else ''}: {e['error']}")
+    protocols = s[["warmup", "steps"]].drop_duplicates()
+    if len(protocols) > 1:
+        lines.append(f"the rows come from {len(protocols)} protocols (warm-up+steps "
+                     f"{', '.join(_protocol(w, n) for w, n in protocols.itertuples(index=False))}); "
+                     f"a point measured with two is shown once for each")
+    emulated = s[s["fp8_emulated"].fillna(False).astype(bool)]
+    for _, e in emulated.iterrows():
+        lines.append(f"{e['model']} b{e['batch']} {e['precision']}: FP8 matmuls emulated (no "
+                     f"torch._scaled_mm for them here): its samples/s is not an FP8 speed")
     n_unstable = int(s["unstable"].sum())
     if n_unstable:
         lines.append(f"{n_unstable} point(s) UNSTABLE: their repeat medians differ by more than "
                      f"the tolerance; re-run them on a quieter machine or with more steps")
     return "\n".join(lines)
+
+
+def _variants(s: pd.DataFrame) -> list[str]:
+    """Returns each summarized point's non-default execution, input and gpus ('' for none)."""
+    return [variant_label(r) for r in s.to_dict("records")]
+
+
+def _protocol(warmup: Any, steps: Any) -> str:
+    """Returns a point's protocol as 'warm-up+steps', e.g. '3+10'."""
+    return "?" if pd.isna(warmup) or pd.isna(steps) else f"{int(warmup)}+{int(steps)}"
 
 
 def _pow2(v: Any) -> str:
@@ -123,11 +159,11 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
                      ) -> pd.DataFrame:
     """Returns samples/s pivoted by batch size (rows) and layout/precision (columns).
 
-    Only points measured with the default scaler settings (or none) are used, so scaler
-    variations do not average into the table.
+    Only points measured with the default scaler settings (or none), eager on synthetic input
+    on one GPU, are used, so those variations do not average into the table.
     """
     s = summarize_results(rows)
-    s = s[s["status"] == "ok"]
+    s = s[(s["status"] == "ok") & (pd.Series(_variants(s), index=s.index) == "")]
     if model is not None:
         s = s[s["model"] == model]
     default = ScalerSettings().init_scale
@@ -210,7 +246,9 @@ def engine_check(name: str = "sweep_engine_vs_loop") -> str:
     from ..bench import describe_source, read_result
 
     try:
-        r = read_result(name)
+        r = read_result(name, meta_needs=[f"summary.{k}" for k in (
+            "model", "batch", "layout", "precision", "repeats", "steps", "repeat_spread",
+            "bare_ms", "engine_ms", "engine_vs_bare", "telemetry_overhead")])
     except FileNotFoundError:
         return (f"{name}.json is not in the data folder yet: run `fp16lab bench "
                 f"sweep_engine_vs_loop` on a GPU to make it")

@@ -1,21 +1,47 @@
-"""What a sweep measures: the grid (:class:`SweepSpec`) and its points (:class:`Point`), checked on creation."""
+"""What a sweep measures: the grid (:class:`SweepSpec`) and its points (:class:`Point`), checked on creation.
+
+Beside model, batch, layout, precision and the scaler, a point has the later chapters' axes
+(execution, input, gpus and the ``fp8-<recipe>`` precisions; :mod:`.axes`). A grid crosses each
+value only with the points it applies to (channels_last and file inputs with image models, fp8
+with models of linear layers, several GPUs with fp32, amp-fp16 and amp-bf16, ...); a value that
+applies to no point is an error before anything runs.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from ..recipes import PRECISIONS, SCALED_PRECISIONS
+from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
+from .axes import (AXIS_DEFAULTS, BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS,
+                   check_execution_axis, check_gpus_axis, check_input_axis, fp8_problem,
+                   variant_label)
 
 #: Memory layouts, for image models only.
 LAYOUTS = {
     "nchw": "contiguous NCHW tensors (PyTorch's default)",
     "channels_last": "NHWC in memory (torch.channels_last), what tensor-core convolutions prefer",
 }
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a training point is measured on a GPU: cuDNN autotuning, warm-up steps, timed steps."""
+
+    cudnn_benchmark: bool
+    warmup: int
+    steps: int
+
+
+#: The one GPU measurement protocol, written once: the reference sweep, the GPU grid of
+#: :meth:`SweepSpec.for_this_machine` and notebook 05's training claims all measure this way, so
+#: the same setting gives the same figure in all three.
+GPU_PROTOCOL = Protocol(cudnn_benchmark=True, warmup=5, steps=12)
 
 
 def _unique(xs: Iterable[Any]) -> tuple[Any, ...]:
@@ -37,7 +63,15 @@ def _check_names(kind: str, given: Sequence[str], allowed: Iterable[str]) -> Non
 
 @dataclass(frozen=True)
 class Point:
-    """One configuration to measure. ``key`` identifies it in a results file (for resuming)."""
+    """One configuration to measure. ``key`` identifies it in a results file (for resuming).
+
+    The later axes (see the module docstring and ``AXIS_DEFAULTS``): ``execution`` with
+    ``compile_mode`` (filled in as 'default' for compile, None otherwise); ``input`` with its
+    pipeline settings, used by file inputs only (``num_workers`` None means 75% of the cores,
+    resolved here; ``pin_memory``, ``non_blocking``, ``normalize_on`` apply to the dataloader
+    and default to True, True, 'cpu') and ``images_dir``, the image folder they read; ``gpus``,
+    the number of ranks (batch is per GPU).
+    """
 
     model: str
     batch: int
@@ -46,13 +80,22 @@ class Point:
     scaler: ScalerSettings | None = None
     cudnn_benchmark: bool = False
     device: str = "cpu"
+    execution: str = "eager"
+    compile_mode: str | None = None
+    input: str = "synthetic"
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    non_blocking: bool | None = None
+    normalize_on: str | None = None
+    images_dir: str | None = None
+    gpus: int = 1
 
     def __post_init__(self) -> None:
         from ..models import MODELS, is_image_model
 
         _check_names("model", [self.model], MODELS)
         _check_names("layout", [self.layout], LAYOUTS)
-        _check_names("precision", [self.precision], PRECISIONS)
+        _check_names("precision", [self.precision], SWEEP_PRECISIONS)
         _check_batches([self.batch])
         if self.layout == "channels_last" and not is_image_model(self.model):
             raise ValueError(f"layout 'channels_last' applies to image models only; "
@@ -63,6 +106,22 @@ class Point:
             object.__setattr__(self, "scaler", ScalerSettings())
         if self.precision not in SCALED_PRECISIONS:
             object.__setattr__(self, "scaler", None)  # the settings would change nothing
+        problem = fp8_problem(self.model, self.precision) if self.precision.startswith("fp8-") \
+            else None
+        if problem:
+            raise ValueError(problem)
+        mode = check_execution_axis(self.execution, self.compile_mode, precision=self.precision,
+                                    device=self.device)
+        object.__setattr__(self, "compile_mode", mode)
+        kept = check_input_axis(self.input, model=self.model, device=self.device,
+                                images_dir=self.images_dir, num_workers=self.num_workers,
+                                pin_memory=self.pin_memory, non_blocking=self.non_blocking,
+                                normalize_on=self.normalize_on)
+        for name, value in kept.items():
+            object.__setattr__(self, name, value)
+        check_gpus_axis(self.gpus, device=self.device, precision=self.precision,
+                        execution=self.execution, input=self.input, scaler=self.scaler,
+                        cudnn_benchmark=self.cudnn_benchmark)
 
     def settings(self) -> dict[str, Any]:
         """Returns the point's settings as flat columns (scaler fields None when unused)."""
@@ -75,18 +134,46 @@ class Point:
             "backoff_factor": float(s.backoff_factor) if s else None,
             "growth_interval": int(s.growth_interval) if s else None,
             "cudnn_benchmark": bool(self.cudnn_benchmark), "device": self.device,
+            **{name: getattr(self, name) for name in AXIS_DEFAULTS},
+            "images_dir": self.images_dir,
         }
 
     @property
     def key(self) -> str:
-        """Returns a stable 16-hex-digit hash of the settings."""
-        blob = json.dumps(self.settings(), sort_keys=True)
+        """Returns a stable 16-hex-digit hash of the settings.
+
+        Axes at their ``AXIS_DEFAULTS`` value and ``images_dir`` (where the same images are) are
+        left out, so a point of the original grid keeps the key older results files hold.
+        """
+        kept = {k: v for k, v in self.settings().items()
+                if k != "images_dir" and not (k in AXIS_DEFAULTS and v == AXIS_DEFAULTS[k])}
+        blob = json.dumps(kept, sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+    def variant(self) -> str:
+        """Returns the later axes' non-default values, e.g. 'compile(default) dataloader w4 x2'."""
+        return variant_label(self.settings())
 
     def label(self) -> str:
         """Returns a short human-readable name like 'resnet50 b256 channels_last amp-fp16'."""
         extra = f" scale0={self.scaler.init_scale:g}" if self.scaler else ""
-        return f"{self.model} b{self.batch} {self.layout} {self.precision}{extra}"
+        variant = self.variant()
+        return (f"{self.model} b{self.batch} {self.layout} {self.precision}{extra}"
+                f"{' ' + variant if variant else ''}")
+
+
+#: SweepSpec's fields that are lists of values crossed into the grid.
+_GRID_AXES = ("models", "batches", "layouts", "precisions", "scalers", "cudnn_benchmark",
+              "executions", "compile_modes", "inputs", "num_workers", "pin_memory",
+              "non_blocking", "normalize_on", "gpus")
+
+
+def check_tolerance(tolerance: Any, name: str = "tolerance") -> None:
+    """Raises ValueError unless ``tolerance`` (a repeat-spread fraction) is in (0, 1)."""
+    if isinstance(tolerance, bool) or not (isinstance(tolerance, (int, float))
+                                           and 0 < tolerance < 1):
+        raise ValueError(f"{name} must be a fraction in (0, 1) (0.03 flags repeats more than 3% "
+                         f"apart), got {tolerance!r}")
 
 
 def _check_batches(batches: Sequence[Any]) -> None:
@@ -102,8 +189,12 @@ class SweepSpec:
     """A grid of points and how to measure each.
 
     Layout ``channels_last`` is crossed with image models only; scaler settings only with the
-    precisions that use a scaler (``amp-fp16``, ``fp16``). Everything is checked on creation, so a
-    bad name or value fails before anything runs.
+    precisions that use a scaler (``amp-fp16``, ``fp16-o2``); ``compile_modes`` with execution
+    ``compile``; the pipeline settings with file inputs; every value only with the points it
+    applies to (:class:`Point` says which). Everything is checked on creation, so a bad name or
+    value, or one that applies to no point, fails before anything runs. ``images_dir`` is the
+    image folder file inputs read; :func:`fp16lab.sweep.run_sweep` writes it first
+    (:func:`fp16lab.data.make_image_folder`, ``images`` files) when it holds no images yet.
     """
 
     models: tuple[str, ...] = ("small_cnn",)
@@ -112,6 +203,16 @@ class SweepSpec:
     precisions: tuple[str, ...] = ("fp32",)
     scalers: tuple[ScalerSettings, ...] = (ScalerSettings(),)
     cudnn_benchmark: tuple[bool, ...] = (False,)
+    executions: tuple[str, ...] = ("eager",)
+    compile_modes: tuple[str, ...] = ("default",)
+    inputs: tuple[str, ...] = ("synthetic",)
+    num_workers: tuple[int | None, ...] = (None,)
+    pin_memory: tuple[bool, ...] = (True,)
+    non_blocking: tuple[bool, ...] = (True,)
+    normalize_on: tuple[str, ...] = ("cpu",)
+    gpus: tuple[int, ...] = (1,)
+    images_dir: str | None = None
+    images: int = 1024
     device: str = "auto"
     warmup: int = 3
     steps: int = 10
@@ -121,25 +222,27 @@ class SweepSpec:
     telemetry_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
-        from ..models import MODELS, is_image_model
+        from ..models import MODELS
 
-        for name in ("models", "batches", "layouts", "precisions", "scalers", "cudnn_benchmark"):
+        for name in _GRID_AXES:
             value = getattr(self, name)
-            if isinstance(value, (str, int, ScalerSettings, bool)):
+            if value is None or isinstance(value, (str, int, ScalerSettings, bool)):
                 value = (value,)
             object.__setattr__(self, name, _unique(value))
         _check_names("model", self.models, MODELS)
         _check_batches(self.batches)
         _check_names("layout", self.layouts, LAYOUTS)
-        _check_names("precision", self.precisions, PRECISIONS)
+        _check_names("precision", self.precisions, SWEEP_PRECISIONS)
+        _check_names("execution", self.executions, EXECUTIONS)
+        _check_names("compile mode", self.compile_modes, COMPILE_MODES)
+        _check_names("input", self.inputs, BACKENDS)
+        if isinstance(self.images, bool) or not isinstance(self.images, int) or self.images < 1:
+            raise ValueError(f"images must be a positive integer, got {self.images!r}")
         if not self.scalers or not all(isinstance(s, ScalerSettings) for s in self.scalers):
             raise ValueError("scalers must be one or more ScalerSettings")
         if not self.cudnn_benchmark or not all(isinstance(b, bool) for b in self.cudnn_benchmark):
             raise ValueError(f"cudnn_benchmark must be one or more of True/False, "
                              f"got {self.cudnn_benchmark!r}")
-        if "channels_last" in self.layouts and not any(is_image_model(m) for m in self.models):
-            raise ValueError(f"layout 'channels_last' applies to image models only, and none of "
-                             f"{', '.join(self.models)} is one")
         for m in self.models:
             if m.startswith("resnet") and importlib.util.find_spec("torchvision") is None:
                 raise ValueError(f"model {m!r} needs torchvision, which is not installed "
@@ -150,11 +253,11 @@ class SweepSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
-        if not (isinstance(self.tolerance, (int, float)) and 0 < self.tolerance < 1):
-            raise ValueError(f"tolerance must be a fraction in (0, 1), got {self.tolerance!r}")
+        check_tolerance(self.tolerance)
         if not self.telemetry_interval_s > 0:
             raise ValueError(f"telemetry_interval_s must be > 0, got {self.telemetry_interval_s!r}")
         self.resolved_device()  # fails now if 'cuda' was asked for without a GPU
+        self.points()  # fails now if a value is bad or applies to no point
 
     def resolved_device(self) -> str:
         """Returns 'cuda' or 'cpu': where the points run."""
@@ -168,28 +271,57 @@ class SweepSpec:
         return self.device
 
     def points(self) -> list[Point]:
-        """Returns the grid's points in run order (one entry per point, repeats not included)."""
-        from ..models import is_image_model
+        """Returns the grid's points in run order (one entry per point, repeats not included).
 
+        Raises ValueError when a value applies to no point (saying why, for one of its points).
+        """
         device = self.resolved_device()
         pts: list[Point] = []
-        for m in self.models:
-            layouts = [lay for lay in self.layouts if lay == "nchw" or is_image_model(m)]
-            for prec in self.precisions:
-                scalers = self.scalers if prec in SCALED_PRECISIONS else (None,)
-                for s in scalers:
-                    for lay in layouts:
-                        for bench in self.cudnn_benchmark:
-                            for b in self.batches:
-                                pts.append(Point(m, b, lay, prec, s, bench, device))
+        used: dict[str, set[Any]] = {name: set() for name in _GRID_AXES}
+        why: dict[tuple[str, Any], str] = {}
+        for m, prec, ex, inp, g in itertools.product(self.models, self.precisions,
+                                                     self.executions, self.inputs, self.gpus):
+            scalers = self.scalers if prec in SCALED_PRECISIONS else (None,)
+            modes = self.compile_modes if ex == "compile" else (None,)
+            file_input = inp != "synthetic"
+            dl = inp == "dataloader"
+            pipeline = itertools.product(self.num_workers if file_input else (None,),
+                                         self.pin_memory if dl else (None,),
+                                         self.non_blocking if dl else (None,),
+                                         self.normalize_on if dl else (None,))
+            for s, mode, (nw, pin, nb, norm), lay, bench, b in itertools.product(
+                    scalers, modes, list(pipeline), self.layouts, self.cudnn_benchmark,
+                    self.batches):
+                axes = {"models": m, "precisions": prec, "executions": ex, "inputs": inp,
+                        "gpus": g, "scalers": s, "compile_modes": mode, "num_workers": nw,
+                        "pin_memory": pin, "non_blocking": nb, "normalize_on": norm,
+                        "layouts": lay, "cudnn_benchmark": bench, "batches": b}
+                try:
+                    p = Point(m, b, lay, prec, s, bench, device, ex, mode, inp, nw, pin, nb,
+                              norm, self.images_dir, g)
+                except ValueError as e:  # this combination does not apply; others may
+                    for name, v in axes.items():
+                        why.setdefault((name, v), str(e))
+                    continue
+                pts.append(p)
+                for name, v in axes.items():
+                    used[name].add(v)
+        for name in _GRID_AXES:
+            for v in getattr(self, name):
+                if v not in used[name] and (name, v) in why:
+                    raise ValueError(f"{name} {v!r} applies to no point of this sweep: "
+                                     f"{why[(name, v)]}")
+        if not pts:
+            raise ValueError("the sweep has no point: " + next(iter(why.values()), ""))
         return list({p.key: p for p in pts}.values())
 
     @classmethod
     def for_this_machine(cls) -> "SweepSpec":
         """Returns the ResNet-50 grid on a GPU (small_cnn without torchvision), a quick one on a CPU.
 
-        The GPU grid is batch 64, 128, 256 x both layouts x fp32, tf32, amp-fp16, amp-bf16: the
-        FP32-versus-FP16 table of the reference results, reproduced locally (a few minutes).
+        The GPU grid is batch 64, 128, 256 x both layouts x fp32, tf32, amp-fp16, amp-bf16, measured
+        by :data:`GPU_PROTOCOL`: the FP32-versus-FP16 table of the reference results, reproduced
+        locally (a few minutes).
         """
         import torch
 
@@ -198,7 +330,8 @@ class SweepSpec:
         model = "resnet50" if importlib.util.find_spec("torchvision") else "small_cnn"
         return cls(models=(model,), batches=(64, 128, 256), layouts=("nchw", "channels_last"),
                    precisions=("fp32", "tf32", "amp-fp16", "amp-bf16"), device="cuda",
-                   warmup=4, steps=12, repeats=3)
+                   cudnn_benchmark=GPU_PROTOCOL.cudnn_benchmark, warmup=GPU_PROTOCOL.warmup,
+                   steps=GPU_PROTOCOL.steps, repeats=3)
 
     @classmethod
     def quick(cls, **overrides: Any) -> "SweepSpec":

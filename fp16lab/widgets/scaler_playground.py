@@ -8,6 +8,11 @@ overflow point) or, with probability ``overflow rate``, because of a random spik
 The plot (a PNG in an ``ipywidgets.Image``, CSS class ``fp16lab-scaler-plot``) shows the scale
 used at each step, the skipped steps, and the scale FP16 could have afforded.
 
+A scale that is too small costs too: each step's gradient is ``n_values`` magnitudes spread below
+its largest one (``log2`` offsets ``-|N(0, spread)|``, drawn once), and the panel counts the
+share of them that ``scale * g`` flushes to zero in FP16 (a second axis, in percent). Too large
+a scale skips steps; too small a scale silently loses gradient.
+
 Stable CSS classes for browser tests: ``fp16lab-slider-init-scale``,
 ``fp16lab-slider-growth-factor``, ``fp16lab-slider-backoff-factor``,
 ``fp16lab-slider-growth-interval``, ``fp16lab-slider-overflow-rate``, ``fp16lab-scaler-plot``,
@@ -39,18 +44,24 @@ class ScalerPlayground(w.VBox):
     Attributes:
         trajectory: the scale used at each step of the last simulation (numpy float64 array).
         found_inf: whether each step overflowed.
+        underflow: the share of each step's gradient values that the scale left at zero in FP16.
         redraws: how many times the plot was drawn.
         sliders: dict name -> slider widget.
     """
 
     def __init__(self, steps: int = 600, grad_log2_max: float = -4.0, noise: float = 0.5,
-                 seed: int = 0, **kwargs):
+                 seed: int = 0, spread: float = 10.0, n_values: int = 2048, **kwargs):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
+        if n_values < 1:
+            raise ValueError(f"n_values must be >= 1, got {n_values}")
+        if not spread >= 0:
+            raise ValueError(f"spread must be >= 0 (binades), got {spread}")
         self.steps = steps
         rng = np.random.default_rng(seed)
         self._log2_gmax = grad_log2_max + noise * rng.standard_normal(steps)
         self._uniform = rng.random(steps)
+        self._log2_offsets = -np.abs(spread * rng.standard_normal(n_values))
         self.redraws = 0
         style = {"description_width": "150px"}
         lay = w.Layout(width="520px")
@@ -106,6 +117,16 @@ class ScalerPlayground(w.VBox):
                 scaler.update(found_inf=bool(overflow or spike))
         return scaler
 
+    def gradients(self, step: int) -> np.ndarray:
+        """Returns the float64 gradient magnitudes of ``step`` (before scaling)."""
+        return np.exp2(self._log2_gmax[step] + self._log2_offsets)
+
+    def underflow_fraction(self, scales: np.ndarray) -> np.ndarray:
+        """Returns, per step, the share of ``scale * g`` that is zero in FP16."""
+        scaled = np.exp2(self._log2_gmax[:, None] + self._log2_offsets[None, :]) * \
+            np.asarray(scales, dtype=np.float64)[:, None]
+        return (scaled.astype(np.float16) == 0).mean(axis=1)
+
     # -- drawing -------------------------------------------------------------------------------
     def _on_change(self, _change) -> None:
         self._redraw()
@@ -115,17 +136,22 @@ class ScalerPlayground(w.VBox):
         hist = scaler.history
         self.trajectory = np.array([e.scale for e in hist], dtype=np.float64)
         self.found_inf = np.array([e.found_inf for e in hist], dtype=bool)
+        with np.errstate(over="ignore"):  # inf where the step overflows: not counted as lost
+            self.underflow = self.underflow_fraction(self.trajectory)
         self.plot.value = self._render()
         n_skip = int(self.found_inf.sum())
+        taken = ~self.found_inf
+        lost = 100 * float(self.underflow[taken].mean()) if taken.any() else 0.0
         self.summary.value = (f"<b>{n_skip}</b> of {self.steps} steps skipped "
-                              f"({100 * n_skip / self.steps:.1f}%); final scale "
-                              f"2^{math.log2(max(scaler.scale_value, 1e-45)):.1f}")
+                              f"({100 * n_skip / self.steps:.1f}%); on the steps taken, "
+                              f"<b>{lost:.1f}%</b> of gradient values lost to underflow; final "
+                              f"scale 2^{math.log2(max(scaler.scale_value, 1e-45)):.1f}")
         self.redraws += 1
 
     def _render(self) -> bytes:
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(8, 3.2), dpi=90)
+        fig = Figure(figsize=(8, 3.8), dpi=90)
         ax = fig.add_subplot()
         steps = np.arange(self.steps)
         ax.plot(steps, np.log2(np.maximum(self.trajectory, 1e-45)), lw=1.5,
@@ -137,7 +163,15 @@ class ScalerPlayground(w.VBox):
                    color="C3", s=12, zorder=3, label="skipped step")
         ax.set_xlabel("step")
         ax.set_ylabel("log2 scale")
-        ax.legend(fontsize=8, loc="lower right", ncol=3)
+        lost = ax.twinx()
+        lost.plot(steps, 100 * self.underflow, color="C2", lw=1.0,
+                  label="% of gradient lost to underflow")
+        lost.set_ylabel("% lost to underflow", color="C2")
+        lost.set_ylim(0, 100)
+        handles = ax.get_legend_handles_labels()
+        extra = lost.get_legend_handles_labels()
+        ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.18), ncol=4)
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png")

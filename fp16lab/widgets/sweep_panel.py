@@ -4,13 +4,16 @@ The sweep runs on a background thread, so the kernel stays free and the Stop but
 ipywidgets sends updates made from that thread to the browser. Every widget a browser test
 needs carries a ``fp16lab-sweep-*`` DOM class (see ``DOM_CLASSES``): the controls (model,
 batches, layouts, precisions, the scaler's init-scale, growth, backoff and interval, warmup, steps,
-repeats), the buttons (run, stop) and the outputs (progress, status, plot, table).
+repeats; the later axes: executions, compile mode, inputs with their image folder, image count
+and workers, gpus), the buttons (run, stop) and the outputs (progress, status, plot, table).
+An input that cannot run here is listed with the reason; choosing it is refused with that reason.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import io
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,7 +23,10 @@ import ipywidgets as w
 import pandas as pd
 
 from .. import sweep
+from ..execution import COMPILE_MODES, EXECUTIONS
+from ..inputs import BACKENDS, unavailable_reason
 from ..models import MODELS
+from ..sweep.axes import gpu_count
 
 
 DOM_CLASSES = {  # fp16lab-sweep-<name> -> the SweepPanel attribute that carries it
@@ -28,8 +34,10 @@ DOM_CLASSES = {  # fp16lab-sweep-<name> -> the SweepPanel attribute that carries
     "init-scale": "init_scale", "growth-factor": "growth_factor",
     "backoff-factor": "backoff_factor", "growth-interval": "growth_interval",
     "warmup": "warmup", "steps": "steps", "repeats": "repeats",
+    "executions": "executions", "compile-mode": "compile_mode", "inputs": "inputs",
+    "images-dir": "images_dir", "images": "images", "num-workers": "num_workers", "gpus": "gpus",
     "run": "run_button", "stop": "stop_button", "progress": "progress", "status": "status",
-    "plot": "plot", "table": "table",
+    "plot": "plot", "table": "table", "sharing": "sharing",
 }
 
 
@@ -38,9 +46,9 @@ def _defaults(device: str) -> dict[str, Any]:
     if device == "cuda":
         model = "resnet50" if importlib.util.find_spec("torchvision") else "small_cnn"
         return dict(model=model, batch_options=(16, 32, 64, 128, 256, 512),
-                    batches=(64, 128, 256), warmup=5, steps=20, repeats=3)
+                    batches=(64, 128, 256), warmup=5, steps=20, repeats=3, images=2048)
     return dict(model="small_cnn", batch_options=(2, 4, 8, 16, 32, 64), batches=(8, 32),
-                warmup=1, steps=4, repeats=2)
+                warmup=1, steps=4, repeats=2, images=64)
 
 
 class SweepPanel:
@@ -68,9 +76,22 @@ class SweepPanel:
                                         description="batch sizes", style=style)
         self.layouts = w.SelectMultiple(options=list(sweep.LAYOUTS), value=("nchw", "channels_last"),
                                         rows=2, description="layouts", style=style)
-        self.precisions = w.SelectMultiple(options=list(sweep.PRECISIONS),
-                                           value=("fp32", "amp-fp16"), rows=5,
+        self.precisions = w.SelectMultiple(options=list(sweep.SWEEP_PRECISIONS),
+                                           value=("fp32", "amp-fp16"), rows=9,
                                            description="precisions", style=style)
+        self.executions = w.SelectMultiple(options=list(EXECUTIONS), value=("eager",), rows=3,
+                                           description="execution", style=style)
+        self.compile_mode = w.Dropdown(options=list(COMPILE_MODES), value="default",
+                                       description="compile mode", style=style)
+        self.inputs = w.SelectMultiple(options=_input_options(self.device), value=("synthetic",),
+                                       rows=4, description="input", style=style)
+        folder = Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{d['images']}"
+        self.images_dir = w.Text(value=str(folder), description="image folder", style=style)
+        self.images = w.IntText(value=d["images"], description="images to write", style=style)
+        self.num_workers = w.Text(value="auto", description="input workers", style=style)
+        n_gpus = max(gpu_count(), 1) if self.device == "cuda" else 1
+        self.gpus = w.SelectMultiple(options=list(range(1, n_gpus + 1)), value=(1,),
+                                     rows=min(n_gpus, 4), description="GPUs", style=style)
         self.init_scale = w.FloatText(value=s.init_scale, description="init_scale", style=style)
         self.growth_factor = w.FloatText(value=s.growth_factor, description="growth_factor",
                                          style=style)
@@ -86,6 +107,7 @@ class SweepPanel:
                                     disabled=True)
         self.progress = w.IntProgress(value=0, min=0, max=1, description="points")
         self.status = w.HTML(value=f"ready (device: {self.device})")
+        self.sharing = w.HTML(value="")  # a warning when other processes use the GPU
         # Hidden until there is a result: an empty Image shows a broken-image icon.
         self.plot = w.Image(format="png", layout=w.Layout(max_width="100%", display="none"))
         # The summary is wider than a notebook's output area: it scrolls sideways in its box.
@@ -107,9 +129,11 @@ class SweepPanel:
             w.VBox([w.HTML("<b>loss scaler</b> (amp-fp16, fp16-o2)"), self.init_scale,
                     self.growth_factor, self.backoff_factor, self.growth_interval,
                     w.HTML("<b>measurement</b>"), self.warmup, self.steps, self.repeats]),
+            w.VBox([w.HTML("<b>execution, input, GPUs</b>"), self.executions, self.compile_mode,
+                    self.inputs, self.images_dir, self.images, self.num_workers, self.gpus]),
         ])
         self.widget = w.VBox([grid, w.HBox([self.run_button, self.stop_button, self.progress]),
-                              self.status, self.plot, self.table])
+                              self.sharing, self.status, self.plot, self.table])
         self.widget.add_class("fp16lab-sweep-panel")
 
     # ----------------------------------------------------------------- what to run
@@ -120,11 +144,21 @@ class SweepPanel:
             init_scale=float(self.init_scale.value), growth_factor=float(self.growth_factor.value),
             backoff_factor=float(self.backoff_factor.value),
             growth_interval=int(self.growth_interval.value))
+        workers = self.num_workers.value.strip()
+        if workers != "auto" and not workers.isdigit():
+            raise ValueError(f"input workers must be 'auto' (75% of the cores) or an integer "
+                             f">= 0, got {workers!r}")
+        files = any(i != "synthetic" for i in self.inputs.value)
         return sweep.SweepSpec(
             models=(self.model.value,), batches=tuple(sorted(self.batches.value)),
             layouts=tuple(self.layouts.value), precisions=tuple(self.precisions.value),
-            scalers=(scaler,), device=self.device, warmup=int(self.warmup.value),
-            steps=int(self.steps.value), repeats=int(self.repeats.value))
+            scalers=(scaler,), executions=tuple(self.executions.value),
+            compile_modes=(self.compile_mode.value,), inputs=tuple(self.inputs.value),
+            num_workers=(None if workers == "auto" else int(workers),),
+            images_dir=self.images_dir.value.strip() if files else None,
+            images=int(self.images.value), gpus=tuple(self.gpus.value), device=self.device,
+            warmup=int(self.warmup.value), steps=int(self.steps.value),
+            repeats=int(self.repeats.value))
 
     @property
     def running(self) -> bool:
@@ -149,11 +183,23 @@ class SweepPanel:
         self.progress.bar_style = ""
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.status.value = f"running {n} measurements on {self.device} ..."
+        self.check_sharing()
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._work, args=(spec,), name="fp16lab-sweep",
                                         daemon=True)
         self._thread.start()
         return True
+
+    def check_sharing(self) -> str:
+        """Returns (and shows) a warning when other processes compute on the GPU, else ''."""
+        from ..telemetry import other_gpu_processes
+
+        others, _ = other_gpu_processes() if self.device == "cuda" else ([], "")
+        self.sharing.value = "" if not others else (
+            f"<span style='color:#b00'>warning: {len(others)} other process(es) use this GPU "
+            f"(pid {', '.join(str(p['pid']) for p in others)}); their kernels run between "
+            f"yours, so timings and GPU counters measure them too.</span>")
+        return self.sharing.value
 
     def stop(self) -> None:
         """Asks the sweep to end after the point it is measuring."""
@@ -197,8 +243,10 @@ class SweepPanel:
         from tqdm import tqdm
 
         meter = tqdm.format_meter(done, total, time.perf_counter() - self._t0, unit="point")
+        variant = sweep.variant_label(row)
         self.status.value = f"<code>{_escape(meter)}</code> last: {row['model']} b{row['batch']} " \
-                            f"{row['layout']} {row['precision']} r{row['repeat']} ({row['status']})"
+                            f"{row['layout']} {row['precision']}{' ' + variant if variant else ''} " \
+                            f"r{row['repeat']} ({row['status']})"
         self._redraw()
 
     def _redraw(self) -> None:
@@ -222,7 +270,8 @@ class SweepPanel:
 def results_html(rows: pd.DataFrame) -> str:
     """Returns the per-point summary of a sweep's rows as an HTML table."""
     s = sweep.summarize_results(rows)
-    cols = ["model", "batch", "layout", "precision", "init_scale", "status", "repeats",
+    s = s.assign(variant=[sweep.variant_label(r) for r in s.to_dict("records")])
+    cols = ["model", "batch", "layout", "precision", "variant", "init_scale", "status", "repeats",
             "samples_per_s", "step_ms", "spread", "repeat_spread", "unstable",
             "peak_mem_allocated_mb", "peak_mem_reserved_mb", "final_scale", "skipped_steps",
             "gpu_busy_mean", "power_w_mean"]
@@ -231,6 +280,16 @@ def results_html(rows: pd.DataFrame) -> str:
 
 _TABLE_STYLE = ("<style>.fp16lab-sweep-results th, .fp16lab-sweep-results td "
                 "{padding: 2px 8px; text-align: right; white-space: nowrap}</style>")
+
+
+def _input_options(device: str) -> list[tuple[str, str]]:
+    """Returns the input selector's (label, value) pairs: an input that cannot run here is
+    labelled with the reason."""
+    out = []
+    for name in BACKENDS:
+        reason = unavailable_reason(name, device)
+        out.append((name if reason is None else f"{name} (unavailable: {reason})", name))
+    return out
 
 
 def _fmt(v: Any) -> Any:

@@ -1,0 +1,136 @@
+"""A sweep point's training step: its recipe or FP8 recipe, run as its execution says, on its input.
+
+:func:`build_step` returns a :class:`PointStep` whose ``step()`` runs one full training step:
+
+- ``execution='eager'`` with a recipe precision: :func:`fp16lab.recipes.make_train_step`;
+- ``cuda-graph`` or ``compile``: :func:`fp16lab.execution.make_step` with the point's scaler
+  settings (a CUDA graph has taken its warm-up and capture steps when it returns);
+- ``fp8-<recipe>``: :func:`fp16lab.fp8.training.make_fp8_step` with the sweep's SGD and bf16
+  autocast for the rest of the model (on a CPU too, so it compares with amp-bf16 there), no
+  GradScaler;
+- ``input`` other than ``synthetic``: each step first takes the pipeline's next batch
+  (:func:`fp16lab.inputs.make_input`), so time spent waiting for data counts; ``close()``
+  stops the pipeline's workers.
+
+``PointStep.columns`` holds what the row records about the step: the input's implementation,
+the execution's notes and, for FP8, whether ``torch._scaled_mm`` ran or the matmuls were
+emulated (an emulated point's speed is not an FP8 speed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..models import NUM_CLASSES
+from ..recipes import make_train_step, sgd
+from .spec import Point
+
+
+@dataclass
+class PointStep:
+    """One point's training step, ready to time."""
+
+    step: Callable[[], Any]
+    scaler: Any = None
+    columns: dict[str, Any] = field(default_factory=dict)
+    close: Callable[[], None] = lambda: None
+    finish: Callable[[], dict[str, Any]] = dict  # columns known only after the timed steps
+
+
+def input_warmup(point: Point, warmup: int) -> int:
+    """Returns the warm-up steps a point needs: a dataloader's workers each deliver a first batch
+    together, so at least num_workers + 2 steps go before the timed ones."""
+    if point.input == "dataloader":
+        return max(warmup, int(point.num_workers) + 2)
+    return warmup
+
+
+def build_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
+    """Returns the point's step training ``model`` (on the point's device, in its layout).
+
+    ``x`` and ``y`` are a synthetic batch of the point's shape; with a file input they only set
+    the shapes, and every step trains on the pipeline's next batch.
+    """
+    pipeline = _pipeline(point) if point.input != "synthetic" else None
+    try:
+        built = _train_step(point, model, x, y)
+    except BaseException:
+        if pipeline is not None:
+            pipeline.close()
+        raise
+    if pipeline is None:
+        return built
+    train = built.step
+    feed = _feeder(point, train)
+
+    def step() -> Any:
+        xb, yb = next(pipeline)
+        return feed(xb, yb % NUM_CLASSES)  # the image folder may have more classes than the head
+
+    built.step, built.close = step, pipeline.close
+    built.columns["input_implementation"] = pipeline.implementation
+    return built
+
+
+def _feeder(point: Point, train: Any) -> Callable[[Any, Any], Any]:
+    """Returns how a new batch reaches the step: as arguments, or copied into a captured step's."""
+    if point.execution == "eager":
+        return train
+
+    def load_and_run(xb: Any, yb: Any) -> Any:
+        train.load(xb, yb)  # a CUDA graph or compiled step reads fixed tensors
+        return train()
+
+    return load_and_run
+
+
+def _pipeline(point: Point) -> Any:
+    from ..inputs import InputSettings, make_input
+    from ..models import input_shape
+
+    settings = InputSettings(
+        backend=point.input, batch=point.batch,
+        image_size=input_shape(point.model, point.batch)[-1], num_workers=point.num_workers,
+        pin_memory=True if point.pin_memory is None else point.pin_memory,
+        non_blocking=True if point.non_blocking is None else point.non_blocking,
+        channels_last=point.layout == "channels_last",
+        normalize_on=point.normalize_on or "cpu")
+    return make_input(settings, point.images_dir, device=point.device, num_classes=NUM_CLASSES)
+
+
+def _train_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
+    if point.precision.startswith("fp8-"):
+        return _fp8_step(point, model, x, y)
+    if point.execution != "eager":
+        from ..execution import make_step
+
+        step = make_step(model, x, y, precision=point.precision, execution=point.execution,
+                         compile_mode=point.compile_mode or "default", scaler=point.scaler)
+        return PointStep(step, step.scaler, {"execution_notes": "; ".join(step.notes)})
+    step, scaler = make_train_step(point.precision, model, x, y, device=point.device,
+                                   scaler=point.scaler, optimizer=sgd)
+    return PointStep(step, scaler)
+
+
+def _fp8_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
+    from .. import fp8
+    from ..fp8.training import make_fp8_step
+
+    recipe = point.precision.removeprefix("fp8-")
+    step = make_fp8_step(model, x, y, recipe, optimizer=sgd(model.parameters()), autocast=True)
+    fast = fp8.scaled_mm_available(point.device)
+    # FALLBACKS keys start with the scale kind _scaled_mm was asked for: tensorwise (also the
+    # delayed recipe's), rowwise, or "tiles" (blockwise, always emulated)
+    kind = fp8.granularity(recipe, "data")
+    kind = kind if kind in ("tensorwise", "rowwise") else "tiles"
+
+    def finish() -> dict[str, Any]:
+        met = [f"{k}: {v}" for k, v in fp8.FALLBACKS.items() if k.startswith(kind)]
+        if not fast:
+            met = [f"emulated: torch._scaled_mm needs a CUDA GPU of compute capability 8.9 or "
+                   f"newer, the device is {point.device}"]
+        return {"fp8_emulated": not fast or bool(met), "fp8_fallbacks": "; ".join(met)}
+
+    return PointStep(step, None, {"fp8_layers": len(step.converted), "fp8_scaled_mm": fast},
+                     finish=finish)

@@ -1,0 +1,111 @@
+"""Notebook timing: sections and problems read from an executed notebook, the table from the files."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from fp16lab.bench import notebook_times as nt
+
+
+def _cell(kind, source, start=None, end=None, outputs=()):
+    c = (nbformat.v4.new_markdown_cell(source) if kind == "markdown"
+         else nbformat.v4.new_code_cell(source, outputs=list(outputs)))
+    if start:
+        c.metadata["execution"] = {"iopub.execute_input": start, "shell.execute_reply": end}
+    return c
+
+
+def test_sections_sum_cell_times_under_each_heading():
+    nb = nbformat.v4.new_notebook(cells=[
+        _cell("code", "a", "2026-01-01T00:00:00.000Z", "2026-01-01T00:00:02.500Z"),
+        _cell("markdown", "## 1. First\ntext"),
+        _cell("code", "b", "2026-01-01T00:00:03Z", "2026-01-01T00:00:13Z"),
+        _cell("code", "c", "2026-01-01T00:00:13Z", "2026-01-01T00:01:13Z"),
+        _cell("markdown", "### not a section\n## 2. Second"),
+        _cell("code", "d"),  # never ran: no timing
+    ])
+    assert nt.sections(nb) == [("opening", 2.5), ("1. First", 70.0), ("2. Second", 0.0)]
+
+
+def test_problems_finds_errors_warnings_and_tracebacks_only():
+    out = nbformat.v4.new_output
+    nb = nbformat.v4.new_notebook(cells=[
+        _cell("code", "x", outputs=[out("stream", name="stdout", text="Warning in stdout is text\n")]),
+        _cell("code", "y", outputs=[out("stream", name="stderr", text="a.py:3: UserWarning: careful\n")]),
+        _cell("code", "z", outputs=[out("error", ename="ValueError", evalue="bad", traceback=[])]),
+        _cell("code", "w", outputs=[out("stream", name="stderr", text="100%|####| 4/4\n")]),
+    ])
+    assert nt.problems(nb) == ["cell 1: a.py:3: UserWarning: careful", "cell 2: ValueError: bad"]
+
+
+META = {"measured_at": "2026-11-30T15:00:00+00:00", "gpu_name": None, "torch": "2.13.0+cpu"}
+
+
+def test_section_minutes_reads_both_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
+    assert "not measured yet" in nt.section_minutes("03").lower() or \
+        "no timings" in nt.section_minutes("03").lower()
+    row = {"notebook": "03_x", "wall_s": 90.0, "finished": True, "error": "", "problems": [],
+           "sections": [{"section": "opening", "seconds": 6.0}, {"section": "1. A", "seconds": 84.0}]}
+    (tmp_path / "notebook_times_cpu.json").write_text(json.dumps({"meta": META, "rows": [row]}))
+    t = nt.section_minutes("03")
+    assert list(t.index) == ["opening", "1. A", "whole notebook"]
+    assert t["minutes on a CPU"].tolist() == [0.1, 1.4, 1.5]
+    assert set(t["minutes on a GPU"]) == {"not measured yet"}
+    (tmp_path / "notebook_times.json").write_text(json.dumps(
+        {"meta": {**META, "gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
+    assert nt.section_minutes("03")["minutes on NVIDIA H200"]["whole notebook"] == 0.5
+
+
+def test_unknown_notebook_number_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
+    with pytest.raises(SystemExit, match="no notebook numbered 42"):
+        nt.main(["--only", "42"])
+
+
+def test_workshop_table_and_update_from_the_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
+    row = {"notebook": "03_x", "wall_s": 90.0, "finished": True, "error": "", "problems": [],
+           "sections": [], "load_average_1min": 11.6, "cpus": 2}
+    (tmp_path / "notebook_times_cpu.json").write_text(json.dumps(
+        {"meta": META, "rows": [row, {**row, "notebook": "04_y",
+                                                           "finished": False}]}))
+    table = nt.workshop_table()
+    assert "| `03_x` | 1.5 (load 12 on 2 cores) | not measured yet |" in table
+    assert "| `04_y` | did not finish (load 12 on 2 cores) | not measured yet |" in table
+    (tmp_path / "notebook_times.json").write_text(json.dumps(
+        {"meta": {**META, "gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
+    assert "| notebook | minutes on a CPU | minutes on NVIDIA H200 |" in nt.workshop_table()
+    assert "| `03_x` | 1.5 (load 12 on 2 cores) | 0.5 |" in nt.workshop_table()
+    guide = tmp_path / "WORKSHOP.md"
+    start, end = nt.WORKSHOP_MARKERS
+    guide.write_text(f"intro\n{start}\nold table\n{end}\nafter\n")
+    nt.update_workshop(guide)
+    text = guide.read_text()
+    assert "old table" not in text and text.startswith("intro\n") and text.endswith(f"{end}\nafter\n")
+    assert nt.workshop_table() in text
+    guide.write_text("no markers")
+    with pytest.raises(ValueError, match="notebook-times:start"):
+        nt.update_workshop(guide)
+
+
+def test_the_guide_shows_the_measured_table_and_every_exercise():
+    import importlib
+    import pkgutil
+
+    import fp16lab.exercises as exercises
+
+    guide = (nt.NOTEBOOKS_DIR / "WORKSHOP.md").read_text()
+    start, end = nt.WORKSHOP_MARKERS
+    assert guide.split(start, 1)[1].split(end, 1)[0].strip() == nt.workshop_table().strip(), \
+        "WORKSHOP.md's table is stale: run python -m fp16lab.bench.notebook_times --workshop"
+    for info in pkgutil.iter_modules(exercises.__path__):
+        if not info.name.startswith("ch"):
+            continue
+        module = importlib.import_module(f"fp16lab.exercises.{info.name}")
+        row = next((line for line in guide.splitlines() if line.startswith(f"| {info.name[2:]} |")), "")
+        for q in (n for n in module.__all__ if n[0] == "q" and n[1:].isdigit()):
+            assert f"{q} " in row, f"WORKSHOP.md does not list {info.name}.{q}"
