@@ -86,7 +86,7 @@ def test_inputs_already_inf_are_not_blamed_on_the_module():
     model = nn.Sequential(nn.Linear(2, 2))
     x = torch.tensor([[math.inf, 1.0]])
     r = locate_first_nonfinite(model, lambda: model(x).sum(), backward=False)
-    assert (r.module, r.tensor) == ("", "loss")
+    assert (r.module, r.phase, r.tensor, r.n_inf) == ("", "input batch", "input 0", 1)
 
 
 def test_outputs_in_dicts_and_lists_are_looked_into():

@@ -10,7 +10,10 @@ from fp16lab.sweep.results import ROW_COLUMNS, append_rows, read_results
 
 
 def _row(key: str, repeat: int, ms: float, status: str = "ok") -> dict:
-    return {"key": key, "repeat": repeat, "status": status, "step_ms_median": ms, "model": "m"}
+    """A row with every field a reader insists on filled in."""
+    return {"key": key, "model": "m", "batch": 8, "precision": "fp32", "device": "cpu",
+            "repeat": repeat, "status": status, "warmup": 1, "steps": 2, "elapsed_s": 0.5,
+            "finished_at": "2026-11-30T12:00:00", "step_ms_median": ms}
 
 
 def test_an_absent_file_reads_as_no_rows_with_every_column(tmp_path):
@@ -47,8 +50,8 @@ def test_append_returns_what_a_reader_gets_and_takes_no_rows_too(tmp_path):
 
 def test_only_parquet_files_take_rows(tmp_path):
     for name in ("r.csv", "r.CSV", "r"):
-        with pytest.raises(ValueError, match=r"^a results file must end in \.parquet \(a \.csv copy "
-                                             r"is written beside it\), got "):
+        with pytest.raises(ValueError, match=rf"^.*{name}: a results file must end in \.parquet "
+                                             r"\(a \.csv copy is written beside it\)$"):
             append_rows(tmp_path / name, [_row("a", 0, 1.0)])
     append_rows(tmp_path / "deep" / "er" / "r.parquet", [_row("a", 0, 1.0)])  # folders made
     assert len(read_results(tmp_path / "deep" / "er" / "r.csv")) == 1

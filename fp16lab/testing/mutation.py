@@ -67,7 +67,8 @@ _SWEEP_RESUME_TESTS = tuple(f"tests/test_sweep.py::{t}" for t in (
     "test_other_failures_are_recorded_with_their_message",
     "test_interrupt_keeps_finished_points_and_rerun_resumes",
     "test_stop_event_ends_the_sweep_between_points", "test_repeats_are_interleaved_round_robin",
-    "test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked"))
+    "test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked")) + (
+    "tests/test_hostile_runs.py::test_resume_does_not_measure_a_failed_point_again",)
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("formats", "fp16lab/formats.py", ("tests/test_formats.py", "tests/test_hostile.py")),
@@ -79,7 +80,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("sweep-resume", "fp16lab/sweep/engine.py", _SWEEP_RESUME_TESTS,
            ("fp16lab.sweep.engine.x_run_sweep*",)),
     Target("locator", "fp16lab/diagnostics/locator.py",
-           ("tests/test_diagnostics.py", "tests/test_diagnostics_locator.py")),
+           ("tests/test_diagnostics.py", "tests/test_diagnostics_locator.py",
+            "tests/test_hostile_runs.py::test_locator_does_not_blame_a_nan_gradient_left_by_an_earlier_step",
+            "tests/test_hostile_runs.py::test_locator_says_when_the_input_batch_itself_holds_nan_or_inf")),
     Target("monitor-bins", "fp16lab/diagnostics/histogram.py", ("tests/test_diagnostics.py",),
            ("fp16lab.diagnostics.histogram.x__bin_of_exponent*",
             "fp16lab.diagnostics.histogram.x__bin_codes*",
