@@ -4,7 +4,7 @@ Mutation testing plants one small change (a mutant: ``<`` for ``<=``, ``+ 1`` fo
 constant changed) in a function and runs the tests that cover that function. A mutant the tests
 notice is *killed*; one they do not notice has *survived*: either a test is missing, or the
 change does not alter behaviour (an *equivalent* mutant, recorded with its reason in
-``data/mutation_equivalent.toml``). The score is killed / (killed + survived), equivalents left
+``tests/mutation_equivalent.toml``). The score is killed / (killed + survived), equivalents left
 out; mutants no test reaches count as survivors.
 
 Each module in ``TARGETS`` runs in its own directory under ``build/mutation/<name>/`` holding a
@@ -39,7 +39,7 @@ import tomllib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "mutation"
 REPORT = ROOT / "data" / "mutation_report.md"
-EQUIVALENT = ROOT / "data" / "mutation_equivalent.toml"
+EQUIVALENT = ROOT / "tests" / "mutation_equivalent.toml"
 
 #: Tests with these markers never run under mutation: they need a GPU, nvcc, a browser, or minutes.
 EXCLUDED_MARKERS = "not gpu and not nvcc and not notebook and not browser and not slow"
@@ -309,7 +309,7 @@ def write_report(path: pathlib.Path = REPORT) -> float:
         "",
         "Score = caught / (caught + missed): caught = killed + timeout + segfault; missed = survived "
         "+ no tests, less the equivalent mutants (listed below with their reasons, from "
-        "`data/mutation_equivalent.toml`).",
+        "`tests/mutation_equivalent.toml`).",
         "",
         "| module | functions | tests | mutants | " + " | ".join(COLUMNS) + " | equivalent | score | seconds |",
         "| --- " * (len(COLUMNS) + 7) + "|",
