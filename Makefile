@@ -24,7 +24,7 @@ CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9
 GPU_EXTRAS := $(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13$(comma)vision,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12$(comma)vision,))
 EXTRAS     := test,browser$(GPU_EXTRAS)
 
-.PHONY: setup lab test test-gpu benchmarks clean info FORCE
+.PHONY: setup lab test test-gpu benchmarks clean info mutation FORCE
 
 setup: $(STAMP)
 
@@ -61,6 +61,15 @@ lab: setup $(LAB_OVERRIDES)
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure"; fi; exit $$rc
+
+# Mutation testing (mutmut, one worker, CPU) over the core modules: plants small bugs and
+# checks that the tests notice. Not part of `make test`; run it before calling a numerics change
+# done. MODULES picks some (make mutation MODULES="bits scaling"); the report, with the
+# survivors, goes to data/mutation_report.md.
+MODULES ?=
+mutation: setup
+	$(PY) -m pip install -q -e ".[mutation]"
+	$(PY) -m fp16lab.testing.mutation $(MODULES)
 
 # Only the GPU-marked tests (on a machine with a CUDA GPU).
 test-gpu: setup

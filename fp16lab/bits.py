@@ -71,10 +71,6 @@ class _NumpyOps:
     def full_like_int(x, v):
         return np.full(np.shape(x), v, dtype=np.int64)
 
-    @staticmethod
-    def isnan(x):
-        return np.isnan(x)
-
 
 class _TorchOps:
     """The same operations for torch tensors (any device)."""
@@ -84,13 +80,13 @@ class _TorchOps:
 
         self.torch = torch
         self.where = torch.where
-        self.isnan = torch.isnan
 
-    def maximum(self, a, b):
-        return a.clamp(min=b) if isinstance(b, (int, float)) else self.torch.maximum(a, b)
+    # the bounds are always Python ints (exponent limits, shift caps)
+    def maximum(self, a, b: int):
+        return a.clamp(min=b)
 
-    def minimum(self, a, b):
-        return a.clamp(max=b) if isinstance(b, (int, float)) else self.torch.minimum(a, b)
+    def minimum(self, a, b: int):
+        return a.clamp(max=b)
 
     def f64_bits(self, x):
         return x.to(self.torch.float64).contiguous().view(self.torch.int64)

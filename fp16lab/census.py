@@ -108,22 +108,6 @@ def thresholds(fmt: str | FormatInfo) -> dict[str, float]:
             "over_inclusive": bool(f.max_finite_code & 1)}
 
 
-def _below(t: float, dtype, strict: bool) -> float:
-    """Returns the largest value of ``dtype`` that is <= t (or < t when strict)."""
-    with np.errstate(over="ignore"):
-        v = dtype(t)
-    if v > t or (strict and v == t):
-        v = np.nextafter(v, dtype(-np.inf))
-    return float(v)
-
-
-def _compare_limits(f: FormatInfo, dtype) -> tuple[float, float, float]:
-    """Returns thresholds T1, T2, T3 in ``dtype`` so that the classes are counted by ``<=``."""
-    t = thresholds(f)
-    return (_below(t["under"], dtype, strict=False), _below(t["normal"], dtype, strict=True),
-            _below(t["over"], dtype, strict=t["over_inclusive"]))
-
-
 def _hist_index(exps):
     """Clamps exponents to the histogram range and returns bin indices."""
     return exps.clip(HIST_MIN, HIST_MAX) - HIST_MIN

@@ -190,8 +190,8 @@ _ALIASES = {
 def format_info(fmt: str | FormatInfo) -> FormatInfo:
     """Returns the :class:`FormatInfo` for a name or alias ("fp16", "half", "e4m3", ...).
 
-    Also accepts a FormatInfo (returned as is), a numpy / ml_dtypes dtype or a torch dtype of
-    one of the six formats.
+    Also accepts a FormatInfo (returned as is), a numpy / ml_dtypes dtype or scalar type
+    (``np.float16``) or a torch dtype of one of the six formats.
 
     Raises:
         ValueError: for an unknown name, listing the known ones.
@@ -200,10 +200,11 @@ def format_info(fmt: str | FormatInfo) -> FormatInfo:
         return fmt
     key = fmt
     if not isinstance(fmt, str):
-        key = getattr(fmt, "name", None) or str(fmt)  # numpy dtypes have .name
+        # numpy dtypes have .name, scalar types (np.float16) __name__, torch dtypes only str()
+        key = getattr(fmt, "name", None) or getattr(fmt, "__name__", None) or str(fmt)
+        if not isinstance(key, str):
+            raise ValueError(f"format must be a name like 'fp16', got {type(fmt).__name__}")
         key = key.replace("torch.", "")
-    if not isinstance(key, str):
-        raise ValueError(f"format must be a name like 'fp16', got {type(fmt).__name__}")
     norm = key.strip().lower()
     norm = _ALIASES.get(norm, norm)
     if norm not in FORMATS:

@@ -8,6 +8,8 @@ float64 inputs.
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from fractions import Fraction
 
 import ml_dtypes
@@ -278,17 +280,20 @@ def test_toward_zero_matches_float64_truncation():
     assert np.array_equal(got, lower_mag)
 
 
+def _stochastic_fp16(xs: np.ndarray, as_torch: bool, seed: int) -> np.ndarray:
+    """Returns the fp16 codes of xs rounded stochastically, through numpy or through torch."""
+    if as_torch:
+        return bits.encode(torch.from_numpy(xs), "fp16", rounding="stochastic",
+                           generator=torch.Generator().manual_seed(seed)).numpy()
+    return bits.encode(xs, "fp16", rounding="stochastic", seed=seed)
+
+
 @pytest.mark.parametrize("as_torch", [False, True])
 def test_stochastic_rounding_unbiased(as_torch):
     x = np.array([1.0 + 2.0**-12, 1000.3, -3.7e-6, 2.0**-26])  # last one: below half min subnormal
     n = 20_000
     xs = np.repeat(x, n)
-    if as_torch:
-        codes = bits.encode(torch.from_numpy(xs), "fp16", rounding="stochastic",
-                            generator=torch.Generator().manual_seed(0)).numpy()
-    else:
-        codes = bits.encode(xs, "fp16", rounding="stochastic", seed=0)
-    vals = bits.decode(codes, "fp16").reshape(len(x), n)
+    vals = bits.decode(_stochastic_fp16(xs, as_torch, seed=0), "fp16").reshape(len(x), n)
     for xi, row in zip(x, vals):
         lo = np.float16(xi)
         lo = lo if abs(float(lo)) <= abs(xi) else np.nextafter(lo, np.float16(0))
@@ -417,6 +422,86 @@ def test_explain_table_against_numpy():
     assert list(t.index) == [repr(x) for x in xs]
 
 
+def _numpy_neighbours(h):
+    return (float(np.nextafter(h, np.float16(-np.inf))), float(np.nextafter(h, np.float16(np.inf))))
+
+
+@pytest.mark.parametrize("x", [0.1, -2.0**-24, 65504.0])
+def test_explanation_text_reads_numpys_fields(x):
+    """The printed explanation, line by line, from numpy's float16 and Python's Decimal."""
+    h = np.float16(x)
+    code = int(h.view(np.uint16))
+    sign, e_field, m_field = code >> 15, (code >> 10) & 0x1F, code & 0x3FF
+    down, up = _numpy_neighbours(h)
+    err = float(h) - x
+    expected = [
+        ("format", "fp16"), ("given", repr(x)),
+        ("bits (s|e|m)", f"{sign} {e_field:05b} {m_field:010b}"), ("hex", f"0x{code:04x}"),
+        ("sign", f"{sign} ({'-' if sign else '+'})"),
+        ("exponent", f"field {e_field}, unbiased {max(e_field, 1) - 15}"),
+        ("mantissa", f"field {m_field}"),
+        ("class", "subnormal" if e_field == 0 else "normal"), ("value", repr(float(h))),
+        ("exact value", str(Decimal(float(h)))), ("neighbours", f"{down!r} < value < {up!r}"),
+        ("ULP", repr(float(np.spacing(np.float16(abs(h)))) if abs(h) < 65504 else 32.0)),
+        ("rounding error", f"{err!r} (relative {abs(err) / abs(x):.3g})"),
+    ]
+    e = bits.explain(x, "fp16")
+    assert e.rows() == expected
+    width = max(len(k) for k, _ in expected)
+    assert str(e) == "\n".join(f"{k:<{width}}  {v}" for k, v in expected)
+    html = e._repr_html_()
+    assert html.startswith("<table class='fp16lab-explain'>") and html.endswith("</table>")
+    assert html.count("<tr>") == len(expected)
+    assert (f"<tr><th style='text-align:left'>bits (s|e|m)</th><td style='text-align:left'>"
+            f"<code>{expected[2][1]}</code></td></tr>") in html
+    assert "&lt; value &lt;" in html  # the neighbours' '<' escaped
+
+
+def test_explanation_of_specials_and_codes():
+    inf = bits.explain(np.inf, "fp16")
+    assert dict(inf.rows())["exponent"] == "field 31, unbiased n/a"
+    assert (inf.error, inf.relative_error, inf.exact) == (0.0, 0.0, "inf")
+    assert math.isnan(inf.ulp) and inf.next_down == 65504.0
+    zero = bits.explain(0.0, "bf16")
+    assert (zero.exponent, zero.relative_error, zero.error) == (None, 0.0, 0.0)
+    assert dict(zero.rows())["sign"] == "0 (+)"
+    neg_zero = bits.explain(-0.0, "fp16")
+    assert dict(neg_zero.rows())["sign"] == "1 (-)" and neg_zero.code == 0x8000
+    over = bits.explain(1e6, "fp16")  # rounds to inf: an infinite error
+    assert over.error == math.inf == over.relative_error
+    nan = bits.explain(float("nan"), "fp16")  # NaN is not equal to itself: error unknown
+    assert math.isnan(nan.error) and math.isnan(nan.relative_error)
+    coded = bits.explain("0x3555", "fp16")  # a code: the stored value is what was given
+    assert (coded.given, coded.error, coded.relative_error) == (float(np.float16(1 / 3)), 0.0, 0.0)
+    for x in (0.1, 0.3, -0.7):  # toward zero: the neighbour not farther from zero than x
+        h = np.float16(x)
+        lower = h if abs(float(h)) <= abs(x) else np.nextafter(h, np.float16(0))
+        assert bits.explain(x, "fp16", rounding="toward_zero").value == float(lower)
+    assert bits.explain(1e6, "fp16", saturate=True).value == 65504.0
+
+
+def test_explain_table_columns_against_numpy():
+    xs = [0.1, -3.0, 2.0**-24, 1e5, float("nan")]
+    t = bits.explain_table(xs, "fp16")
+    assert list(t.columns) == ["hex", "bits", "class", "value", "next down", "next up", "ULP",
+                               "error", "relative error"]
+    assert t.index.name == "given" and list(t.index) == [repr(x) for x in xs]
+    for x, (_, row) in zip(xs, t.iterrows()):
+        e = bits.explain(x, "fp16")
+        assert (row["hex"], row["bits"], row["class"]) == (e.hex, e.bits, e.kind)
+        got = [row[c] for c in ("value", "next down", "next up", "ULP", "error", "relative error")]
+        want = [e.value, e.next_down, e.next_up, e.ulp, e.error, e.relative_error]
+        np.testing.assert_array_equal(got, want)
+    h = np.float16(0.1)
+    assert (t.iloc[0]["next down"], t.iloc[0]["next up"]) == _numpy_neighbours(h)
+    assert t.iloc[0]["error"] == float(h) - 0.1
+    assert list(t["class"]) == ["normal", "normal", "subnormal", "inf", "nan"]
+    # strings stay as given; keyword arguments reach explain
+    t = bits.explain_table(["0x3c00", 1e6], "fp16", saturate=True)
+    assert list(t.index) == ["0x3c00", "1000000.0"] and list(t["value"]) == [1.0, 65504.0]
+    assert len(bits.explain_table(np.float32(0.5), "bf16")) == 1  # a 0-d value is one row
+
+
 def test_accumulate_matches_float16_loop():
     rng = np.random.default_rng(8)
     xs = np.concatenate([np.ones(3000), rng.uniform(0, 4, 500)]).astype(np.float16)
@@ -437,3 +522,306 @@ def test_e4m3_saturate_matches_torch_cast():
     x = torch.tensor([464.0, 465.0, 500.0, 1e6, float("inf"), -1e6, float("-inf"), 100.0])
     want = x.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)
     assert torch.equal(bits.encode(x, "e4m3", saturate=True), want)
+
+
+# ------------------------------------------------------------------ neighbours and tiny values
+def _ordered_values(name: str) -> np.ndarray:
+    """Every finite value of a format, from its numpy / ml_dtypes dtype, sorted (one zero)."""
+    dt, udt, _ = NARROW[name]
+    codes = np.arange(1 << (8 * np.dtype(udt).itemsize), dtype=np.int64)
+    values = codes.astype(udt).view(dt).astype(np.float64)
+    return np.unique(values[np.isfinite(values)])
+
+
+def _neighbour_cases(name: str) -> list[int]:
+    """Codes worth checking: the specials, both zeros, every code next to an exponent change, and a sample."""
+    f = format_info(name)
+    top = f.sign_mask - 1
+    cases = {0, 1, 2, top, top - 1, f.max_finite_code, f.max_finite_code - 1}
+    cases |= {e << f.mantissa_bits | m for e in range(f.exponent_field_max + 1)
+              for m in (0, 1, f.mantissa_field_max) if e << f.mantissa_bits | m <= top}
+    cases |= set(np.random.default_rng(0).integers(0, top + 1, 300).tolist())
+    return sorted(cases | {c | f.sign_mask for c in cases})
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_next_up_and_down_are_the_adjacent_values_of_ml_dtypes(name):
+    """IEEE nextUp / nextDown: the least value above (greatest below); -inf steps to -max."""
+    f = format_info(name)
+    ordered = _ordered_values(name)
+    for code in _neighbour_cases(name):
+        x = float(bits.decode(code, f))
+        if np.isnan(x):
+            assert bits.next_up(code, f) == code and bits.next_down(code, f) == code
+            continue
+        for step, towards, edge in ((bits.next_up, np.inf, ordered[-1]),
+                                    (bits.next_down, -np.inf, ordered[0])):
+            got = float(bits.decode(step(code, f), f))
+            if x == towards or (x == edge and not f.has_infs):  # inf, or fn's largest, stays put
+                expected = x
+            elif x == edge:
+                expected = towards
+            elif x == -towards:  # -inf -> -max finite for next_up, +inf -> +max for next_down
+                expected = ordered[0] if towards > 0 else ordered[-1]
+            else:
+                i = np.searchsorted(ordered, x, side="right" if towards > 0 else "left")
+                expected = ordered[i] if towards > 0 else ordered[i - 1]
+            assert got == expected, (name, hex(code), step.__name__, got, expected)
+
+
+def test_next_up_from_minus_infinity_is_minus_the_largest_finite():
+    for name, (dt, udt, _) in NARROW.items():
+        f = format_info(name)
+        if not f.has_infs:
+            continue
+        minus_inf = int(np.array(-np.inf, dt).view(udt))
+        minus_max = int(np.nextafter(np.array(-np.inf, dt), np.array(0, dt)).view(udt)) \
+            if dt is np.float16 else int(np.array(-float(ml_dtypes.finfo(dt).max), dt).view(udt))
+        assert bits.next_up(minus_inf, f) == minus_max, name
+        assert bits.next_down(minus_inf ^ f.sign_mask, f) == minus_max ^ f.sign_mask, name
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_stochastic_rounding_far_below_the_smallest_subnormal(as_torch):
+    """Values 2^-10 .. 2^-40 of fp16's smallest subnormal round up with probability x / 2^-24.
+
+    Their codes shift more than 54 bits, so the probability must come from the real shift:
+    taken from the shift clamped at 54, 1e-10 would round up 256 times too often."""
+    tiny = 2.0**-24
+    n = 200_000
+    for x in (1e-10, -3e-12, 2.0**-34):
+        xs = np.full(n, x)
+        vals = bits.decode(_stochastic_fp16(xs, as_torch, seed=1), "fp16")
+        assert set(np.unique(np.abs(vals))) <= {0.0, tiny}
+        p = float(Fraction(abs(x)) / Fraction(tiny))  # exact
+        ups = int((vals != 0).sum())
+        # binomial(n, p): within 5 standard deviations, plus one for tiny n p
+        assert abs(ups - n * p) <= 5 * np.sqrt(n * p * (1 - p)) + 1, (x, ups, n * p)
+
+
+# ------------------------------------------------------------------ defaults, types, edges
+def test_fp16_is_the_default_format():
+    assert bits.decode(0x3C00) == 1.0 and bits.encode(1.0) == 0x3C00
+    assert bits.quantize(0.1) == float(np.float16(0.1))
+    assert bits.ulp(1.0) == float(np.spacing(np.float16(1.0)))
+    assert bits.to_hex(0x3C00) == "0x3c00" and bits.to_bits(0x3C00) == "0 01111 0000000000"
+    assert bits.parse_code("0x3c01") == 0x3C01 and bits.next_up(0x3C00) == 0x3C01
+    assert bits.next_down(0x3C00) == 0x3BFF and bits.explain(1.0).fmt == "fp16"
+    assert list(bits.accumulate([2048.0, 1.0])) == [2048.0, 2048.0]
+
+
+def test_scalars_give_python_numbers_arrays_give_arrays():
+    assert type(bits.decode(np.uint16(0x3C00), "fp16")) is float
+    assert type(bits.encode(np.float32(1.0), "fp16")) is int
+    assert type(bits.encode(1, "fp16")) is int
+    assert type(bits.ulp(np.float32(1.0), "fp16")) is float
+    assert bits.encode(np.array([1.0]), "fp16").shape == (1,)
+    t = bits.ulp(torch.tensor([1.0, 3e-5, 1e5]), "fp16")
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float64
+    np.testing.assert_array_equal(t.numpy(), bits.ulp(np.array([1.0, 3e-5, 1e5]), "fp16"))
+
+
+def test_ulp_of_inf_and_nan_is_nan():
+    got = bits.ulp(np.array([np.inf, -np.inf, np.nan, 65504.0]), "fp16")
+    assert np.isnan(got[:3]).all() and got[3] == 32.0
+    assert np.isnan(bits.ulp(torch.tensor([np.inf]), "bf16")).all()
+
+
+def test_encode_one_float64_ulp_from_a_tie():
+    # 1 + 2^-11 is halfway between fp16 1.0 and 1 + 2^-10; one float64 ulp decides
+    for base in (1 + 2.0**-11, 1 + 3 * 2.0**-11, 2.0**-14 + 2.0**-25):
+        for x in (np.nextafter(base, 0), base, np.nextafter(base, 2)):
+            assert bits.encode(x, "fp16") == int(np.float16(x).view(np.uint16)), x
+            assert bits.encode(-x, "fp16") == int(np.float16(-x).view(np.uint16)), -x
+
+
+def test_every_nan_payload_encodes_to_nan():
+    payloads = np.array([0x7FF0_0000_0000_0001, 0x7FF8_0000_0000_0000, 0xFFF0_0000_0000_0001],
+                        dtype=np.uint64).view(np.float64)
+    for name in ("fp16", "fp8_e4m3", "bf16"):
+        f = format_info(name)
+        codes = bits.encode(payloads, name) & (f.sign_mask - 1)
+        assert (codes == f.nan_code).all(), name
+
+
+def test_toward_zero_keeps_infinities_and_saturates_finite_values():
+    # IEEE 754 round toward zero: an overflowing finite value becomes the largest finite
+    # number, an infinity stays infinite
+    got = bits.encode(np.array([np.inf, -np.inf, 1e6, -1e6]), "fp16", rounding="toward_zero")
+    assert list(got) == [0x7C00, 0xFC00, 0x7BFF, 0xFBFF]
+
+
+def test_accumulate_takes_tensors_formats_and_seeds():
+    xs = np.full(300, 0.1)
+    np.testing.assert_array_equal(bits.accumulate(torch.tensor(xs, requires_grad=True), "bf16"),
+                                  bits.accumulate(xs, "bf16"))  # a tensor that needs grad too
+    acc, want = ml_dtypes.bfloat16(0), []
+    for x in xs.astype(ml_dtypes.bfloat16):
+        acc = ml_dtypes.bfloat16(np.float32(acc) + np.float32(x))
+        want.append(float(acc))
+    np.testing.assert_array_equal(bits.accumulate(xs, "bf16"), want)
+    a = bits.accumulate(np.full(500, 0.3), "fp16", rounding="stochastic", seed=3)
+    b = bits.accumulate(np.full(500, 0.3), "fp16", rounding="stochastic", seed=3)
+    c = bits.accumulate(np.full(500, 0.3), "fp16", rounding="stochastic", seed=4)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    with pytest.raises(ValueError, match="^accumulate expects numbers, got the string 'abc'"):
+        bits.accumulate("abc")
+    with pytest.raises(ValueError, match="^ulp expects numbers, got the string 'abc'"):
+        bits.ulp("abc")
+
+
+def test_stochastic_rounding_follows_the_seed_or_generator():
+    xs = np.full(2000, 1 + 2.0**-12)
+    by_seed = bits.encode(xs, "fp16", rounding="stochastic", seed=5)
+    assert np.array_equal(by_seed, bits.encode(xs, "fp16", rounding="stochastic",
+                                               generator=np.random.default_rng(5)))
+    assert not np.array_equal(by_seed, bits.encode(xs, "fp16", rounding="stochastic", seed=6))
+    t = torch.from_numpy(xs)
+    first = bits.encode(t, "fp16", rounding="stochastic", generator=torch.Generator().manual_seed(2))
+    again = bits.encode(t, "fp16", rounding="stochastic", generator=torch.Generator().manual_seed(2))
+    assert torch.equal(first, again)
+    # the uniforms are float64, so probabilities finer than float32's 2^-24 steps still count
+    # (on the tensor's device: 'meta' stands in for a GPU here)
+    u = bits._uniform_like(torch.zeros(4, dtype=torch.float64, device="meta"), None, None)
+    assert u.dtype == torch.float64 and u.device.type == "meta" and tuple(u.shape) == (4,)
+
+
+def test_quantize_passes_rounding_on():
+    x = np.array([0.1, 0.3, -0.7])
+    lower = np.array([h if abs(float(h)) <= abs(v) else np.nextafter(h, np.float16(0))
+                      for v, h in zip(x, x.astype(np.float16))]).astype(np.float64)
+    np.testing.assert_array_equal(bits.quantize(x, "fp16", rounding="toward_zero"), lower)
+
+
+def test_code_helpers_name_themselves_and_take_one_element_arrays():
+    assert bits.to_bits(0x8001, "fp16") == "1 00000 0000000001"
+    assert bits.to_bits(0x3C00, "fp16", sep="") == "0011110000000000"
+    assert bits.to_hex(torch.tensor(0x3C00), "fp16") == "0x3c00"
+    assert bits.to_hex(np.array([0x7F]), "e4m3") == "0x7f"
+    for func in ("to_hex", "to_bits", "next_up", "next_down"):
+        with pytest.raises(ValueError, match=rf"^{func}\(\): code 65536 is out of range for fp16: "
+                                             r"codes are 16-bit integers 0\.\.65535 \(0x0000\.\.0xffff\)$"):
+            getattr(bits, func)(65536, "fp16")
+    with pytest.raises(ValueError, match=r"^to_hex\(\) takes an integer code of fp16, .* got float "
+                                         r"1\.5; encode\(\) turns a number into its code$"):
+        bits.to_hex(1.5, "fp16")
+    with pytest.raises(ValueError, match=r"got str '0x3c00'; read a hex or bit string with "
+                                         r"parse_code\(\)$"):
+        bits.to_hex("0x3c00", "fp16")
+    with pytest.raises(ValueError, match=r"got NoneType None$"):
+        bits.to_hex(None, "fp16")
+    with pytest.raises(ValueError, match=r"^to_bits\(\) takes one code, got an array of shape \(2,\)$"):
+        bits.to_bits(torch.tensor([1, 2]), "fp16")
+    with pytest.raises(ValueError, match=r"^to_bits\(sep=\.\.\.\) takes a string \(' ', '_', ''\), "
+                                         r"got 0$"):
+        bits.to_bits(1, "fp16", sep=0)
+
+
+def _message(func, *args) -> str:
+    """Returns the message of the ValueError that func(*args) must raise."""
+    with pytest.raises(ValueError) as info:
+        func(*args)
+    return str(info.value)
+
+
+def test_parse_code_messages_show_the_formats_own_examples():
+    assert _message(bits.parse_code, 15360, "bf16") == (
+        "parse_code() reads a string (hex like '0x3f80' or 16 bits), got int 15360; an integer "
+        "code goes to decode() or to_hex() as it is")
+    assert _message(bits.parse_code, "0x1ff", "e4m3") == (
+        "hex code '0x1ff' is out of range for fp8_e4m3: allowed 0x0..0xff (8 bits)")
+    assert bits.parse_code("0xff", "e4m3") == 0xFF  # the top code itself is allowed
+    assert bits.parse_code("0x3c_00", "fp16") == 0x3C00
+    assert bits.parse_code("0b_0011_1000_", "e4m3") == 0x38
+    assert _message(bits.parse_code, "0 111 000", "e4m3") == (
+        "bit string '0 111 000' has 7 bits; fp8_e4m3 codes have 8 (1 sign, 4 exponent, "
+        "3 mantissa), e.g. '0 0111 000'")
+    assert _message(bits.parse_code, "one", "bf16") == (
+        "cannot read 'one' as a bf16 code: allowed are hex like '0x3f80' or 16 bits like "
+        "'0 01111111 0000000' (spaces and underscores allowed, 0b prefix optional)")
+
+
+def test_explain_messages_and_single_digits():
+    assert bits.explain("0", "fp16").value == 0.0 and bits.explain("1", "fp16").value == 1.0
+    assert bits.explain(np.array([0.5]), "fp16").value == 0.5
+    with pytest.raises(ValueError, match=r"^explain\(\) takes one value, got an array of shape \(2,\)$"):
+        bits.explain(np.array([1.0, 2.0]), "fp16")
+    with pytest.raises(ValueError, match=r"^explain\(\) takes one value, got a tensor of shape \(2, 1\)$"):
+        bits.explain(torch.ones(2, 1), "fp16")
+    assert _message(bits.explain, "zz", "e5m2") == (
+        "cannot read 'zz': allowed are a number ('1.5', '1e15', '-inf', 'nan'), hex like "
+        "'0x3c', or 8 bits with a 0b prefix ('0b00111100') or with spaces or underscores "
+        "between the fields ('0 01111 00')")
+
+
+def test_decode_refuses_codes_out_of_range_naming_the_bad_one():
+    for codes, bad in (([-3, 5], -3), ([4, 70000], 70000), ([-1, 70000], -1)):
+        for as_torch in (False, True):
+            arg = torch.tensor(codes) if as_torch else np.array(codes)
+            with pytest.raises(ValueError, match=rf"^code {bad} is out of range for fp16: codes "
+                                                 r"are 16-bit integers 0\.\.65535"):
+                bits.decode(arg, "fp16")
+    assert bits.decode(torch.tensor([0, 65535], dtype=torch.int32), "fp16").dtype == torch.float64
+    with pytest.raises(ValueError, match=r"^decode expects integer codes for fp16 \(0\.\.65535 "
+                                         r"\(0x0000\.\.0xffff\)\), got float64 values like "
+                                         r"\[1\.0, 2\.0, 3\.0\]$"):
+        bits.decode(np.arange(1.0, 6.0), "fp16")
+    with pytest.raises(ValueError, match="got a tensor of dtype torch.bool"):
+        bits.decode(torch.tensor([True]), "fp16")
+    with pytest.raises(ValueError, match="got a tensor of dtype torch.complex64"):
+        bits.decode(torch.tensor([1j]), "fp16")
+    with pytest.raises(ValueError, match=r"^decode expects integer codes for fp16 in a rectangular "
+                                         r"array, got \[\[1, 2\], \[3\]\]$"):
+        bits.decode([[1, 2], [3]], "fp16")
+    with pytest.raises(ValueError, match=r"got float 1\.5$"):  # 0-d: no index to name
+        bits.decode(np.array(1.5, dtype=object), "fp16")
+    with pytest.raises(ValueError, match=r"got str 'a'; allowed"):  # 0-d: no index to name
+        bits.encode(np.array("a", dtype=object), "fp16")
+
+
+def test_value_messages_say_what_kind_of_array_was_given():
+    allowed = bits._ALLOWED_VALUES
+    dates = np.array(["2020-01-01", "2020-01-02"], dtype="datetime64[D]")
+    assert _message(bits.encode, dates) == (
+        "encode expects real numbers, got a datetime64[D] array of dates (datetime64), not "
+        f"numbers, like {dates.tolist()!r}; allowed: {allowed}")
+    spans = np.array([1, 2, 3, 4], dtype="timedelta64[s]")
+    assert _message(bits.quantize, spans, "fp16") == (
+        "encode expects real numbers, got a timedelta64[s] array of durations (timedelta64), not "
+        f"numbers, like {spans[:3].tolist()!r}; allowed: {allowed}")
+    raw = np.zeros(2, dtype="V4")
+    assert "got a |V4 array of raw records, like" in _message(bits.encode, raw)
+    assert _message(bits.encode, torch.ones(2, dtype=torch.complex64)) == (
+        f"encode expects real numbers, got a complex tensor (torch.complex64); allowed: {allowed}")
+
+
+def test_rounding_aliases_and_toward_zero_on_tensors():
+    x = np.array([0.1, -0.3, 1000.7])
+    lower = bits.encode(x, "fp16", rounding="toward_zero")
+    assert np.array_equal(bits.encode(x, "fp16", rounding="truncate"), lower)
+    assert torch.equal(bits.encode(torch.from_numpy(x), "fp16", rounding="toward_zero"),
+                       torch.from_numpy(lower))
+    sr = bits.encode(np.full(100, 0.1), "fp16", rounding="sr", seed=0)
+    assert set(np.unique(sr)) <= {int(lower[0]), int(lower[0]) + 1}
+    # meta tensors stand in for a GPU: every helper stays on the tensor's device
+    assert bits.ulp(torch.zeros(3, device="meta"), "fp16").device.type == "meta"
+
+
+def test_explain_details_in_other_formats():
+    assert bits.explain(float("nan"), "fp16").exponent is None
+    e = bits.explain(0.1, "bf16")
+    assert e.ulp == float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps) * 2.0**-4  # 0.1 is in [2^-4, 2^-3)
+    html = bits.explain(1.0, "fp16")._repr_html_()
+    rows = bits.explain(1.0, "fp16").rows()
+    assert html == ("<table class='fp16lab-explain'>" + "".join(
+        f"<tr><th style='text-align:left'>{k}</th><td style='text-align:left'><code>"
+        f"{v.replace('<', '&lt;')}</code></td></tr>" for k, v in rows) + "</table>")
+
+
+def test_explain_table_defaults_and_odd_inputs():
+    assert list(bits.explain_table([1.0])["hex"]) == ["0x3c00"]  # fp16 by default
+    assert list(bits.explain_table([0.1], "bf16")["hex"]) == [
+        f"0x{int(np.array(0.1, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)):04x}"]
+    assert len(bits.explain_table(np.array(0.5), "fp16")) == 1  # a 0-d array is one value
+    assert _message(bits.explain_table, None) == (
+        "explain_table() takes a list of values (numbers, hex or bit strings), got None")

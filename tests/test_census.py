@@ -141,6 +141,34 @@ def test_result_text_and_row():
     assert c.log2_range() == (-27, 19)  # floor(log2 1e-8) = -27
 
 
+def test_result_text_and_html_in_full():
+    x = np.array([0.0, 1.0, 3.0, 1e-8, 1e6, 2.0**-20, np.nan], dtype=np.float32)
+    c = census(x, "fp16")
+    want = oracle_counts(x, "fp16")
+    assert c.counts == want
+    pct = {k: f"{100 * v / len(x):.3g}%" for k, v in want.items()}
+    parts = ", ".join(f"{k} {pct[k]}" for k in CLASSES)
+    assert str(c) == f"census of 7 float32 values in fp16: {parts}; log2|x| in [-27, 19]"
+    assert c._repr_html_() == (
+        "<p>census of 7 float32 values in <b>fp16</b></p><table><tr>"
+        + "".join(f"<th>{k}</th>" for k in CLASSES) + "</tr><tr>"
+        + "".join(f"<td>{pct[k]}</td>" for k in CLASSES) + "</tr></table>")
+    big = census(np.zeros(12_345, np.float64), "bf16")
+    assert str(big) == ("census of 12,345 float64 values in bf16: zero 100%, underflow 0%, "
+                        "subnormal 0%, normal 0%, overflow 0%, nan 0%")  # no bins: no range
+    assert "census of 12,345 float64 values" in big._repr_html_()
+
+
+def test_torch_refuses_complex_and_bool_and_reads_ints():
+    for bad in (torch.ones(3, dtype=torch.complex64), torch.ones(3, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=rf"^census expects a real numeric tensor, got dtype "
+                                             rf"{bad.dtype}$"):
+            census(bad, "fp16")
+    ints = torch.tensor([0, 1, 70000, -3, 2**40], dtype=torch.int64)
+    assert census(ints, "fp16").counts == oracle_counts(ints.numpy().astype(np.float64), "fp16")
+    assert census(ints, "fp16").hist.tolist() == oracle_hist(ints.numpy().astype(np.float64)).tolist()
+
+
 @pytest.mark.parametrize("bad,match", [("abc", "string"), (np.array(["a"]), "real numeric"),
                                        (np.ones(3) * 1j, "real numeric")])
 def test_bad_input(bad, match):

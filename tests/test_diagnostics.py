@@ -421,7 +421,9 @@ def test_bin_codes_match_numpy_frexp(method):
                          np.finfo(np.float32).max, np.finfo(np.float32).tiny], dtype=np.float32)
     edges = np.concatenate([powers, np.nextafter(powers, np.float32(0)),
                             np.nextafter(powers, np.float32(np.inf)), -powers, specials])
-    x = np.concatenate([x, edges.astype(np.float32)])
+    # NaNs with the smallest and largest payloads, both signs
+    nans = np.array([0x7F800001, 0x7FFFFFFF, 0xFF800001], dtype=np.uint32).view(np.float32)
+    x = np.concatenate([x, edges.astype(np.float32), nans])
     got = histogram._bin_codes(torch.from_numpy(x.copy()), method=method)
     assert got.dtype == torch.int32
     np.testing.assert_array_equal(got.numpy(), _numpy_bins(x))
@@ -429,6 +431,21 @@ def test_bin_codes_match_numpy_frexp(method):
         histogram._bin_codes(torch.zeros(3, dtype=torch.float64), method=method)
     with pytest.raises(ValueError, match="method must be"):
         histogram._bin_codes(torch.zeros(3), method="frexp")
+
+
+def test_bin_codes_default_to_ops_and_exponent_bins_end_where_inf_begins():
+    x = np.array([0.0, 1e-40, 2.0**-126, 1.5, 3e38, np.inf, np.nan], dtype=np.float32)
+    np.testing.assert_array_equal(histogram._bin_codes(torch.from_numpy(x.copy())).numpy(),
+                                  _numpy_bins(x))
+    # the search boundaries are made on the data's device ('meta' stands in for a GPU here)
+    on_meta = histogram._bin_codes(torch.zeros(4, device="meta"), method="search")
+    assert (on_meta.device.type, on_meta.dtype, tuple(on_meta.shape)) == ("meta", torch.int32, (4,))
+    assert d.exponent_of_bin(2) == -126 and d.exponent_of_bin(d.N_BINS - 3) == 127
+    for b in (1, d.N_BINS - 2):
+        with pytest.raises(ValueError) as info:
+            d.exponent_of_bin(b)
+        assert str(info.value) == (f"bin {b} is not an exponent bin; those are 2..255 "
+                                   f"(0 zero, 1 float32 subnormals, 256 inf, 257 NaN)")
 
 
 def test_monitor_histc_path_orders_rows_like_the_parameters():

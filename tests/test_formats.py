@@ -70,18 +70,53 @@ def test_dtypes_are_accepted():
     assert format_info(np.dtype(ml_dtypes.bfloat16)).name == "bf16"
     assert format_info(torch.bfloat16).name == "bf16"
     assert format_info(torch.float8_e4m3fn).name == "fp8_e4m3"
+    assert format_info(np.float16).name == "fp16"  # scalar types, as numpy users write them
+    assert format_info(ml_dtypes.float8_e5m2).name == "fp8_e5m2"
     f = format_info("fp16")
     assert format_info(f) is f
 
 
 def test_unknown_name_lists_known():
-    with pytest.raises(ValueError, match=r"unknown format 'fp12'.*fp16.*bf16.*fp8_e4m3"):
+    with pytest.raises(ValueError) as info:
         format_info("fp12")
+    assert str(info.value) == (
+        "unknown format 'fp12'; known formats: fp32, tf32, fp16, bf16, fp8_e4m3, fp8_e5m2 "
+        "(aliases: bfloat16, binary16, binary32, e4m3, e4m3fn, e5m2, float, float16, float32, "
+        "float8_e4m3fn, float8_e5m2, fp8_e4m3fn, fp8e4m3, fp8e5m2, half, single, tensorfloat-32, "
+        "tensorfloat32)")
+
+
+def test_a_name_that_is_not_text_is_refused():
+    class Odd:
+        name = 16
+
+    with pytest.raises(ValueError, match="^format must be a name like 'fp16', got Odd$"):
+        format_info(Odd())
 
 
 def test_bad_definition():
-    with pytest.raises(ValueError, match="specials"):
-        FormatInfo("x", 5, 10, 15, "weird")
+    for specials in ("weird", "IEEE", "FN"):
+        with pytest.raises(ValueError, match=f"^specials must be 'ieee' or 'fn', got '{specials}'$"):
+            FormatInfo("x", 5, 10, 15, specials)
+    # the narrowest and widest layouts allowed: 2 exponent bits, 1 mantissa bit, 32 bits in all
+    assert FormatInfo("tiny", 2, 1, 1, "ieee").bits == 4
+    assert FormatInfo("tiny_fn", 2, 1, 1, "fn").max_finite == 2.0**(3 - 1)  # 0 11 0: 11 1 is NaN
+    assert FormatInfo("wide", 8, 23, 127, "ieee").bits == 32
+    for e, m in [(1, 4), (4, 0), (8, 24), (9, 23)]:
+        with pytest.raises(ValueError, match=f"^unsupported field widths e={e}, m={m}$"):
+            FormatInfo("x", e, m, 7, "ieee")
+
+
+@pytest.mark.parametrize("name", sorted(ORACLE))
+def test_limits_row_is_finfo(name):
+    fi = ml_dtypes.finfo(ORACLE[name])
+    assert format_info(name).limits() == {
+        "format": name, "bits": fi.bits, "exponent bits": fi.bits - fi.nmant - 1,
+        "mantissa bits": fi.nmant, "bias": 1 - fi.minexp,
+        "infinities": bool(np.isinf(np.array(np.inf, ORACLE[name]))),
+        "largest finite": float(fi.max), "smallest normal": float(fi.smallest_normal),
+        "smallest subnormal": float(fi.smallest_subnormal), "epsilon": float(fi.eps),
+        "decimal digits": round(float(fi.nmant + 1) * np.log10(2), 2)}
 
 
 def test_range_table():

@@ -79,6 +79,36 @@ def test_fragment_emulation_matches_float64():
     assert err > 0 or np.array_equal(got, ref.astype(np.float32))
 
 
+def test_fragment_emulation_rounds_every_partial_sum_to_fp32():
+    # 4096 * 4096 = 2^24, then fifteen products of 1: in fp32 each 2^24 + 1 is a tie that rounds
+    # to even, back to 2^24; a float64 sum would keep 2^24 + 15 (rounded once: 2^24 + 16)
+    a = np.zeros((16, 16), np.float16)
+    b = np.zeros((16, 16), np.float16)
+    a[0, 0] = b[0, 0] = 4096
+    a[0, 1:] = b[1:, 0] = 1
+    a[1, :] = b[:, 1] = 2.0**-12  # row 1 x col 1: sixteen 2^-24, exact in either
+    c = np.zeros((16, 16), np.float32)
+    c[2, 2] = 1.0
+    a[2, 0] = b[0, 2] = 2.0**-12  # 1 + 2^-24: another tie, stays 1
+    got = fragment_mma(a, b, c)
+    assert got[0, 0] == 2.0**24
+    assert got[1, 1] == 2.0**-20
+    assert got[2, 2] == 1.0
+    # on random tiles: the same as summing with numpy float32 scalars in k order, bit for bit
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        a = (rng.standard_normal((16, 16)) * 2.0 ** rng.integers(-8, 8, (16, 16))).astype(np.float16)
+        b = rng.standard_normal((16, 16)).astype(np.float16)
+        c = rng.standard_normal((16, 16)).astype(np.float32)
+        expected = c.copy()
+        for i in range(16):
+            for j in range(16):
+                for kk in range(16):
+                    expected[i, j] = np.float32(expected[i, j]
+                                                + np.float32(a[i, kk]) * np.float32(b[kk, j]))
+        np.testing.assert_array_equal(fragment_mma(a, b, c), expected)
+
+
 def test_fragment_emulation_rejects_wrong_shapes():
     with pytest.raises(ValueError, match="16x16"):
         fragment_mma(np.zeros((8, 16), np.float16), np.zeros((16, 16), np.float16))
@@ -239,6 +269,11 @@ def _runnable():
 
 
 def _rel_err(cupy, out, a, b):
+    """Fails unless every element is within its own bound (from K and the unit roundoffs of the
+    accumulator and the output), then returns the whole-matrix relative error."""
+    from fp16lab.testing.bounds import assert_gemm_close
+
+    assert_gemm_close(out, a, b)
     ref = a.astype(cupy.float64) @ b.astype(cupy.float64)
     num = float(cupy.linalg.norm(out.astype(cupy.float64) - ref))
     den = float(cupy.linalg.norm(ref))

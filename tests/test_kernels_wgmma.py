@@ -159,16 +159,11 @@ def _hopper():
 
 
 def elementwise_ratio(cupy, out, a, b, out_dtype: str) -> float:
-    """Returns max |out - ref| / bound: fp32 sums of K products err by at most about K * 2^-24 of
-    sum |a||b| (doubled for slack), fp16 outputs add one rounding (2^-11 of |ref|)."""
-    k = a.shape[1]
-    a64, b64 = a.astype(cupy.float64), b.astype(cupy.float64)
-    ref = a64 @ b64
-    bound = 2 * k * 2.0**-24 * (cupy.abs(a64) @ cupy.abs(b64)) + 2.0**-24
-    if out_dtype == "float16":
-        bound = bound + 2.0**-11 * cupy.abs(ref)
-    err = cupy.abs(out.astype(cupy.float64) - ref)
-    return float("inf") if bool(cupy.isnan(err).any()) else float((err / bound).max())
+    """Returns max |out - ref| / bound, each element's bound from K and the unit roundoffs of the
+    accumulator and the output (fp16lab.testing.bounds)."""
+    from fp16lab.testing.bounds import error_ratio
+
+    return error_ratio(out, a, b, out_dtype=out_dtype)
 
 
 STEP6 = [k for k, s in KERNELS.items() if s.step == 6]

@@ -121,3 +121,34 @@ def test_fp16_o2_keeps_fp32_master_weights_and_matches_an_fp32_step():
     assert all(m.dtype == torch.float32 for m in master)
     for m, p in zip(master, model.parameters()):  # the model holds the master weights, rounded
         assert torch.equal(m.to(p.dtype), p.detach())
+
+
+def test_fp16_o2_step_moves_the_master_weights_by_the_fp32_update():
+    """The update itself, not the weights, is compared: one SGD step changes a weight by
+    lr * grad (1e-4 here), far below a tolerance on the weights, so an optimizer that never
+    steps would pass a weight check. The oracle: a plain fp32 step from the same (fp16) start."""
+    torch.manual_seed(0)
+    model = build_model("small_cnn")
+    x = torch.randn(input_shape("small_cnn", 8))
+    y = torch.randint(0, 10, (8,))
+    step, scaler = recipes.make_train_step("fp16-o2", model, x, y, device="cpu",
+                                           scaler=ScalerSettings(init_scale=256.0))
+    master = [p for g in step.optimizer.param_groups for p in g["params"]]
+    start = [m.detach().clone() for m in master]
+    ref = build_model("small_cnn")
+    with torch.no_grad():
+        for r, s0 in zip(ref.parameters(), start):
+            r.copy_(s0)  # the fp16-rounded weights the fp16-o2 step starts from
+    step()
+    assert scaler.get_scale() == 256.0  # no overflow: the step was taken, not skipped
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.9)
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    opt.step()
+    for (name, r), m, s0 in zip(ref.named_parameters(), master, start):
+        want = r.detach() - s0
+        got = m.detach() - s0
+        assert float(want.norm()) > 0, name
+        # fp16 forward and backward: the update agrees to a few per cent, not to 100%
+        rel = float((got - want).norm() / want.norm())
+        assert rel < 0.05, f"{name}: the master weights moved {rel:.0%} off the fp32 update"
+

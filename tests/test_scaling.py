@@ -256,6 +256,50 @@ def test_classify_skips():
     assert classify_skips(simulate_dynamic([False] * 5))["verdict"] == "no skips"
 
 
+def _history(skips, scale=1024.0):
+    """Events with the given skipped flags at a steady scale (the classifier reads only these)."""
+    from fp16lab.scaling import ScaleEvent
+
+    return [ScaleEvent(step=i, scale=scale, found_inf=s, skipped=s, next_scale=scale)
+            for i, s in enumerate(skips)]
+
+
+def _every(n_steps, period, offset=0):
+    return [i % period == offset for i in range(n_steps)]
+
+
+@pytest.mark.parametrize("later,verdict", [
+    (_every(1000, 1000, 500), "occasional"),         # one skip per growth interval: calibration
+    (_every(1000, 100, 50), "occasional"),           # 1%, the documented limit
+    ([False, True] + [False] * 998, "occasional"),   # one skip
+    ([False, True, True] + [False] * 997, "occasional"),         # a run of two
+    ([False, True, True, True] + [False] * 996, "problem"),      # a run of three
+    (_every(1000, 90, 45), "problem"),               # 1.1%
+    (_every(1000, 20, 10), "problem"),               # 5%
+    (_every(1000, 10, 5), "problem"),                # 10%
+    (_every(1000, 2, 1), "problem"),                 # every other step
+])
+def test_classify_skips_rates_and_runs(later, verdict):
+    """After a 3-step warm-up: at most 1% of later steps skipped, in runs of at most 2, is
+    "occasional"; more is a problem (the rule in classify_skips' docstring)."""
+    got = classify_skips(_history([True] * 3 + later))
+    n_later = sum(later)
+    assert (got["warmup_skips"], got["later_skips"]) == (3, n_later)
+    assert got["later_skip_rate"] == n_later / len(later)
+    assert got["verdict"] == verdict, (n_later / len(later), got)
+
+
+def test_classify_skips_scale_below_one_and_warmup_limit():
+    few = [True] * 3 + _every(1000, 500, 250)
+    assert classify_skips(_history(few, scale=1.0))["verdict"] == "occasional"
+    assert classify_skips(_history(few, scale=0.5))["verdict"] == "problem"
+    assert classify_skips(_history([True] * 10))["verdict"] == "problem"  # never a clean step
+    # a warm-up capped at 2 steps leaves the third leading skip as a later one
+    capped = classify_skips(_history(few), warmup_steps=2)
+    assert (capped["warmup_skips"], capped["later_skips"]) == (2, 3)
+    assert capped["longest_later_run"] == 1 and capped["min_scale"] == 1024.0
+
+
 def test_replay_with_gradscaler_matches_simulation():
     flags = [True, False, False, True, False, False, False, False]
     ours = simulate_dynamic(flags, init_scale=8.0, growth_interval=2)
@@ -263,3 +307,227 @@ def test_replay_with_gradscaler_matches_simulation():
     theirs = replay_with_gradscaler(flags, init_scale=8.0, growth_interval=2)
     assert [e.scale for e in theirs] == [e.scale for e in ours] == [8, 4, 4, 8, 4, 4, 8, 8]
     assert list(events_frame(theirs).skipped) == flags
+
+
+# ----------------------------------------------------------------- messages, reprs, tables
+def _message(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+def test_parameter_messages_name_the_value_and_what_is_allowed():
+    assert _message(lambda: DynamicLossScaler(init_scale="big")) == \
+        "init_scale must be a finite positive number, got 'big'"
+    assert _message(lambda: DynamicLossScaler(init_scale=-1.0)) == (
+        "init_scale must be a finite positive number that fits in float32 "
+        "(0 < init_scale <= 3.4e38), got -1.0")
+    assert _message(lambda: DynamicLossScaler(growth_factor=1.0)) == \
+        "growth_factor must be a finite number > 1.0, got 1.0"
+    assert _message(lambda: DynamicLossScaler(growth_factor=math.inf)) == \
+        "growth_factor must be a finite number > 1.0, got inf"
+    assert _message(lambda: DynamicLossScaler(backoff_factor=1.5)) == \
+        "backoff_factor must lie strictly between 0 and 1, got 1.5"
+    assert _message(lambda: DynamicLossScaler(growth_interval=True)) == \
+        "growth_interval must be an integer from 1 to 2147483647, got True"
+    assert _message(lambda: DynamicLossScaler(growth_interval=2**31)) == \
+        "growth_interval must be an integer from 1 to 2147483647, got 2147483648"
+    assert DynamicLossScaler(growth_interval=2**31 - 1).growth_interval == 2**31 - 1
+    assert DynamicLossScaler(growth_interval=np.int64(3)).growth_interval == 3
+    assert _message(lambda: DynamicLossScaler(min_scale=4.0, max_scale=2.0)) == \
+        "min_scale must be <= max_scale, got 4.0 > 2.0"
+    assert _message(lambda: DynamicLossScaler(init_scale=1.0, min_scale=2.0)) == \
+        "init_scale must lie within [min_scale, max_scale] = [2.0, None], got 1.0"
+    assert _message(lambda: DynamicLossScaler(init_scale=8.0, max_scale=4.0)) == \
+        "init_scale must lie within [min_scale, max_scale] = [None, 4.0], got 8.0"
+    for bad in (0, True, 2.0):
+        assert _message(lambda: DynamicLossScaler(collapse_halvings=bad)) == \
+            f"collapse_halvings must be an integer >= 1, got {bad!r}"
+    assert _message(lambda: StaticLossScaler(0.0)) == (
+        "scale must be a finite positive number that fits in float32 (0 < scale <= 3.4e38), "
+        "got 0.0")
+
+
+def test_bounds_equal_to_the_scale_are_allowed_and_kept():
+    s = DynamicLossScaler(init_scale=4.0, min_scale=4.0, max_scale=4.0, growth_interval=1)
+    assert [s.update(found_inf=f).next_scale for f in (True, False, False)] == [4.0, 4.0, 4.0]
+
+
+def test_reprs_show_the_settings():
+    assert repr(StaticLossScaler(3.0)) == "StaticLossScaler(scale=3.0)"
+    assert repr(DynamicLossScaler(init_scale=8.0, growth_interval=7, min_scale=1.0)) == (
+        "DynamicLossScaler(init_scale=8.0, growth_factor=2.0, backoff_factor=0.5, "
+        "growth_interval=7, min_scale=1.0, max_scale=None)")
+
+
+def test_history_tables_have_one_row_per_step():
+    s = DynamicLossScaler(init_scale=8.0, growth_interval=2)
+    for f in (True, False, False):
+        s.update(found_inf=f)
+    t = s.history_frame()
+    assert list(t.columns) == ["step", "scale", "found_inf", "skipped", "next_scale"]
+    assert t.to_dict("list") == {"step": [0, 1, 2], "scale": [8.0, 4.0, 4.0],
+                                 "found_inf": [True, False, False],
+                                 "skipped": [True, False, False], "next_scale": [4.0, 4.0, 8.0]}
+    assert s.history[0].as_dict() == {"step": 0, "scale": 8.0, "found_inf": True,
+                                      "skipped": True, "next_scale": 4.0}
+
+
+def test_collapse_messages_in_full():
+    from fp16lab.scaling import COLLAPSE_CAUSES, ScaleCollapseMonitor
+
+    s = DynamicLossScaler(init_scale=4.0, collapse_halvings=3)
+    with pytest.warns(ScaleCollapseWarning) as record:
+        for _ in range(5):  # next scales 2, 1, 0.5, 0.25, 0.125
+            s.update(found_inf=True)
+    messages = [str(w.message) for w in record]
+    assert messages == [
+        f"loss scale backed off 3 steps in a row (now 0.5 at step 2); every one of those steps "
+        f"was skipped. Likely causes: {COLLAPSE_CAUSES}.",
+        f"loss scale fell below 1 (0.25 at step 3): the gradients overflow FP16 even unscaled. "
+        f"Likely causes: {COLLAPSE_CAUSES}.",
+    ]  # once each: not again at step 4
+    assert s._monitor.warnings == messages
+    for bad in (0, True, 1.5):
+        assert _message(lambda: ScaleCollapseMonitor(bad)) == \
+            f"halvings must be an integer >= 1, got {bad!r}"
+
+
+def test_recorder_passes_calls_through_to_the_gradscaler():
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    rec = GradScalerRecorder(scaler)
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.5)
+    assert rec.get_scale() == scaler.get_scale() == 4.0
+    rec.scale((p * 2.0).sum()).backward()
+    assert torch.equal(p.grad, torch.full((2,), 8.0))
+    rec.unscale_(opt)
+    assert torch.equal(p.grad, torch.full((2,), 2.0))  # unscaled in place
+    assert rec.step(opt) is None  # SGD.step returns None
+    ev = rec.update()
+    assert torch.equal(p.detach(), torch.zeros(2)) and not ev.skipped
+    assert rec.history_frame().to_dict("list")["next_scale"] == [4.0]
+
+
+def test_scaler_settings_defaults_are_gradscalers_and_bad_ones_are_all_named():
+    from fp16lab.scaling import ScalerSettings
+
+    gs = torch.amp.GradScaler("cpu")
+    s = ScalerSettings()
+    assert (s.init_scale, s.growth_factor, s.backoff_factor, s.growth_interval) == (
+        gs.get_scale(), gs.get_growth_factor(), gs.get_backoff_factor(), gs.get_growth_interval())
+    assert ScalerSettings(init_scale=1.0, growth_factor=1.5, backoff_factor=0.25,
+                          growth_interval=1).growth_interval == 1
+    assert _message(lambda: ScalerSettings(init_scale=0.0, backoff_factor=2.0)) == (
+        "bad scaler settings: init_scale must be a finite positive number that fits in float32 "
+        "(0 < init_scale <= 3.4e38), got 0.0; backoff_factor must lie strictly between 0 and 1, "
+        "got 2.0")
+    assert _message(lambda: ScalerSettings(growth_interval=0)) == (
+        "bad scaler settings: growth_interval must be an integer from 1 to 2147483647, got 0")
+
+
+def test_unscale_misuse_messages_in_full():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    s = StaticLossScaler(4.0)
+    (p.sum()).backward()
+    with pytest.raises(RuntimeError) as info:
+        s.unscale_(opt)
+    assert str(info.value) == (
+        "unscale_(optimizer) before scale() in this iteration: the gradients were not multiplied "
+        "by the scale (4), so unscaling them would divide the update by it. Write "
+        "scaler.scale(loss).backward(), not loss.backward(), then scaler.step(optimizer) and "
+        "scaler.update()")
+    opt.zero_grad()
+    s.scale(p.sum()).backward()
+    s.unscale_(opt)
+    with pytest.raises(RuntimeError) as info:
+        s.unscale_(opt)
+    assert str(info.value) == ("unscale_() has already been called on this optimizer since the "
+                               "last update()")
+    s.step(opt)
+    with pytest.raises(RuntimeError) as info:
+        s.unscale_(opt)
+    assert str(info.value) == ("unscale_() is being called after step(): unscale before "
+                               "stepping, then call update()")
+    s.update()
+    half = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    opt16 = torch.optim.SGD([half], lr=0.1)
+    s.scale(half.float().sum()).backward()
+    assert _message(lambda: s.unscale_(opt16)) == (
+        "cannot unscale FP16 gradients (their small values would flush to zero): give the "
+        "optimizer FP32 parameters (autocast keeps them) or FP32 master weights")
+    with pytest.raises(TypeError) as info:
+        DynamicLossScaler().update(found_inf="yes")
+    assert str(info.value).endswith("got str 'yes'")
+
+
+def test_skip_classifier_edges():
+    assert classify_skips(_history([False, True] + [False] * 998))["warmup_skips"] == 0
+    never = classify_skips(_history([True] * 5))
+    assert (never["verdict"], never["later_skip_rate"], never["later_skips"]) == ("problem", 0.0, 0)
+    empty = classify_skips([])
+    assert empty["verdict"] == "no skips" and math.isnan(empty["min_scale"])
+    assert empty["longest_later_run"] == 0 and empty["later_skip_rate"] == 0.0
+    from fp16lab.scaling import events_frame
+
+    assert list(events_frame([]).columns) == ["step", "scale", "found_inf", "skipped", "next_scale"]
+
+
+def test_recorder_counts_steps_takes_new_scales_and_warns_at_the_callers_line():
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+    rec = GradScalerRecorder(scaler)  # default: warn after 12 backoffs in a row
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    rec.scale(torch.ones(()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(12):
+            p.grad = torch.full((1,), math.inf)
+            rec.step(opt)
+            rec.update()
+            collapse = [w for w in caught if issubclass(w.category, ScaleCollapseWarning)]
+            assert len(collapse) == (1 if i == 11 else 0), i
+    assert collapse[0].filename == __file__  # attributed to the caller of update()
+    assert [e.step for e in rec.history] == list(range(12))
+    p.grad = torch.ones(1)
+    rec.step(opt)
+    assert rec.update(new_scale=8.0).next_scale == 8.0 == rec.get_scale()
+    # arguments reach GradScaler.step: it refuses a closure keyword, passes positionals on
+    with pytest.raises(RuntimeError, match="[Cc]losure"):
+        rec.step(opt, closure=lambda: torch.zeros(()))
+    calls = []
+    rec.step(opt, lambda: calls.append(1) or torch.zeros(()))
+    assert calls == [1]
+
+
+def test_step_misuse_messages_in_full_and_arguments_passed_on():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    s = DynamicLossScaler(init_scale=4.0)
+
+    def runtime_message(call) -> str:
+        with pytest.raises(RuntimeError) as info:
+            call()
+        return str(info.value)
+
+    assert runtime_message(lambda: s.step(opt, closure=lambda: 0)) == (
+        "step(optimizer, closure=...) is not supported: a closure would recompute an unscaled "
+        "loss; call scaler.scale(loss).backward() yourself before step()")
+    assert runtime_message(lambda: s.step(opt)).startswith(
+        "step(optimizer) before scale() in this iteration: the gradients were not multiplied by "
+        "the scale (4)")
+    s.scale(p.sum()).backward()
+    calls = []
+    assert s.step(opt, lambda: calls.append("closure") or 1.5) == 1.5  # SGD runs the closure
+    assert calls == ["closure"]
+    assert runtime_message(lambda: s.step(opt)) == (
+        "step() has already been called on this optimizer since the last update(): call "
+        "scaler.update() once after each step")
+    s.update()
+    unused = torch.nn.Parameter(torch.ones(1))
+    s.scale(p.sum())  # a loss that does not depend on `unused`
+    assert runtime_message(lambda: s.step(torch.optim.SGD([unused], lr=0.1))) == (
+        "no inf/NaN check was recorded for this optimizer: none of its parameters has a "
+        "gradient. Call scaler.scale(loss).backward() on a loss that depends on them before "
+        "step()")

@@ -529,3 +529,19 @@ def test_gpu_interrupt_returns_memory_to_its_start(tmp_path):
     df = pd.read_parquet(out)
     assert list(df["batch"]) == [512] and (df["status"] == "ok").all()
     assert len(sweep.run_sweep(spec, out)) == 2  # resumes: only batch 1024 measured now
+
+
+def test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked(capsys):
+    spec = tiny(batches=(2, 3), repeats=1, warmup=1, steps=2, tolerance=0.5)
+    seen = []
+    df = sweep.run_sweep(spec, on_result=lambda row, i, n: seen.append((row["key"], i, n)))
+    assert list(df.columns) == list(sweep.ROW_COLUMNS) and list(df["status"]) == ["ok", "ok"]
+    assert seen == [(p.key, i + 1, 2) for i, p in enumerate(spec.points())]
+    # the spec's protocol reaches every measurement
+    assert list(df["warmup"]) == [1, 1] and list(df["steps"]) == [2, 2]
+    assert list(df["tolerance"]) == [0.5, 0.5]
+    assert "sweep" not in capsys.readouterr().err
+    sweep.run_sweep(tiny(batches=(2,), repeats=1), progress=True)
+    err = capsys.readouterr().err  # tqdm's bar, on stderr
+    assert "sweep: 100%" in err and " 1/1 " in err and "point/s" in err
+    assert f"{spec.points()[0].label()} r0" in err  # the point being measured

@@ -41,19 +41,14 @@ def runnable(kernels: list[str] | None = None) -> list[str]:
 def worst_error_ratio(out: Any, a: Any, b: Any, out_dtype: str = "float32") -> float:
     """Returns max over the elements of |out - a@b| / bound, the product taken in float64.
 
-    The bound: fp32 sums of K exact products err by at most about K * 2^-24 of sum |a||b| (doubled
-    here for slack), plus 2^-24 absolute; an fp16 output adds one rounding, 2^-11 of |a@b|. A
-    result of at most 1 is as right as fp32 accumulation allows; a NaN anywhere gives infinity.
+    The bound (``fp16lab.testing.bounds``): fp32 sums of K exact products err by at most
+    gamma_(K-1)(2^-23) of sum |a||b| (one unit in the last place per addition, as tensor cores
+    truncate); an fp16 output adds one rounding, 2^-11 of |a@b|. A result of at most 1 is as
+    right as fp32 accumulation allows; a NaN anywhere gives infinity.
     """
-    cupy = require_cupy()
-    k = a.shape[1]
-    a64, b64 = a.astype(cupy.float64), b.astype(cupy.float64)
-    ref = a64 @ b64
-    bound = 2 * k * 2.0**-24 * (cupy.abs(a64) @ cupy.abs(b64)) + 2.0**-24
-    if str(out_dtype) == "float16":
-        bound = bound + 2.0**-11 * cupy.abs(ref)
-    err = cupy.abs(out.astype(cupy.float64) - ref)
-    return float("inf") if bool(cupy.isnan(err).any()) else float((err / bound).max())
+    from fp16lab.testing.bounds import error_ratio
+
+    return error_ratio(out, a, b, out_dtype=out_dtype)
 
 
 def check_elementwise(kernel: str, shape: tuple[int, int, int] = (1000, 1001, 1003),
