@@ -250,3 +250,24 @@ def test_panel_warns_when_other_processes_use_the_gpu(monkeypatch):
     assert "2 other process(es)" in text and "77, 78" in text and panel.sharing.value == text
     monkeypatch.setattr(telemetry, "other_gpu_processes", lambda: ([], ""))
     assert panel.check_sharing() == "" and panel.sharing.value == ""
+
+
+def test_gpm_counters_are_averaged_and_plotted_where_the_gpu_has_them():
+    import pandas as pd
+
+    gpm = {"a": [40.0, 50.0], "b": [70.0, 90.0]}  # SM utilisation % per repeat
+    rows = pd.DataFrame([_summary_row(k, i, 10.0, batch=b, device="cuda", gpu_busy_mean=99.0,
+                                      sm_util_mean=v, tensor_util_mean=v / 2)
+                         for (k, vs), b in zip(gpm.items(), (8, 16)) for i, v in enumerate(vs)])
+    s = sweep.summarize_results(rows).set_index("key")
+    for k, vs in gpm.items():
+        assert s.loc[k, "sm_util_mean"] == np.mean(vs)
+        assert s.loc[k, "tensor_util_mean"] == np.mean(vs) / 2
+    ax = sweep.plot_results(rows).axes[2]
+    assert ax.get_title() == "SM utilisation % (NVML GPM)"
+    (line,) = _lines(ax).values()
+    np.testing.assert_allclose(line.get_ydata(), [np.mean(gpm["a"]), np.mean(gpm["b"])])
+    # without GPM columns (a CPU, or an older GPU) the panel stays NVML's busy %
+    plain = rows.assign(sm_util_mean=None, tensor_util_mean=None)
+    assert sweep.plot_results(plain).axes[2].get_title() == "GPU busy % (NVML)"
+    assert pd.isna(sweep.summarize_results(plain)["sm_util_mean"]).all()

@@ -22,6 +22,10 @@ _VARIANT_MARKERS = {"cuda-graph": "P", "compile": "X", "dataloader": "v", "gpu-d
 _PLOT_PANELS = (("samples_per_s", "samples/s"),
                 ("peak_mem_allocated_mb", "peak memory allocated (MB)"),
                 ("gpu_busy_mean", "GPU busy % (NVML)"))
+#: Where the points have Hopper's GPM counters, the third panel shows SM utilisation instead of
+#: NVML's busy %, which only says that some kernel ran during each sample period.
+_GPM_PANEL = ("sm_util_mean", "SM utilisation % (NVML GPM)")
+_PERCENT_PANELS = ("gpu_busy_mean", "sm_util_mean")
 
 
 def _plot_points(rows: pd.DataFrame, model: str | None) -> pd.DataFrame:
@@ -76,7 +80,10 @@ def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = Non
     for r, m in enumerate(models):
         sm = s[s["model"] == m] if len(s) else s
         sm = sm.assign(variant=[variant_label(r) for r in sm.to_dict("records")])
-        for ax, (col, title) in zip(axes[r], _PLOT_PANELS):
+        panels = list(_PLOT_PANELS)
+        if len(sm) and "sm_util_mean" in sm and pd.to_numeric(sm["sm_util_mean"], errors="coerce").notna().any():
+            panels[2] = _GPM_PANEL
+        for ax, (col, title) in zip(axes[r], panels):
             ax.set_title(f"{m}: {title}" if len(models) > 1 else title, fontsize=10)
             ax.set_xlabel("batch size")
             has = len(sm) and pd.to_numeric(sm[col], errors="coerce").notna().any()
@@ -110,7 +117,7 @@ def plot_results(rows: pd.DataFrame, *, model: str | None = None, fig: Any = Non
                 ax.set_xscale("log", base=2)
             ax.set_xticks(batches, [str(b) for b in batches])
             ax.minorticks_off()
-            ax.set_ylim(0, 105) if col == "gpu_busy_mean" else ax.set_ylim(bottom=0)
+            ax.set_ylim(0, 105) if col in _PERCENT_PANELS else ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
     if handles:
         from matplotlib.lines import Line2D

@@ -18,6 +18,13 @@ _POINT_COLUMNS = ("model", "batch", "layout", "precision", "init_scale", "growth
                   *AXIS_DEFAULTS)
 
 
+#: Telemetry averaged over a point's repeats: NVML's counters, and Hopper's GPM counters where
+#: the GPU has them (None elsewhere).
+_MEAN_COLUMNS = ("final_scale", "skipped_steps", "gpu_busy_mean", "mem_busy_mean",
+                 "sm_clock_mhz_mean", "power_w_mean", "power_w_max", "sm_util_mean",
+                 "sm_occupancy_mean", "tensor_util_mean", "dram_bw_util_mean")
+
+
 def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.DataFrame:
     """Returns one row per point: the median over repeats, the repeat spread and the flags.
 
@@ -51,9 +58,8 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
             for c in ("peak_mem_allocated_mb", "peak_mem_reserved_mb"):
                 vals = pd.to_numeric(ok[c], errors="coerce")
                 rec[c] = float(vals.max()) if vals.notna().any() else None
-            for c in ("final_scale", "skipped_steps", "gpu_busy_mean", "mem_busy_mean",
-                      "sm_clock_mhz_mean", "power_w_mean", "power_w_max"):
-                vals = pd.to_numeric(ok[c], errors="coerce")
+            for c in _MEAN_COLUMNS:
+                vals = pd.to_numeric(ok[c], errors="coerce") if c in ok else pd.Series(dtype=float)
                 rec[c] = float(vals.mean()) if vals.notna().any() else None
             emulated = ok["fp8_emulated"].dropna() if "fp8_emulated" in ok else []
             rec["fp8_emulated"] = bool(any(emulated)) if len(emulated) else None
@@ -64,8 +70,7 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
         out.append(rec)
     cols = ["key", *_POINT_COLUMNS, "warmup", "steps", "status", "repeats", "step_ms", "samples_per_s", "spread",
             "repeat_spread", "unstable", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
-            "final_scale", "skipped_steps", "gpu_busy_mean", "mem_busy_mean", "sm_clock_mhz_mean",
-            "power_w_mean", "power_w_max", "fp8_emulated", "error", *META_COLUMNS]
+            *_MEAN_COLUMNS, "fp8_emulated", "error", *META_COLUMNS]
     return pd.DataFrame(out).reindex(columns=cols)
 
 
