@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from fp16lab import bench, sweep
-from fp16lab.claims.run import device_slug
+from fp16lab.claims.run import device_slug, get_claim
 from fp16lab.cli import main
 from fp16lab.device import device_info
 from fp16lab.sweep import SweepSpec, engine
@@ -126,7 +126,13 @@ def test_claims_only_merges_into_the_existing_file_in_the_local_folder(tmp_path,
     assert not (data / f"claims_{slug}.json").exists()  # the committed folder is left alone
     merged = json.loads((local / f"claims_{slug}.json").read_text())
     assert [r["id"] for r in merged["rows"]] == list(range(1, 13))  # 12 rows stay 12
-    assert merged["rows"][1:] == earlier["rows"][1:]  # the other eleven, as they were
+    # the other eleven keep what was measured, each described by the claim as it is written now
+    kept = ("id", "verdict", "reason", "source", "figures")
+    assert ([{k: r.get(k) for k in kept} for r in merged["rows"][1:]]
+            == [{k: r.get(k) for k in kept} for r in earlier["rows"][1:]])
+    for r in merged["rows"][1:]:
+        c = get_claim(r["id"])
+        assert (r["text"], r["rule"], r["origin"]) == (c.text, c.rule, c.origin)
     assert merged["rows"][0]["reason"] != earlier["rows"][0]["reason"]  # claim 1 re-checked
     assert merged["meta"]["checked_now"] == [1]
     md = (local / f"claims_{slug}.md").read_text()

@@ -122,9 +122,9 @@ def write_claims(claims: Iterable[Claim], out_dir: Path | None = None, *,
     """Writes ``claims_<device>.md`` and ``claims_<device>.json`` and returns their paths.
 
     They go to :func:`claims_folder` (by default this machine's results folder). Claims this
-    run did not check keep their rows from an earlier file there, each with its own source,
-    so ``--only 3`` replaces claim 3 and keeps the other eleven; ``meta["checked_now"]`` lists
-    the claims of this run.
+    run did not check keep what an earlier file there measured (figures, verdict, reason and
+    source), described by the claim as it is written now, so ``--only 3`` replaces claim 3 and
+    keeps the other eleven; ``meta["checked_now"]`` lists the claims of this run.
     """
     from ..bench import read_result, write_result
     from ..device import device_info
