@@ -8,8 +8,8 @@ or ``fp16lab bench NAME`` (``fp16lab bench --list`` lists them).
 
 from .results import (check_can_write, data_dir, describe_source, find_result, local_dir,
                       merge_with_previous, read_result, write_result)
-from .timing import (Timing, copy_bandwidth_gbs, cuda_kernels, nvidia_smi_id, summarize, time_cpu,
-                     time_cuda, time_cuda_interleaved, time_cuda_sustained)
+from .timing import (Timing, copy_bandwidth_gbs, cuda_kernels, cuda_missing, nvidia_smi_id,
+                     summarize, time_cpu, time_cuda, time_cuda_interleaved, time_cuda_sustained)
 
 #: The benchmarks, in the order ``make benchmarks`` runs them, with what each measures.
 BENCHMARKS = {
@@ -30,7 +30,7 @@ BENCHMARKS = {
     "notebook_times": "minutes per notebook and per section, executed with nbclient",
 }
 
-__all__ = ["check_can_write", "BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "data_dir",
+__all__ = ["check_can_write", "BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "cuda_missing", "data_dir",
            "describe_source", "find_result", "local_dir", "merge_with_previous", "nvidia_smi_id",
            "read_result", "summarize", "time_cpu", "time_cuda", "time_cuda_interleaved",
            "time_cuda_sustained", "write_result"]

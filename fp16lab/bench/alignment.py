@@ -68,10 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("fp16lab.bench.alignment needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    why = bench.cuda_missing("fp16lab.bench.alignment")
+    if why:
+        print(why, file=sys.stderr)
         return 2
     ds = list(range(args.max_d + 1))
     if args.quick:

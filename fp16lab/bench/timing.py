@@ -240,3 +240,12 @@ def copy_bandwidth_gbs(nbytes: int = 2**30, *, repeat: int = 20) -> float:
     dst = torch.empty_like(src)
     t = time_cuda(lambda: dst.copy_(src), warmup=3, repeat=repeat)
     return 2 * src.numel() * 4 / (t.median_ms * 1e-3) / 1e9
+
+
+def cuda_missing(benchmark: str) -> str | None:
+    """Returns why ``benchmark`` cannot run here (torch sees no CUDA GPU), or None when it can."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return f"{benchmark} needs a CUDA GPU (torch.cuda.is_available() is False)"

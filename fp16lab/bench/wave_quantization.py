@@ -66,11 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("fp16lab.bench.wave_quantization needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    why = bench.cuda_missing("fp16lab.bench.wave_quantization")
+    if why:
+        print(why, file=sys.stderr)
         return 2
     batches = (128, 256, 320) if args.quick else BATCHES
     rows = measure(batches, repeat=10 if args.quick else 50)
