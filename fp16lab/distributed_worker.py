@@ -29,7 +29,7 @@ from torch import nn
 
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
 from .models import NUM_CLASSES, build_model, input_shape
-from .recipes import LR, MOMENTUM, make_train_step, sgd
+from .recipes import LR, MOMENTUM, make_train_step, set_tf32, sgd
 
 #: Autocast dtype of each precision (None: no autocast).
 AUTOCAST = {"fp32": None, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
@@ -226,7 +226,7 @@ def train(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
     dev = ctx.device
     if dev.type == "cuda":
         # fp32 means fp32: no TF32 anywhere; cudnn.benchmark as the protocol says
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        set_tf32(False)
         torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
         torch.cuda.reset_peak_memory_stats(dev)
     ctx.report.phase("build")

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .profile import phase
-from .recipes import LR, MOMENTUM, grad_scaler  # LR, MOMENTUM: the sweep's SGD, written once
+from .recipes import LR, MOMENTUM, grad_scaler, tf32  # LR, MOMENTUM: the sweep's SGD, written once
 from .scaling import ScalerSettings
 
 #: Execution modes, with what each does.
@@ -86,18 +86,6 @@ def check_execution(execution: str, *, device: str, compile_mode: str = "default
     if execution == "compile" and compile_mode == "reduce-overhead" and device != "cuda":
         raise ValueError("compile mode 'reduce-overhead' replays CUDA graphs and needs a CUDA "
                          "device; on a CPU use 'default'")
-
-
-@contextlib.contextmanager
-def _tf32(enabled: bool) -> Iterator[None]:
-    """Sets TF32 for matmuls and convolutions (on only for 'tf32'), then restores it."""
-    b = torch.backends
-    saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
-    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved
 
 
 @dataclass
@@ -208,7 +196,7 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
         return loss.detach()
 
     def eager() -> torch.Tensor:
-        with _tf32(precision == "tf32"):
+        with tf32(precision == "tf32"):
             return body()
 
     run = eager

@@ -18,14 +18,14 @@ point calls.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
+from .recipes import math_flags
 from .inputs import InputPipeline, InputSettings, cpu_cores, make_input, unavailable_reason
 
 __all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
@@ -87,25 +87,6 @@ class ProcessCpu:
             return {"cpu_cores_busy": None, "cpu_util_pct": None}
         busy = max(cpu1 - self._cpu0, 0.0) / wall
         return {"cpu_cores_busy": busy, "cpu_util_pct": 100 * busy / cpu_cores()}
-
-
-@contextlib.contextmanager
-def _math_flags(precision: str) -> Iterator[None]:
-    """TF32 on only for 'tf32', cudnn.benchmark on; restored afterwards."""
-    b = torch.backends
-    try:
-        saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
-    except RuntimeError:  # torch >= 2.9 refuses to read them once its per-backend API was used
-        saved = None
-    benchmark = b.cudnn.benchmark
-    b.cuda.matmul.allow_tf32 = b.cudnn.allow_tf32 = precision == "tf32"
-    b.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        if saved is not None:
-            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved
-        b.cudnn.benchmark = benchmark
 
 
 def make_train_step(model: torch.nn.Module, precision: str,
@@ -223,7 +204,7 @@ def measure_training(model_name: str, precision: str, settings: InputSettings,
     if reason:
         return {**row, "status": "skipped", "error": reason}
     try:
-        with _math_flags(precision):
+        with math_flags(precision, cudnn_benchmark=True):
             step, pipeline = make_input_train_step(model_name, precision, settings, root,
                                                    device=device)
             with pipeline:

@@ -71,40 +71,69 @@ def grad_scaler(precision: str, device: str, settings: ScalerSettings | None = N
                                 enabled=check_precision(precision) in SCALED_PRECISIONS)
 
 
-def _save_math_flags() -> dict[str, Any]:
-    """Returns the TF32 and cudnn.benchmark settings, read so that reading never fails.
+def _per_backend_api(b: Any) -> bool:
+    """True where torch has the per-backend TF32 settings (``fp32_precision``, torch >= 2.9)."""
+    return hasattr(b.cuda.matmul, "fp32_precision") and hasattr(b.cudnn, "conv")
 
-    torch >= 2.9 has a second, per-backend TF32 API (``fp32_precision``); once someone has used
-    it, reading the legacy ``allow_tf32`` flags raises, so those are read only where they can be.
+
+def tf32_state() -> dict[str, bool]:
+    """Returns whether fp32 matmuls (cuBLAS) and cuDNN convolutions may run on TF32 tensor cores.
+
+    Read through ``fp32_precision`` where torch has it: torch >= 2.9 warns that reading or
+    setting the older ``allow_tf32`` flags will be deprecated, and refuses to read them once
+    the newer settings were used.
     """
     import torch
 
     b = torch.backends
-    state: dict[str, Any] = {"benchmark": b.cudnn.benchmark}
-    for name, get in (("matmul", lambda: b.cuda.matmul.allow_tf32),
-                      ("cudnn", lambda: b.cudnn.allow_tf32)):
-        try:
-            state[name] = get()
-        except RuntimeError:  # "mix of the legacy and new APIs"
-            pass
-    if hasattr(b.cuda.matmul, "fp32_precision") and hasattr(b.cudnn, "conv"):
-        state["new"] = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
-                        b.cudnn.rnn.fp32_precision)
-    return state
+    if _per_backend_api(b):
+        return {"matmul": b.cuda.matmul.fp32_precision == "tf32",
+                "conv": b.cudnn.conv.fp32_precision == "tf32"}
+    return {"matmul": bool(b.cuda.matmul.allow_tf32), "conv": bool(b.cudnn.allow_tf32)}
 
 
-def _restore_math_flags(state: dict[str, Any]) -> None:
+def set_tf32(matmul: bool, conv: bool | None = None) -> Callable[[], None]:
+    """Lets fp32 matmuls (and cuDNN convolutions: ``conv``, by default as ``matmul``) run on TF32
+    tensor cores or not, and returns a function that puts the previous settings back.
+
+    Where torch has them (>= 2.9), the per-backend settings are used, as torch asks::
+
+        torch.backends.cuda.matmul.fp32_precision = "tf32"   # or "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+
+    else the older ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``.
+    No effect on a CPU's maths.
+    """
     import torch
 
     b = torch.backends
-    if "matmul" in state:
-        b.cuda.matmul.allow_tf32 = state["matmul"]
-    if "cudnn" in state:
-        b.cudnn.allow_tf32 = state["cudnn"]
-    if "new" in state:  # after the legacy flags: the per-backend values win where they are set
-        b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = \
-            state["new"]
-    b.cudnn.benchmark = state["benchmark"]
+    conv = matmul if conv is None else conv
+    if _per_backend_api(b):
+        saved = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
+                 b.cudnn.rnn.fp32_precision)
+        b.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+        b.cudnn.conv.fp32_precision = b.cudnn.rnn.fp32_precision = "tf32" if conv else "ieee"
+
+        def restore() -> None:
+            b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, \
+                b.cudnn.rnn.fp32_precision = saved
+    else:
+        old = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = bool(matmul), bool(conv)
+
+        def restore() -> None:
+            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = old
+    return restore
+
+
+@contextlib.contextmanager
+def tf32(matmul: bool, conv: bool | None = None) -> Iterator[None]:
+    """:func:`set_tf32` for the block only: the previous settings are back afterwards."""
+    restore = set_tf32(matmul, conv)
+    try:
+        yield
+    finally:
+        restore()
 
 
 @contextlib.contextmanager
@@ -113,17 +142,15 @@ def math_flags(precision: str, cudnn_benchmark: bool | None = None) -> Iterator[
     import torch
 
     b = torch.backends
-    tf32 = check_precision(precision) == "tf32"
-    saved = _save_math_flags()
-    # the legacy setters also set the per-backend flags, leaving both APIs consistent
-    b.cuda.matmul.allow_tf32 = tf32
-    b.cudnn.allow_tf32 = tf32
+    restore = set_tf32(check_precision(precision) == "tf32")
+    benchmark = b.cudnn.benchmark
     if cudnn_benchmark is not None:
         b.cudnn.benchmark = cudnn_benchmark
     try:
         yield
     finally:
-        _restore_math_flags(saved)
+        restore()
+        b.cudnn.benchmark = benchmark
 
 
 def _keep_batchnorm_fp32(model: Any) -> None:

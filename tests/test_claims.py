@@ -238,16 +238,35 @@ def test_autocast_disable_experiment_matches_torch():
     assert claims.judge_autocast_disable(f)[0] == PARTLY
 
 
+def _matmul_tf32_setting():
+    """torch's own reading of the fp32 matmul precision, through the API this torch prefers."""
+    m = torch.backends.cuda.matmul
+    if hasattr(m, "fp32_precision"):  # torch >= 2.9: 'ieee' or 'tf32'
+        return m.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+    return torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+
+
 def test_allow_tf32_experiment_and_flags_restored():
-    before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    before = _matmul_tf32_setting()
     f = claims.experiment_allow_tf32()
-    assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        on = torch.get_float32_matmul_precision()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before[0]
-    assert f["precision_flag_on"] == on == "high"
+    assert _matmul_tf32_setting() == before
+    m = torch.backends.cuda.matmul
+    if hasattr(m, "fp32_precision"):
+        saved, m.fp32_precision = m.fp32_precision, "tf32"
+        try:
+            on = m.fp32_precision
+        finally:
+            m.fp32_precision = saved
+        assert f["precision_flag_on"] == on == "tf32"
+        assert f["precision_flag_off"] == "ieee"
+    else:
+        m.allow_tf32 = True
+        try:
+            on = torch.get_float32_matmul_precision()
+        finally:
+            m.allow_tf32 = False
+        assert f["precision_flag_on"] == on == "high"
+        assert f["precision_flag_off"] == "highest"
     assert f["grad_dtype_flag_on"] == f["grad_dtype_flag_off"] == "torch.float32"
     assert "allow_tf32" in f["settings_present"]
     assert claims.judge_allow_tf32(f)[0] == NONEXISTENT

@@ -109,3 +109,22 @@ def test_the_guide_shows_the_measured_table_and_every_exercise():
         row = next((line for line in guide.splitlines() if line.startswith(f"| {info.name[2:]} |")), "")
         for q in (n for n in module.__all__ if n[0] == "q" and n[1:].isdigit()):
             assert f"{q} " in row, f"WORKSHOP.md does not list {info.name}.{q}"
+
+
+@pytest.mark.notebook
+def test_execute_saves_the_executed_notebook_even_when_a_cell_fails(tmp_path):
+    src = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("## first"),
+        nbformat.v4.new_code_cell("print(6 * 7)"),
+        nbformat.v4.new_code_cell("raise ValueError('planted')"),
+        nbformat.v4.new_code_cell("print('never')"),
+    ])
+    path = tmp_path / "99_tiny.ipynb"
+    nbformat.write(src, path)
+    row = nt.execute(path, timeout=120, save_to=tmp_path / "executed")
+    assert not row["finished"] and row["error"].startswith("CellExecutionError")
+    saved = nbformat.read(tmp_path / "executed" / "99_tiny.ipynb", as_version=4)
+    assert saved.cells[1].outputs[0]["text"] == "42\n"
+    assert saved.cells[2].outputs[0]["ename"] == "ValueError"
+    assert saved.cells[3].get("outputs") == []
+    assert any("ValueError: planted" in p for p in row["problems"])

@@ -54,14 +54,55 @@ def test_autocast_runs_a_linear_in_the_recipes_dtype(precision, dtype):
     assert out.dtype == dtype
 
 
+def _tf32_on():
+    """(matmul, convolutions) on TF32, read with torch's getters: the per-backend ones where this
+    torch has them (>= 2.9 refuses the legacy ones once the new ones are used), else allow_tf32."""
+    b = torch.backends
+    if hasattr(b.cuda.matmul, "fp32_precision"):
+        return (b.cuda.matmul.fp32_precision == "tf32", b.cudnn.conv.fp32_precision == "tf32",
+                b.cudnn.rnn.fp32_precision == "tf32")
+    return b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.allow_tf32
+
+
 def test_math_flags_set_tf32_only_for_tf32_and_restore():
     b = torch.backends
-    before = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)
+    before = (_tf32_on(), b.cudnn.benchmark)
     with recipes.math_flags("tf32", cudnn_benchmark=True):
-        assert b.cuda.matmul.allow_tf32 and b.cudnn.allow_tf32 and b.cudnn.benchmark
+        assert _tf32_on() == (True, True, True) and b.cudnn.benchmark
     with recipes.math_flags("fp32"):
-        assert not b.cuda.matmul.allow_tf32 and not b.cudnn.allow_tf32
-    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark) == before
+        assert _tf32_on() == (False, False, False)
+    assert (_tf32_on(), b.cudnn.benchmark) == before
+
+
+def test_tf32_context_sets_matmul_and_conv_separately_and_restores():
+    before = _tf32_on()
+    with recipes.tf32(True, conv=False):
+        assert _tf32_on() == (True, False, False)
+        assert recipes.tf32_state() == {"matmul": True, "conv": False}
+        with recipes.tf32(False):
+            assert _tf32_on() == (False, False, False)
+        assert _tf32_on() == (True, False, False)
+    assert _tf32_on() == before
+    restore = recipes.set_tf32(True)
+    assert _tf32_on() == (True, True, True)
+    restore()
+    assert _tf32_on() == before
+
+
+def test_tf32_never_touches_the_legacy_flags_where_torch_has_the_new_ones(monkeypatch):
+    b = torch.backends
+    if not hasattr(b.cuda.matmul, "fp32_precision"):
+        pytest.skip("this torch has only the legacy allow_tf32 flags")
+    touched = []
+    for name in ("_get_cublas_allow_tf32", "_set_cublas_allow_tf32"):  # looked up per access
+        real = getattr(torch._C, name)
+        monkeypatch.setattr(torch._C, name, lambda *a, _n=name, _r=real: touched.append(_n) or _r(*a))
+    monkeypatch.setattr(type(b.cudnn), "allow_tf32", property(  # bound when torch was imported
+        lambda self: touched.append("get cudnn") or torch._C._get_cudnn_allow_tf32(),
+        lambda self, v: touched.append("set cudnn") or torch._C._set_cudnn_allow_tf32(v)))
+    with recipes.math_flags("tf32"):
+        recipes.tf32_state()
+    assert touched == []  # torch >= 2.9 warns on (and may refuse) every legacy access
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])

@@ -47,6 +47,7 @@ def bare_worker(workdir: Path) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from fp16lab.models import NUM_CLASSES, build_model, input_shape
+    from fp16lab.recipes import set_tf32
 
     job = json.loads((workdir / "job.json").read_text())["items"]
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
@@ -55,7 +56,7 @@ def bare_worker(workdir: Path) -> int:
     if cuda:
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if cuda else "gloo")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    set_tf32(False)
     torch.backends.cudnn.benchmark = dist_lab.CUDNN_BENCHMARK
     for i, item in enumerate(job):
         torch.manual_seed(0)

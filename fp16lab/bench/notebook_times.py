@@ -68,8 +68,11 @@ def problems(nb: Any) -> list[str]:
     return found
 
 
-def execute(path: Path, timeout: int = 1200) -> dict[str, Any]:
-    """Executes one notebook and returns its row: total and per-section seconds, problems."""
+def execute(path: Path, timeout: int = 1200, save_to: Path | None = None) -> dict[str, Any]:
+    """Executes one notebook and returns its row: total and per-section seconds, problems.
+
+    ``save_to``: a folder where the executed notebook, outputs included, is written (also when a
+    cell fails), to read what went wrong."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -86,6 +89,9 @@ def execute(path: Path, timeout: int = 1200) -> dict[str, Any]:
     except Exception as e:  # recorded: the row says the notebook did not finish
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}"
     wall = time.perf_counter() - t0
+    if save_to is not None:
+        save_to.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, save_to / path.name)
     return {"notebook": path.stem, "wall_s": wall, "finished": not error, "error": error,
             "load_average_1min": os.getloadavg()[0], "cpus": os.cpu_count(),
             "sections": [{"section": t, "seconds": s} for t, s in sections(nb)],
@@ -167,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated notebook numbers, e.g. 03,04")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
+    p.add_argument("--save-executed", metavar="DIR", default="",
+                   help="also write each executed notebook, with its outputs, into DIR")
     p.add_argument("--workshop", action="store_true",
                    help="execute nothing: rewrite notebooks/WORKSHOP.md's table from the files")
     args = p.parse_args(argv)
@@ -188,10 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     folder = bench.data_dir() if args.replace else bench.local_dir()
     rows: list[dict[str, Any]] = []
     for path in paths:
-        row = execute(path)
+        row = execute(path, save_to=Path(args.save_executed) if args.save_executed else None)
         print(f"{path.name}: {row['wall_s']:.0f} s, {'finished' if row['finished'] else row['error']}"
               f"{'; ' + str(len(row['problems'])) + ' problems in outputs' if row['problems'] else ''}",
               flush=True)
+        for problem in row["problems"]:
+            print(f"    {problem}", flush=True)
         # written after every notebook, so a run cut short keeps what it measured
         rows = sorted(bench.merge_with_previous(name, [row], key="notebook", data_dir=folder),
                       key=lambda r: r["notebook"])

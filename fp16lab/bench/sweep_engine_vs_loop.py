@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from fp16lab import bench, sweep
 from fp16lab.models import NUM_CLASSES, build_model, input_shape
+from fp16lab.recipes import set_tf32
 
 
 def bare_loop_ms(model_name: str, batch: int, layout: str, warmup: int, steps: int,
@@ -36,7 +37,7 @@ def bare_loop_ms(model_name: str, batch: int, layout: str, warmup: int, steps: i
     """Returns the mean step time (ms) of a plain AMP-fp16 training loop, nothing else in it."""
     torch.manual_seed(0)
     # same maths settings the engine uses for an amp-fp16 point
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    set_tf32(False)
     torch.backends.cudnn.benchmark = False
     model = build_model(model_name).to(device)
     x = torch.randn(input_shape(model_name, batch), device=device)

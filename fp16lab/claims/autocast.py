@@ -8,8 +8,9 @@ from typing import Any
 
 from . import core
 from .core import (FAILS, HOLDS, NONEXISTENT, PARTLY, Claim, Figures, Judgement,
-                   saved_activation_bytes, _autocast_dtype, _device, _outcome, _sizes, _tf32,
+                   saved_activation_bytes, _autocast_dtype, _device, _outcome, _sizes,
                    _torch)
+from ..recipes import tf32 as _tf32, tf32_state
 
 
 # --------------------------------------------------------------------------------------------
@@ -36,13 +37,16 @@ def experiment_allow_tf32(quick: bool = True) -> Figures:
     torch = _torch()
     dev = _device()
     m = torch.backends.cuda.matmul
-    out: Figures = {"device": dev, "settings_present": [s for s in MATMUL_SETTINGS if _has(m, s)]}
-    with _tf32(False, torch.backends.cudnn.allow_tf32):
-        out["precision_flag_off"] = torch.get_float32_matmul_precision()
-    with _tf32(True, torch.backends.cudnn.allow_tf32):
-        out["precision_flag_on"] = torch.get_float32_matmul_precision()
+    # allow_tf32 is in every torch since 1.7; probing it would make torch >= 2.9 warn
+    out: Figures = {"device": dev, "settings_present": ["allow_tf32"] + [
+        s for s in MATMUL_SETTINGS if s != "allow_tf32" and _has(m, s)]}
+    conv = tf32_state()["conv"]
+    with _tf32(False, conv):
+        out["precision_flag_off"] = _matmul_precision()
+    with _tf32(True, conv):
+        out["precision_flag_on"] = _matmul_precision()
     for flag in (False, True):
-        with _tf32(flag, torch.backends.cudnn.allow_tf32):
+        with _tf32(flag, conv):
             torch.manual_seed(0)
             lin = torch.nn.Linear(8, 8).to(dev)
             with torch.autocast(dev, dtype=torch.bfloat16):
@@ -66,6 +70,14 @@ def experiment_allow_tf32(quick: bool = True) -> Figures:
         out["tf32_emulated_err"] = err(_round_to_tf32(a).double() @ _round_to_tf32(b).double())
         out["bf16_emulated_err"] = err(a.bfloat16().double() @ b.bfloat16().double())
     return out
+
+
+def _matmul_precision() -> str:
+    """Returns the fp32 matmul precision the TF32 switch sets: 'tf32' or 'ieee' (torch >= 2.9's
+    per-backend setting), 'high' or 'highest' in older torch."""
+    torch = _torch()
+    m = torch.backends.cuda.matmul
+    return m.fp32_precision if _has(m, "fp32_precision") else torch.get_float32_matmul_precision()
 
 
 def _has(obj: Any, name: str) -> bool:

@@ -19,10 +19,9 @@ typed in. The verdicts are:
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 
 HOLDS = "holds"
@@ -153,18 +152,6 @@ def _outcome(fn: Callable[[], Any]) -> str:
     except Exception as e:  # the point is to record what torch does, errors included
         msg = str(e).splitlines()[0] if str(e) else ""
         return f"error: {type(e).__name__}: {msg[:160]}"
-
-
-@contextlib.contextmanager
-def _tf32(matmul: bool, cudnn: bool) -> Iterator[None]:
-    """Sets torch's TF32 switches for matmul and cuDNN inside the block, then restores them."""
-    torch = _torch()
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def _autocast_dtype(device: str):

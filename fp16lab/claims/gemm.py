@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 from ..alignment import uses_tensor_cores
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, PARTLY, Claim, Figures, Judgement, _device, _ratio,
-                   _sizes, _tf32, _timer, _torch)
+                   _sizes, _timer, _torch)
+from ..recipes import tf32 as _tf32
 
 
 def _gemm_tflops(n: int, dtype, *, repeat: int) -> float:
