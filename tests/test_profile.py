@@ -250,3 +250,19 @@ def test_stored_events_give_back_the_same_summary_and_timeline():
         P.events_from_table(["lane", "kind"], [["gpu", "copy"]])
     with pytest.raises(ValueError, match="'cpu' or 'gpu'"):
         P.events_from_table(cols, [["tpu", "copy", 0, 1, "x"]])
+
+
+def test_torch_profiler_accumulates_events_so_torch_does_not_warn():
+    import inspect
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from fp16lab.profile import torch_profiler
+
+    prof = torch_profiler([ProfilerActivity.CPU])
+    assert isinstance(prof, profile)
+    if "acc_events" in inspect.signature(profile).parameters:
+        assert prof.acc_events is True  # without it torch 2.11 warns on every CUDA recording
+    with prof:
+        torch.ones(3).sum()
+    assert any(e.name == "aten::sum" for e in prof.events())

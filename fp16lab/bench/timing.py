@@ -213,14 +213,16 @@ def cuda_kernels(fn: Callable[[], Any], *, warmup: int = 0) -> list[tuple[str, f
     Without a CUDA device the list is empty.
     """
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from ..profile import torch_profiler
 
     if not torch.cuda.is_available():  # a CPU build of torch cannot profile CUDA at all
         return []
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch_profiler([ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     return [(e.name, float(e.time_range.elapsed_us())) for e in prof.events()
