@@ -289,19 +289,29 @@ class StepProfile:
         return t[["n", "ms_per_step", "share"]]
 
 
-def torch_profiler(activities: list[Any]) -> Any:
-    """Returns ``torch.profiler.profile(activities=...)`` for one recording.
+#: torch 2.10-2.11 warn this on one-cycle recordings too, acc_events=True or not (fixed in
+#: pytorch/pytorch#180387); fp16lab's recordings have a single cycle, so it never applies.
+ONE_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 
-    ``acc_events=True`` where torch has it: torch 2.11 warns ("Profiler clears events at the end
-    of each cycle") on every CUDA recording without it, though one recording has one cycle.
+
+@contextlib.contextmanager
+def torch_profiler(activities: list[Any]) -> Iterator[Any]:
+    """Records the block with ``torch.profiler.profile(activities=...)`` and yields the profiler.
+
+    One recording, one cycle: ``acc_events=True`` where torch has it, and torch's warning that
+    a cycle's events are cleared (:data:`ONE_CYCLE_WARNING`, false for one cycle) is not shown;
+    every other warning is.
     """
     import inspect
+    import warnings
 
     from torch.profiler import profile
 
-    if "acc_events" in inspect.signature(profile).parameters:
-        return profile(activities=activities, acc_events=True)
-    return profile(activities=activities)
+    extra = {"acc_events": True} if "acc_events" in inspect.signature(profile).parameters else {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=ONE_CYCLE_WARNING, category=UserWarning)
+        with profile(activities=activities, **extra) as prof:
+            yield prof
 
 
 def profile_steps(step: Callable[[], Any], *, steps: int = 3, warmup: int = 2,

@@ -252,17 +252,31 @@ def test_stored_events_give_back_the_same_summary_and_timeline():
         P.events_from_table(cols, [["tpu", "copy", 0, 1, "x"]])
 
 
-def test_torch_profiler_accumulates_events_so_torch_does_not_warn():
+def test_torch_profiler_records_one_cycle_and_hides_only_torchs_false_cycle_warning(monkeypatch):
     import inspect
+    import warnings
 
     from torch.profiler import ProfilerActivity, profile
 
     from fp16lab.profile import torch_profiler
 
-    prof = torch_profiler([ProfilerActivity.CPU])
+    real_start = profile.start
+
+    def start(self):  # what torch 2.11 does on a one-cycle CUDA recording
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.Only events from "
+                      "the current cycle will be reported.", UserWarning)
+        warnings.warn("something else went wrong", UserWarning)
+        real_start(self)
+
+    monkeypatch.setattr(profile, "start", start)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with torch_profiler([ProfilerActivity.CPU]) as prof:
+            torch.ones(3).sum()
+            warnings.warn("a warning of the profiled code", UserWarning)
     assert isinstance(prof, profile)
     if "acc_events" in inspect.signature(profile).parameters:
-        assert prof.acc_events is True  # without it torch 2.11 warns on every CUDA recording
-    with prof:
-        torch.ones(3).sum()
+        assert prof.acc_events is True
     assert any(e.name == "aten::sum" for e in prof.events())
+    assert sorted(str(w.message) for w in seen) == ["a warning of the profiled code",
+                                                   "something else went wrong"]
