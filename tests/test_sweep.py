@@ -402,7 +402,8 @@ def test_engine_check_reads_the_benchmark_summary(tmp_path, monkeypatch):
                "repeat_spread": {"bare": 0.01, "engine": 0.025}}
     fp16lab.bench.write_result("vs", [], meta={"summary": summary})
     text = sweep.engine_check("vs")
-    assert "ratio 1.012" in text and "2.50%" in text and "+0.20%" in text
+    assert "1.012x the bare loop" in text and "within 2.50%" in text and "+0.20%" in text
+    assert "goal" not in text
 
 
 @pytest.mark.gpu
