@@ -22,6 +22,7 @@ The step a practitioner writes for ``amp-fp16`` is the one in notebook 02::
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Iterator
 
 from .scaling import ScalerSettings
@@ -161,11 +162,41 @@ def _keep_batchnorm_fp32(model: Any) -> None:
             m.float()
 
 
-def sgd(params: Any, lr: float = LR, momentum: float = MOMENTUM) -> Any:
-    """Returns the SGD optimizer (``LR`` and ``MOMENTUM`` by default) the sweep's steps use."""
+#: The optimizers a measured training step can use, by name; ``sgd`` is the default everywhere.
+OPTIMIZERS = {
+    "sgd": ("torch.optim.SGD with the kernels torch picks (foreach on a GPU); GradScaler.step reads "
+            "found-inf on the host first, a host sync every step"),
+    "sgd-fused": ("torch.optim.SGD(fused=True): one fused update that takes GradScaler's scale and "
+                  "found-inf as device tensors and skips on device, no host sync"),
+}
+
+
+def sgd(params: Any, lr: float = LR, momentum: float = MOMENTUM, fused: bool = False) -> Any:
+    """Returns the SGD optimizer (``LR`` and ``MOMENTUM`` by default) the measured steps use.
+
+    ``fused=True`` asks torch for its fused kernel. Otherwise ``fused`` is left unset rather than
+    False: torch reads an explicit False as "not fused, not foreach" and falls back to its
+    slowest, per-tensor loop, while unset lets it pick foreach kernels on a GPU.
+    """
     import torch
 
-    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, fused=True if fused else None)
+    if fused and momentum:
+        # torch's fused SGD makes its momentum buffers with empty_like in its first step and
+        # leaves them unwritten when GradScaler's found-inf skips that step: the next step then
+        # reads uninitialised memory. Zeros give the same start, since with dampening 0 the first
+        # update b = momentum * 0 + g equals torch's first-step rule b = g.
+        for group in opt.param_groups:
+            for p in group["params"]:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+    return opt
+
+
+def optimizer_factory(name: str) -> Callable[[Any], Any]:
+    """Returns the constructor (parameters -> optimizer) of the optimizer ``name`` in :data:`OPTIMIZERS`."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+    return functools.partial(sgd, fused=name == "sgd-fused")
 
 
 def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,

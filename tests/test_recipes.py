@@ -193,3 +193,129 @@ def test_fp16_o2_step_moves_the_master_weights_by_the_fp32_update():
         rel = float((got - want).norm() / want.norm())
         assert rel < 0.05, f"{name}: the master weights moved {rel:.0%} off the fp32 update"
 
+
+
+# ----------------------------------------------------------------------------- fused SGD
+
+def _fused_sgd_or_skip(device: str) -> None:
+    """Skips, with torch's reason, where torch has no fused SGD kernel for ``device``."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here")
+    p = torch.nn.Parameter(torch.ones(2, device=device))
+    p.grad = torch.ones(2, device=device)
+    try:
+        torch.optim.SGD([p], lr=0.1, momentum=0.9, fused=True).step()
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch {torch.__version__} has no fused SGD on {device}: {e}")
+
+
+def test_optimizer_names_build_torchs_sgd_fused_or_as_torch_picks():
+    with pytest.raises(ValueError, match="adam.*allowed: sgd, sgd-fused"):
+        recipes.optimizer_factory("adam")
+    params = [torch.nn.Parameter(torch.ones(3))]
+    plain, fused = (recipes.optimizer_factory(n)(params) for n in ("sgd", "sgd-fused"))
+    # unset, not False: an explicit fused=False would make torch pick its per-tensor loop
+    assert (plain.defaults["fused"], plain.defaults["foreach"]) == (None, None)
+    assert fused.defaults["fused"] is True and fused._step_supports_amp_scaling
+    for opt in (plain, fused):
+        assert (opt.defaults["lr"], opt.defaults["momentum"]) == (recipes.LR, recipes.MOMENTUM)
+
+
+def _torch_amp_run(model, batches, y, optimizer, device: str, init_scale: float):
+    """The oracle (``optimizer=None``: the AMP loop written with torch alone, foreach SGD) or the
+    subject (the recipe's amp-fp16 step with the named optimizer). Returns the weights and scale after each step."""
+    out = []
+    if optimizer is None:
+        opt = torch.optim.SGD(model.parameters(), lr=recipes.LR, momentum=recipes.MOMENTUM, foreach=True)
+        gs = torch.amp.GradScaler(device, init_scale=init_scale)
+        for xb in batches:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(xb), y)
+            gs.scale(loss).backward()
+            gs.step(opt)
+            gs.update()
+            out.append(([p.detach().clone() for p in model.parameters()], gs.get_scale()))
+        return out
+    step, gs = recipes.make_train_step("amp-fp16", model, batches[0], y, device=device,
+                                       scaler=ScalerSettings(init_scale=init_scale),
+                                       optimizer=recipes.optimizer_factory(optimizer))
+    for xb in batches:
+        step(xb, y)
+        out.append(([p.detach().clone() for p in model.parameters()], gs.get_scale()))
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fused_sgd_skips_inf_steps_and_moves_like_torchs_foreach_sgd(device):
+    """An inf in the first and the fourth batch: GradScaler must skip exactly those steps (weights
+    bit for bit unchanged, scale backed off) and the other steps must move the weights as torch's
+    foreach SGD under the same GradScaler does. Tolerance: the fused and foreach kernels round
+    differently, so each step's update agrees to 1e-5 relative (a wrong momentum or a step
+    taken on an inf batch is off by order one)."""
+    _fused_sgd_or_skip(device)
+    torch.manual_seed(0)
+    x = torch.randn(input_shape("small_cnn", 8), device=device)
+    y = torch.randint(0, 10, (8,), device=device)
+    bad = x.clone()
+    bad[0, 0, 0, 0] = float("inf")
+    batches = [bad, x, x, bad, x, x]
+    torch.manual_seed(1)
+    start = build_model("small_cnn").to(device)
+    runs = {}
+    for optimizer in (None, "sgd-fused"):
+        model = build_model("small_cnn").to(device)
+        model.load_state_dict(start.state_dict())
+        runs[optimizer] = _torch_amp_run(model, batches, y, optimizer, device, init_scale=2.0**10)
+    before = [p.detach().clone() for p in start.parameters()]
+    for i, ((want, want_scale), (got, got_scale)) in enumerate(zip(runs[None], runs["sgd-fused"])):
+        assert got_scale == want_scale, f"step {i}: scale {got_scale} != torch's {want_scale}"
+        for w, g, b in zip(want, got, before):
+            if batches[i] is bad:
+                assert torch.equal(g, b), f"step {i} (inf batch) moved the weights"
+            else:
+                upd_w, upd_g = w - b, g - b
+                assert float(upd_w.norm()) > 0
+                assert float((upd_g - upd_w).norm() / upd_w.norm()) < 1e-5, f"step {i}"
+        before = want
+    assert runs[None][-1][1] == 2.0**10 * 0.5 ** 2  # two skips, no growth within 2000 steps
+
+
+def test_fused_sgd_through_the_recipe_matches_foreach_in_fp32():
+    """Five fp32 steps, no scaler: the recipe's sgd-fused against torch's foreach SGD."""
+    _fused_sgd_or_skip("cpu")
+    x, y = _batch()
+    torch.manual_seed(1)
+    ref = build_model("small_cnn")
+    model = build_model("small_cnn")
+    model.load_state_dict(ref.state_dict())
+    start = [p.detach().clone() for p in ref.parameters()]
+    step, _ = recipes.make_train_step("fp32", model, x, y, device="cpu",
+                                      optimizer=recipes.optimizer_factory("sgd-fused"))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.9, foreach=True)  # the oracle
+    for _ in range(5):
+        step()
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+    for (name, p), r, s in zip(model.named_parameters(), ref.parameters(), start):
+        want = r.detach() - s
+        assert float(want.norm()) > 0, name
+        assert float((p.detach() - s - want).norm() / want.norm()) < 1e-5, name
+
+
+def test_fused_sgd_step_never_reads_found_inf_on_the_host(monkeypatch):
+    """The point of the fused optimizer under GradScaler: no .item() (a host sync on a GPU) in the
+    step, where the foreach optimizer reads found-inf once per step."""
+    _fused_sgd_or_skip("cpu")
+    x, y = _batch()
+    calls = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append(1) or item(self))
+    for name, want in (("sgd", 3), ("sgd-fused", 0)):
+        calls.clear()
+        step, _ = recipes.make_train_step("amp-fp16", build_model("small_cnn"), x, y, device="cpu",
+                                          optimizer=recipes.optimizer_factory(name))
+        for _ in range(3):
+            step()
+        assert len(calls) == want, name
