@@ -5,7 +5,7 @@ process per GPU, DDP or FSDP2 (``fully_shard`` with a ``MixedPrecisionPolicy``) 
 gradients. fp16lab adds three things:
 
 - :class:`DistPoint`, one measured configuration: model, batch per GPU, precision (``fp32``,
-  ``amp-fp16``, ``amp-bf16``), number of GPUs, DDP or FSDP, and the settings that decide how
+  ``amp-fp16``, ``amp-bf16``), optimizer, number of GPUs, DDP or FSDP, and the settings that decide how
   gradients travel (comm hook, bucket size, ``gradient_as_bucket_view``, ``static_graph``, FSDP
   ``reduce_dtype``);
 - :func:`measure_points`, which launches the ranks (``fp16lab.distributed_worker`` does the
@@ -13,8 +13,9 @@ gradients. fp16lab adds three things:
   raises or hangs makes that point's row ``status='error'`` with the rank's message, and the
   caller goes on;
 - the arithmetic of communication: :func:`comm_overlap` (how much of a step the collectives
-  take, and how much of that no compute kernel hides) and :func:`allreduce_seconds` (ring
-  all-reduce time from bytes, ranks and bus bandwidth).
+  take, how much of that no compute kernel hides, and how long the GPU runs nothing),
+  :func:`allreduce_seconds` (ring all-reduce time from bytes, ranks and bus bandwidth) and
+  :func:`bus_bandwidth_gbs` (the other way round, from a measured time).
 
 The files a launch leaves in its work folder are the protocol between the launcher and the
 ranks: ``job.json`` (what to run), ``progress_rank<r>.json`` (which point and phase a rank is
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .models import MODELS, is_image_model
+from .recipes import OPTIMIZERS
 
 #: Precisions a distributed point can train in (the names mean what they mean everywhere).
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
@@ -86,6 +88,8 @@ class DistPoint:
         model: a name in ``DIST_MODELS``.
         batch: samples per GPU (the global batch is ``batch * gpus``).
         precision: ``fp32``, ``amp-fp16`` (autocast + GradScaler) or ``amp-bf16`` (autocast).
+        optimizer: a name in ``fp16lab.recipes.OPTIMIZERS`` (``sgd``, or ``sgd-fused``, whose
+            step takes GradScaler's found-inf without a host sync).
         gpus: number of ranks; 1 trains the plain model (the single-GPU baseline, no wrapper).
         strategy: ``ddp`` or ``fsdp``.
         comm_hook: DDP only: ``none``, ``fp16`` or ``bf16``.
@@ -102,6 +106,7 @@ class DistPoint:
     model: str = "resnet50"
     batch: int = 256
     precision: str = "amp-fp16"
+    optimizer: str = "sgd"
     gpus: int = 1
     strategy: str = "ddp"
     comm_hook: str = "none"
@@ -126,6 +131,8 @@ class DistPoint:
               f"batch (per GPU) must be a positive integer, got {self.batch!r}")
         check(self.precision in PRECISIONS,
               f"precision {self.precision!r} is not offered across GPUs; allowed: {', '.join(PRECISIONS)}")
+        check(self.optimizer in OPTIMIZERS,
+              f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         check(isinstance(self.gpus, int) and self.gpus >= 1, f"gpus must be a positive integer, got {self.gpus!r}")
         check(self.strategy in STRATEGIES, f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         check(self.comm_hook in COMM_HOOKS, f"comm_hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}")
@@ -161,7 +168,8 @@ class DistPoint:
         return asdict(self)
 
     def label(self) -> str:
-        """Returns a short name like 'resnet50 b256 amp-fp16 x2 ddp hook=fp16'."""
+        """Returns a short name like 'resnet50 b256 amp-fp16 x2 ddp hook=fp16' ('opt=sgd-fused' last
+        where the optimizer is not the default)."""
         parts = [self.model, f"b{self.batch}", self.precision, f"x{self.gpus}"]
         if self.gpus > 1:
             parts.append(self.strategy)
@@ -173,6 +181,8 @@ class DistPoint:
                     parts.append("no_bucket_view")
             else:
                 parts.append(f"reduce={self.reduce_dtype}")
+        if self.optimizer != "sgd":
+            parts.append(f"opt={self.optimizer}")
         return " ".join(parts)
 
 
@@ -404,8 +414,9 @@ def comm_overlap(kernels: Sequence[tuple[str, float, float]], *, steps: int = 1,
 
     Returns ``span_us`` (first start to last end), ``compute_us`` and ``comm_us`` (busy time:
     the union of each kind's intervals), ``exposed_comm_us`` (communication while no compute
-    kernel runs), ``overlapped_comm_us`` and the shares ``comm_share`` and
-    ``exposed_comm_share`` of the span.
+    kernel runs), ``overlapped_comm_us``, ``idle_us`` (no kernel of either kind running: the
+    GPU waits for the host) and the shares ``comm_share``, ``exposed_comm_share`` and
+    ``idle_share`` of the span.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
@@ -414,12 +425,14 @@ def comm_overlap(kernels: Sequence[tuple[str, float, float]], *, steps: int = 1,
     compute = _union([(s, e) for n, s, e in kernels if marker not in n.lower()])
     busy_comm = sum(e - s for s, e in comm)
     exposed = busy_comm - _intersection(comm, compute)
+    busy = sum(e - s for s, e in _union(comm + compute))
     span = (max(e for _, _, e in kernels) - min(s for _, s, _ in kernels)) if kernels else 0.0
     per = {"span_us": span, "compute_us": sum(e - s for s, e in compute), "comm_us": busy_comm,
-           "exposed_comm_us": exposed, "overlapped_comm_us": busy_comm - exposed}
+           "exposed_comm_us": exposed, "overlapped_comm_us": busy_comm - exposed, "idle_us": span - busy}
     per = {k: v / steps for k, v in per.items()}
     share = (lambda x: x / per["span_us"]) if per["span_us"] > 0 else (lambda x: 0.0)
-    return {**per, "comm_share": share(per["comm_us"]), "exposed_comm_share": share(per["exposed_comm_us"])}
+    return {**per, "comm_share": share(per["comm_us"]), "exposed_comm_share": share(per["exposed_comm_us"]),
+            "idle_share": share(per["idle_us"])}
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -458,6 +471,19 @@ def allreduce_seconds(nbytes: float, ranks: int, bus_gbs: float) -> float:
         raise ValueError(f"need nbytes >= 0, an integer ranks >= 1 and bus_gbs > 0; got "
                          f"{nbytes!r}, {ranks!r}, {bus_gbs!r}")
     return 2 * (ranks - 1) / ranks * nbytes / (bus_gbs * 1e9)
+
+
+def bus_bandwidth_gbs(nbytes: float, ranks: int, seconds: float) -> float:
+    """Returns the bus bandwidth (GB/s) of an all-reduce of ``nbytes`` on ``ranks`` that took ``seconds``.
+
+    NCCL's convention (nccl-tests): ``busbw = 2 (ranks - 1) / ranks * nbytes / seconds``, the
+    rate each rank's link carried in a ring all-reduce, comparable across rank counts and with
+    the link's own rate; the inverse of :func:`allreduce_seconds`.
+    """
+    if nbytes < 0 or not isinstance(ranks, int) or ranks < 1 or not seconds > 0:
+        raise ValueError(f"need nbytes >= 0, an integer ranks >= 1 and seconds > 0; got "
+                         f"{nbytes!r}, {ranks!r}, {seconds!r}")
+    return 2 * (ranks - 1) / ranks * nbytes / seconds / 1e9
 
 
 def scaling_efficiency(rate_n: float, rate_1: float, n: int) -> float:

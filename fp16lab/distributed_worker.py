@@ -29,7 +29,7 @@ from torch import nn
 
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
 from .models import NUM_CLASSES, build_model, input_shape
-from .recipes import LR, MOMENTUM, make_train_step, set_tf32, sgd
+from .recipes import LR, MOMENTUM, make_train_step, optimizer_factory, set_tf32
 
 #: Autocast dtype of each precision (None: no autocast).
 AUTOCAST = {"fp32": None, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
@@ -117,10 +117,11 @@ def batch_shape(name: str, batch: int) -> tuple[int, ...]:
     return input_shape(name, batch)
 
 
-def make_step(precision: str, model: nn.Module, x: torch.Tensor,
-              y: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """Returns one full training step (forward, loss, backward, optimizer) in ``precision``."""
-    step, _ = make_train_step(precision, model, x, y, device=x.device.type, optimizer=sgd)
+def make_step(precision: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+              optimizer: str = "sgd") -> Callable[[], torch.Tensor]:
+    """Returns one full training step (forward, loss, backward, ``optimizer``) in ``precision``."""
+    step, _ = make_train_step(precision, model, x, y, device=x.device.type,
+                              optimizer=optimizer_factory(optimizer))
     return step
 
 
@@ -240,7 +241,7 @@ def train(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     params = sum(p.numel() for p in model.parameters())
-    step = make_step(point.precision, wrap(point, model, ctx), x, y)
+    step = make_step(point.precision, wrap(point, model, ctx), x, y, point.optimizer)
     ctx.report.phase("warm-up")
     for _ in range(point.warmup):
         step()
@@ -266,7 +267,7 @@ def train(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
     slowest_mean = max(r["step_ms_mean"] for r in ranks)
     row = {**point.settings(), "status": "ok", "error": None, "world_size": ctx.world,
            "backend": ctx.backend, "wrapper": "none" if ctx.world == 1 else point.strategy,
-           "parameters": params,
+           "parameters": params, "optimizer_fused": bool(step.optimizer.defaults.get("fused")),
            "step_ms_median": max(r["step_ms_median"] for r in ranks), "step_ms_mean": slowest_mean,
            "samples_per_s": ctx.world * point.batch / (slowest_mean / 1e3),
            "peak_memory_gib": max((r["peak_memory_gib"] or 0) for r in ranks) or None,

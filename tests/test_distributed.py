@@ -27,7 +27,7 @@ HANG_TIMEOUT_S = 8.0
 
 @pytest.fixture(scope="module")
 def train_and_raise():
-    points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16"),
+    points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused"),
               d.DistPoint(**CPU, precision="amp-bf16", fault="raise@1")]
     return points, d.measure_points(points, timeout_s=120)
 
@@ -60,6 +60,7 @@ def test_row_from_rank0_gathers_both_ranks(train_and_raise):
     # the mlp's parameter count, by hand: 64*128+128 + 128*128+128 + 128*10+10
     assert row["parameters"] == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
     assert set(d.NCCL_ENV) <= set(row["env"])
+    assert row["optimizer_fused"] is True  # the point's optimizer is the one the ranks stepped
 
 
 def test_a_rank_that_raises_ends_its_point_as_error(train_and_raise):
@@ -139,11 +140,14 @@ def test_point_rejects_bad_settings_with_what_is_allowed():
         (dict(fault="raise@2", gpus=2), "R < gpus=2"),
         (dict(bucket_cap_mb=0), "positive number"),
         (dict(device="tpu"), "'cuda' or 'cpu'"),
+        (dict(optimizer="adamw"), "one of sgd, sgd-fused"),
     ]:
         with pytest.raises(ValueError, match=words):
             d.DistPoint(**kwargs)
     assert d.DistPoint(model="resnet50").layout == "channels_last"
     assert d.DistPoint(model="transformer_stack").layout == "nchw"
+    assert d.DistPoint(gpus=2).label() == "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB"
+    assert d.DistPoint(optimizer="sgd-fused").label() == "resnet50 b256 amp-fp16 x1 opt=sgd-fused"
 
 
 def test_launcher_refuses_bad_arguments_before_starting():
@@ -160,7 +164,8 @@ def test_launcher_refuses_bad_arguments_before_starting():
 
 
 def _grid_oracle(kernels, steps):
-    """Busy and exposed communication time on a 0.5 us grid (the kernels' ends are on it)."""
+    """Busy and exposed communication time, and time with no kernel between the first start and
+    the last end, on a 0.5 us grid (the kernels' ends are on it)."""
     t = np.arange(0, 200, 0.5) + 0.25
     comm = np.zeros_like(t, dtype=bool)
     comp = np.zeros_like(t, dtype=bool)
@@ -170,7 +175,9 @@ def _grid_oracle(kernels, steps):
             comm |= inside
         else:
             comp |= inside
-    return comm.sum() * 0.5 / steps, (comm & ~comp).sum() * 0.5 / steps
+    first, last = min(s for _, s, _ in kernels), max(e for _, _, e in kernels)
+    idle = ~comm & ~comp & (t > first) & (t < last)
+    return comm.sum() * 0.5 / steps, (comm & ~comp).sum() * 0.5 / steps, idle.sum() * 0.5 / steps
 
 
 def test_comm_overlap_against_a_grid_count():
@@ -183,8 +190,9 @@ def test_comm_overlap_against_a_grid_count():
             kernels.append((("ncclDevKernel_AllReduce" if rng.random() < 0.4 else "sm90_gemm"), s, min(e, 199.5)))
         steps = int(rng.integers(1, 4))
         got = d.comm_overlap(kernels, steps=steps)
-        busy, exposed = _grid_oracle(kernels, steps)
+        busy, exposed, idle = _grid_oracle(kernels, steps)
         assert got["comm_us"] == pytest.approx(busy, abs=1e-9)
+        assert got["idle_us"] == pytest.approx(idle, abs=1e-9)
         assert got["exposed_comm_us"] == pytest.approx(exposed, abs=1e-9)
         assert got["overlapped_comm_us"] == pytest.approx(busy - exposed, abs=1e-9)
 
@@ -195,6 +203,9 @@ def test_comm_overlap_small_case_by_hand():
     # nccl runs 8..14 (6 us); compute covers 8..10 and 12..14 of it: exposed 10..12 = 2 us
     assert (got["span_us"], got["comm_us"], got["exposed_comm_us"]) == (20, 6, 2)
     assert got["comm_share"] == pytest.approx(0.3) and got["exposed_comm_share"] == pytest.approx(0.1)
+    # a gap: nothing runs from 20 to 25 and from 26 to 30 of a 0..30 span over two steps
+    got = d.comm_overlap(kernels + [("nccl", 25, 26), ("gemm", 30, 30.5)], steps=2)
+    assert (got["idle_us"], got["idle_share"]) == (4.5, pytest.approx(9 / 30.5))
 
 
 def test_allreduce_seconds_and_efficiency_by_hand():
@@ -206,6 +217,16 @@ def test_allreduce_seconds_and_efficiency_by_hand():
     assert d.scaling_efficiency(10583, 5397, 2) == pytest.approx(10583 / 10794)
     with pytest.raises(ValueError):
         d.allreduce_seconds(1e6, 0, 10.0)
+
+
+def test_bus_bandwidth_by_nccl_tests_convention():
+    # nccl-tests: algbw = bytes / time; busbw = algbw * 2 (n - 1) / n
+    assert d.bus_bandwidth_gbs(256e6, 2, 2e-3) == pytest.approx(128.0)  # n = 2: busbw = algbw
+    assert d.bus_bandwidth_gbs(1e9, 8, 10e-3) == pytest.approx(100.0 * 1.75)
+    assert d.bus_bandwidth_gbs(1e9, 1, 1.0) == 0
+    for bad in [(1e6, 2, 0.0), (1e6, 0, 1.0), (-1, 2, 1.0)]:
+        with pytest.raises(ValueError, match="seconds > 0"):
+            d.bus_bandwidth_gbs(*bad)
 
 
 # ----------------------------------------------------------------------------- two GPUs
