@@ -2,13 +2,20 @@
 
 Measures, in one run, with torchrun launching the ranks (``fp16lab.distributed``):
 
-- a bare torchrun + DDP loop (this file, run by torchrun with ``--bare-worker``: ResNet-50,
-  amp-fp16, channels_last, batch 256 per GPU, synthetic data, ``gradient_as_bucket_view``) on 1
-  and 2 GPUs, against the fp16lab path for the same point;
+- ``nvidia-smi topo -m`` and an all-reduce bus-bandwidth probe (1 MB to 256 MB), into the meta;
+- a bare torchrun + DDP loop (:mod:`fp16lab.bench.distributed_bare`: ResNet-50, channels_last,
+  batch 256 per GPU, synthetic data, ``gradient_as_bucket_view``) in one launch of two ranks, in
+  three variants (amp-fp16 with foreach SGD, as written; with fused SGD, no host sync in
+  GradScaler.step; amp-bf16, no scaler) and five modes (GPU 0 alone, GPU 1 alone, both at once
+  without DDP, DDP, DDP without the buffer broadcast), interleaved round by round, with each
+  rank's step times, clocks and profiled idle, compute and NCCL time. The summary's
+  ``diagnosis`` sets them side by side: where the ~5 ms a step that two GPUs lose goes;
 - fp16lab points on 1 and 2 GPUs: ResNet-50 at batch 256 and 64 per GPU in each precision, and a
   parameter-heavy transformer stack (hidden 2048, ~300M parameters, batch 32 per GPU) with the
   settings that decide how gradients travel: comm hooks, bucket sizes, ``static_graph``,
-  ``gradient_as_bucket_view``, FSDP2's ``reduce_dtype`` and ``NCCL_ALGO=Tree``;
+  ``gradient_as_bucket_view``, FSDP2's ``reduce_dtype``, and ResNet-50 with fused SGD (the
+  engine's ``optimizer`` setting); what earlier runs measured and this one drops is in
+  :data:`DROPPED` and the meta;
 - on 2 GPUs, the share of the step the collectives take and how much of it no compute kernel
   hides (torch.profiler's NCCL kernels, :func:`fp16lab.distributed.comm_overlap`).
 
@@ -18,7 +25,7 @@ is not wrapped (the single-GPU baseline). Protocol: ``fp16lab.distributed.WARMUP
 mean step. The environment passes through to every rank (keep NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 set where the host needs them).
 
-    python -m fp16lab.bench.distributed            # 2 GPUs, about 3 minutes
+    python -m fp16lab.bench.distributed            # 2 GPUs, about 7 minutes
     python -m fp16lab.bench.distributed --quick    # CPU, two gloo ranks, smoke test
 """
 
@@ -29,94 +36,103 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from fp16lab import bench
 from fp16lab import distributed as dist_lab
+from fp16lab.bench import distributed_bare as bare
 
 TRANSFORMER = dict(model="transformer_stack", batch=32)
 
 
-def bare_worker(workdir: Path) -> int:
-    """The bare loop, one rank of it: plain DDP and GradScaler, timed with two CUDA events."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from fp16lab.models import NUM_CLASSES, build_model, input_shape
-    from fp16lab.recipes import set_tf32
-
-    job = json.loads((workdir / "job.json").read_text())["items"]
-    rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    cuda = job[0]["device"] == "cuda"
-    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    set_tf32(False)
-    torch.backends.cudnn.benchmark = dist_lab.CUDNN_BENCHMARK
-    for i, item in enumerate(job):
-        torch.manual_seed(0)
-        model = build_model(item["model"]).to(dev).to(memory_format=torch.channels_last)
-        x = torch.randn(input_shape(item["model"], item["batch"]), device=dev)
-        x = x.contiguous(memory_format=torch.channels_last)
-        y = torch.randint(0, NUM_CLASSES, (item["batch"],), device=dev)
-        if world > 1:
-            model = DDP(model, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        scaler = torch.amp.GradScaler(dev.type)
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(dev.type, dtype=torch.float16):
-                loss = F.cross_entropy(model(x), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-
-        ms = []
-        for _ in range(item["repeats"]):
-            for _ in range(item["warmup"]):
-                step()
-            if cuda:
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                start.record()
-                for _ in range(item["steps"]):
-                    step()
-                stop.record()
-                torch.cuda.synchronize()
-                ms.append(start.elapsed_time(stop) / item["steps"])
-            else:
-                t0 = time.perf_counter()
-                for _ in range(item["steps"]):
-                    step()
-                ms.append((time.perf_counter() - t0) * 1e3 / item["steps"])
-        slowest = torch.tensor(ms, dtype=torch.float64, device=dev)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # synchronous training: the slowest rank sets the pace
-        if rank == 0:
-            row = {**item, "status": "ok", "error": None, "gpus": world, "step_ms_repeats": slowest.tolist(),
-                   "samples_per_s_repeats": [world * item["batch"] / (m / 1e3) for m in slowest.tolist()]}
-            (workdir / f"row_{i}.json").write_text(json.dumps(row))
-        del model, opt, x, y
-    dist.destroy_process_group()
-    return 0
+def nvidia_smi_topology() -> str:
+    """Returns ``nvidia-smi topo -m`` (how the GPUs are linked: NV# is NVLink, PIX/PXB/PHB/SYS
+    PCIe paths), or why it could not be read."""
+    try:
+        got = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"not read: {type(e).__name__}: {e}"
+    return got.stdout if got.returncode == 0 else f"not read: exit {got.returncode}: {got.stderr.strip()[:300]}"
 
 
-def bare_rows(gpus: int, device: str, model: str, batch: int, repeats: int, budget_s: float) -> list[dict[str, Any]]:
-    """Returns the bare loop's row on ``gpus`` ranks (its whole launch is bounded by ``budget_s``)."""
-    item = {"kind": "bare", "model": model, "batch": batch, "precision": "amp-fp16", "device": device,
-            "layout": "channels_last", "warmup": dist_lab.WARMUP if device == "cuda" else 1,
-            "steps": dist_lab.STEPS if device == "cuda" else 3, "repeats": repeats}
-    launch = dist_lab.run_ranks(gpus, [str(Path(__file__).resolve()), "--bare-worker"], [item],
-                                startup_timeout_s=budget_s)
-    row = {**launch.rows[0], "gpus": gpus, "label": f"bare {model} b{batch} amp-fp16 x{gpus}"}
-    if row["status"] == "ok":
-        row["samples_per_s"] = statistics.median(row["samples_per_s_repeats"])
-    return [row]
+def diagnose(gpus: int, device: str, model: str, batch: int, rounds: int, timeout_s: float,
+             variants: list[str] | None = None,
+             modes: list[str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Returns (the bare loop's rows, the all-reduce probe) from one torchrun launch of ``gpus`` ranks.
+
+    One row per variant and mode of :mod:`fp16lab.bench.distributed_bare` (all of them unless
+    given), its rounds pooled (:func:`pool_rounds`); the probe is rank 0's ``busbw`` row (or
+    its error).
+    """
+    cuda = device == "cuda"
+    items = [{"task": "busbw", "device": device, "iters": 20 if cuda else 3,
+              "sizes_mb": [2 ** k for k in range(9)] if cuda else [1, 2]}]
+    items += bare.loop_items(variants or list(bare.VARIANTS), modes or list(bare.MODES), rounds,
+                             model=model, batch=batch,
+                             device=device, warmup=dist_lab.WARMUP if cuda else 1,
+                             steps=dist_lab.STEPS if cuda else 3, profile_steps=3 if cuda else 0)
+    launch = dist_lab.run_ranks(gpus, ["-m", "fp16lab.bench.distributed_bare"], items,
+                                timeout_s=timeout_s)
+    probe = {k: v for k, v in launch.rows[0].items() if k != "task"}
+    return pool_rounds(launch.rows[1:]), probe
+
+
+def pool_rounds(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Returns one row per (variant, mode) from the rows of its rounds.
+
+    A round's rate is every training rank's samples over the slowest training rank's mean step;
+    the row's ``samples_per_s`` is the median over rounds. ``per_rank`` keeps each rank's mean
+    step per round, and from the profiled round its split, clocks and end state; rank 0's split
+    (of the ranks that trained, the first) is copied to the row as for the fp16lab rows.
+    """
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for it in items:
+        key = (it["variant"], it["mode"])
+        precision, optimizer = bare.VARIANT_SETTINGS[it["variant"]]
+        row = out.setdefault(key, {
+            "kind": "bare", "variant": it["variant"], "mode": it["mode"], "model": it["model"],
+            "batch": it["batch"], "precision": precision, "optimizer": optimizer, "device": it["device"],
+            "layout": "channels_last", "warmup": it["warmup"], "steps": it["steps"], "status": "ok",
+            "error": None, "step_ms_repeats": [], "samples_per_s_repeats": [], "per_rank": {}})
+        if it["status"] != "ok":  # the row keeps the rounds that ran, and says which did not
+            row.update(status=it["status"], error=it["error"])
+            row.setdefault("round_errors", []).append({"round": it["round"], "error": it["error"]})
+            continue
+        active = [r for r in it["per_rank"] if r["trained"]]
+        row["gpus"] = len(active)
+        slowest = max(r["step_ms_mean"] for r in active)
+        row["step_ms_repeats"].append(slowest)
+        row["samples_per_s_repeats"].append(len(active) * it["batch"] / (slowest / 1e3))
+        for r in active:
+            mine = row["per_rank"].setdefault(r["rank"], {"rank": r["rank"], "step_ms_mean_repeats": []})
+            mine["step_ms_mean_repeats"].append(r["step_ms_mean"])
+            if it["profile_steps"] or "cpus" not in mine:
+                mine.update({k: v for k, v in r.items()
+                             if k not in ("step_ms", "step_ms_mean", "step_ms_median", "trained")})
+    rows = []
+    for (variant, mode), row in out.items():
+        row["per_rank"] = [row["per_rank"][k] for k in sorted(row["per_rank"])]
+        if row["samples_per_s_repeats"]:
+            row["samples_per_s"] = statistics.median(row["samples_per_s_repeats"])
+            row["status"], row["error"] = "ok", None  # a round that failed is left out, not the row
+            first = row["per_rank"][0]
+            row.update({k: first[k] for k in ("span_us", "compute_us", "comm_us", "exposed_comm_us",
+                                              "overlapped_comm_us", "idle_us", "comm_share",
+                                              "exposed_comm_share", "idle_share") if k in first})
+        row.setdefault("gpus", 1 if mode in ("gpu0", "gpu1") else None)
+        extra = [] if optimizer_is_default(row) else [f"opt={row['optimizer']}"]
+        extra += [] if mode in ("gpu0", "ddp") else [mode]
+        row["label"] = " ".join([f"bare {row['model']} b{row['batch']} {row['precision']} x{row['gpus']}", *extra])
+        rows.append(row)
+    return rows
+
+
+def optimizer_is_default(row: dict[str, Any]) -> bool:
+    """True where a row's optimizer is fp16lab's default (rows written before it was a setting too)."""
+    return row.get("optimizer", "sgd") == "sgd"
 
 
 def lab_rows(points: list[dist_lab.DistPoint], deadline: float, timeout_s: float,
@@ -149,9 +165,9 @@ def plan(gpus: int, device: str) -> list[tuple[list[dist_lab.DistPoint], dict[st
     """Returns the launches in order: each a list of points sharing ``gpus``, and NCCL variables.
 
     The ones that answer the questions come first (the time budget cuts from the end): the
-    one-GPU baselines, then on ``gpus``: ResNet-50 at batch 256 and 64, the transformer stack
-    with each DDP setting, FSDP2's reduce dtypes, NCCL_ALGO=Tree; then the other precisions and
-    settings.
+    one-GPU baselines, then on ``gpus``: ResNet-50 at batch 256 (with each optimizer) and 64,
+    the transformer stack with each DDP setting, FSDP2's reduce dtypes; then the other
+    precisions and settings. What was dropped, and why, is in :data:`DROPPED`.
     """
     if device == "cpu":
         small = dict(device="cpu", warmup=1, steps=3)
@@ -164,13 +180,14 @@ def plan(gpus: int, device: str) -> list[tuple[list[dist_lab.DistPoint], dict[st
     tx = lambda prec, **kw: dist_lab.DistPoint(**TRANSFORMER, precision=prec, device="cuda", **kw)
     n = dict(gpus=gpus, profile_steps=3)
     launches = [
-        [r50(256, "amp-fp16", gpus=1), r50(64, "amp-fp16", gpus=1), tx("amp-bf16", gpus=1)],
-        [r50(256, "amp-fp16", **n), r50(256, "amp-fp16", comm_hook="fp16", **n),
+        [r50(256, "amp-fp16", gpus=1), r50(256, "amp-fp16", optimizer="sgd-fused", gpus=1),
+         r50(64, "amp-fp16", gpus=1), tx("amp-bf16", gpus=1)],
+        [r50(256, "amp-fp16", **n), r50(256, "amp-fp16", optimizer="sgd-fused", **n),
+         r50(256, "amp-fp16", comm_hook="fp16", **n),
          r50(64, "amp-fp16", **n), r50(64, "amp-fp16", comm_hook="fp16", **n),
          tx("amp-bf16", **n), tx("amp-bf16", comm_hook="bf16", **n), tx("amp-bf16", bucket_cap_mb=100, **n),
          tx("amp-bf16", static_graph=True, **n), tx("amp-bf16", bucket_cap_mb=400, **n)],
         [tx("amp-bf16", strategy="fsdp", reduce_dtype=r, **n) for r in ("fp32", "bf16")],
-        [tx("amp-bf16", **n), r50(64, "amp-fp16", **n)],  # again, under NCCL_ALGO=Tree (below)
         [r50(256, "amp-bf16", gpus=1), tx("amp-fp16", gpus=1), r50(256, "fp32", gpus=1), tx("fp32", gpus=1)],
         [r50(256, "amp-bf16", **n), r50(256, "amp-bf16", comm_hook="bf16", **n),
          tx("amp-fp16", **n), tx("amp-fp16", comm_hook="fp16", **n), r50(256, "fp32", **n), tx("fp32", **n),
@@ -179,7 +196,19 @@ def plan(gpus: int, device: str) -> list[tuple[list[dist_lab.DistPoint], dict[st
          r50(64, "amp-fp16", bucket_cap_mb=100, **n), r50(64, "amp-fp16", static_graph=True, **n),
          tx("fp32", strategy="fsdp", **n)],
     ]
-    return [(points, {"NCCL_ALGO": "Tree"} if i == 3 else {}) for i, points in enumerate(launches)]
+    return [(points, {}) for points in launches]
+
+
+#: What earlier runs measured that this one leaves out, and why (written into the result's meta).
+DROPPED = {
+    "NCCL_ALGO=Tree launch (transformer_stack b32 amp-bf16, resnet50 b64 amp-fp16 on 2 GPUs)": (
+        "on the 2 x H200 host of 2026-11-30, NCCL 2.28.9 refused Tree for 2 ranks on one node "
+        "('invalid usage'); measuring it again costs a launch and answers nothing"),
+    "bare loop in its own world-1 and world-2 launches": (
+        "the same loop is now measured in one 2-rank launch (fp16lab.bench.distributed_bare), "
+        "interleaved with its variants: 'x1' rows train on GPU 0 while rank 1 waits on the CPU; "
+        "the labels 'bare resnet50 b256 amp-fp16 x1/x2' are kept"),
+}
 
 
 def setting(row: dict[str, Any]) -> str:
@@ -189,27 +218,38 @@ def setting(row: dict[str, Any]) -> str:
 
 
 def summarize(rows: list[dict[str, Any]], gpus: int, model: str, batch: int) -> dict[str, Any]:
-    """Returns efficiencies per 2-GPU row, the engine against the bare loop, and the gap recovered."""
+    """Returns efficiencies per 2-GPU row, the engine against the bare loop, and the gap recovered.
+
+    A row's efficiency is its rate over ``gpus`` times the one-GPU rate of the same kind, model,
+    batch, precision and optimizer (for the bare loop: trained on GPU 0, mode ``gpu0``).
+    """
     ok = [r for r in rows if r["status"] == "ok"]
 
-    def rate(kind: str, n: int, model: str, batch: int, precision: str) -> float | None:
+    def rate(kind: str, n: int, precision: str, optimizer: str = "sgd", mode: str | None = None,
+             model: str = model, batch: int = batch, **match: Any) -> float | None:
         xs = [r["samples_per_s"] for r in ok if r.get("kind") == kind and r["gpus"] == n
-              and r["model"] == model and r["batch"] == batch and r["precision"] == precision]
+              and r["model"] == model and r["batch"] == batch and r["precision"] == precision
+              and r.get("optimizer", "sgd") == optimizer and r.get("mode") in (mode, None)
+              and all(r.get(k) == v for k, v in match.items())]
         return statistics.median(xs) if xs else None
 
     for r in ok:
         if r["gpus"] > 1:
-            one = rate(r["kind"], 1, r["model"], r["batch"], r["precision"])
+            one = rate(r["kind"], 1, r["precision"], r.get("optimizer", "sgd"), "gpu0",
+                       model=r["model"], batch=r["batch"])
             r["efficiency"] = dist_lab.scaling_efficiency(r["samples_per_s"], one, r["gpus"]) if one else None
     out: dict[str, Any] = {}
-    bare_n, bare_1 = rate("bare", gpus, model, batch, "amp-fp16"), rate("bare", 1, model, batch, "amp-fp16")
-    lab = [r["samples_per_s"] for r in ok if r.get("kind") == "fp16lab" and r["gpus"] == gpus
-           and r["model"] == model and r["batch"] == batch and r["precision"] == "amp-fp16"
-           and r["comm_hook"] == "none"]
-    if bare_n and bare_1:
-        out["bare_efficiency"] = dist_lab.scaling_efficiency(bare_n, bare_1, gpus)
-    if bare_n and lab:
-        out["engine_vs_bare"] = statistics.median(lab) / bare_n
+    for opt, suffix in (("sgd", ""), ("sgd-fused", "_fused")):
+        bare_n = rate("bare", gpus, "amp-fp16", opt, "ddp")
+        bare_1 = rate("bare", 1, "amp-fp16", opt, "gpu0")
+        lab = rate("fp16lab", gpus, "amp-fp16", opt, comm_hook="none")
+        if bare_n and bare_1:
+            out["bare_efficiency" + suffix] = dist_lab.scaling_efficiency(bare_n, bare_1, gpus)
+        if bare_n and lab:
+            out["engine_vs_bare" + suffix] = lab / bare_n
+        lab_1 = rate("fp16lab", 1, "amp-fp16", opt)
+        if lab and lab_1:
+            out["engine_efficiency" + suffix] = dist_lab.scaling_efficiency(lab, lab_1, gpus)
     tx = [r for r in ok if r["gpus"] > 1 and r["model"] == TRANSFORMER["model"] and r["precision"] == "amp-bf16"
           and r.get("efficiency")]
     default = next((r for r in tx if setting(r) == "ddp hook=none bucket=25MB"), None)
@@ -219,6 +259,40 @@ def summarize(rows: list[dict[str, Any]], gpus: int, model: str, batch: int) -> 
         out["transformer_default_efficiency"] = default["efficiency"]
         out["transformer_best"] = {"setting": setting(best), "efficiency": best["efficiency"]}
         out["transformer_gap_recovered"] = (best["efficiency"] - default["efficiency"]) / gap if gap > 0 else None
+    return out
+
+
+def diagnosis(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Returns, per variant of the bare loop, what tells the suspects apart (after :func:`summarize`).
+
+    ``rate`` and ``efficiency`` per mode; ``gpu1_over_gpu0`` (one GPU slower than the other);
+    ``vs_each_alone`` (the DDP rate over the sum of what GPU 0 and GPU 1 do alone, so a slower
+    second GPU is not counted against DDP); and per mode and rank, in ms per step from the
+    profiled round: ``idle`` (no kernel running: the GPU waits for its host), ``compute``
+    (non-NCCL kernels busy), ``nccl`` and ``exposed_nccl`` (a rank waiting in NCCL for a later
+    rank shows here), with the mean SM clock and whether the weights stayed finite.
+    """
+    out: dict[str, Any] = {}
+    for r in rows:
+        if r.get("kind") != "bare" or r["status"] != "ok":
+            continue
+        v = out.setdefault(r["variant"], {"rate": {}, "efficiency": {}, "per_rank": {}})
+        v["rate"][r["mode"]] = r["samples_per_s"]
+        if r.get("efficiency") is not None:
+            v["efficiency"][r["mode"]] = r["efficiency"]
+        ms = lambda x: None if x is None else x / 1e3  # noqa: E731
+        v["per_rank"][r["mode"]] = [
+            {"rank": p["rank"], "step_ms": statistics.median(p["step_ms_mean_repeats"]),
+             "idle": ms(p.get("idle_us")), "compute": ms(p.get("compute_us")), "nccl": ms(p.get("comm_us")),
+             "exposed_nccl": ms(p.get("exposed_comm_us")), "sm_clock_mhz": p.get("sm_clock_mhz_mean"),
+             "params_finite": p.get("params_finite"), "scale_after": p.get("scale_after")}
+            for p in r["per_rank"]]
+    for v in out.values():
+        rate = v["rate"]
+        if rate.get("gpu0") and rate.get("gpu1"):
+            v["gpu1_over_gpu0"] = rate["gpu1"] / rate["gpu0"]
+            if rate.get("ddp"):
+                v["vs_each_alone"] = rate["ddp"] / (rate["gpu0"] + rate["gpu1"])
     return out
 
 
@@ -238,14 +312,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replace", action="store_true", help="write the committed file in data/")
     ap.add_argument("--name", default=None, help="result file stem (default distributed_<gpu>x<n>)")
     ap.add_argument("--gpus", type=int, default=2, help="ranks of the multi-GPU points (default 2)")
-    ap.add_argument("--budget-s", type=float, default=160.0,
-                    help="stop launching new points after this many seconds (default 160)")
+    ap.add_argument("--budget-s", type=float, default=380.0,
+                    help="stop launching new fp16lab points this many seconds after the start (default 380)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="seconds one point may run (default 120)")
-    ap.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of the bare loop's variants and modes (default 3; 1 with --quick)")
     args = ap.parse_args(argv)
-    if args.bare_worker:
-        return bare_worker(args.workdir)
+    if args.gpus < 2:
+        raise SystemExit(f"--gpus must be at least 2 (it is compared with 1), got {args.gpus}")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    for flag, value in (("--budget-s", args.budget_s), ("--timeout-s", args.timeout_s)):
+        if not value > 0:
+            raise SystemExit(f"{flag} must be a positive number of seconds, got {value}")
     import torch
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -253,30 +332,41 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and have < args.gpus:
         print(f"this benchmark needs {args.gpus} CUDA GPUs, torch sees {have}; run with --quick for the CPU smoke test")
         return 2
-    if args.gpus < 2:
-        raise SystemExit(f"--gpus must be at least 2 (it is compared with 1), got {args.gpus}")
     name = args.name or (f"distributed_{_gpu_slug()}x{args.gpus}" if device == "cuda" else "distributed_quick")
+    folder = args.out if args.out is not None else (bench.data_dir() if args.replace else bench.local_dir())
+    try:  # before any work: a run of minutes must not end in a file it cannot write
+        bench.check_can_write(Path(folder) / f"{name}.json")
+    except ValueError as e:
+        raise SystemExit(str(e))
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
     env = {k: os.environ.get(k) for k in dist_lab.NCCL_ENV}
     print(f"{name}: {device}, {args.gpus} ranks; NCCL environment {env}", flush=True)
-    rows: list[dict[str, Any]] = []
-    model, batch, repeats = ("resnet50", 256, 2) if device == "cuda" else ("small_cnn", 16, 1)
-    for n in (1, args.gpus):
-        rows += bare_rows(n, device, model, batch, repeats, max(args.budget_s / 4, 60))
-        print(f"  {rows[-1]['label']:<62} {rows[-1]['status']:>5} "
-              + (f"{rows[-1]['samples_per_s']:10.1f}/s" if rows[-1]["status"] == "ok" else rows[-1]["error"][:120]),
+    topology = nvidia_smi_topology()
+    print(topology, flush=True)
+    model, batch = ("resnet50", 256) if device == "cuda" else ("small_cnn", 16)
+    rows, probe = diagnose(args.gpus, device, model, batch, args.rounds if device == "cuda" else 1,
+                           timeout_s=args.timeout_s)
+    for r in rows:
+        print(f"  {r['label']:<62} {r['status']:>5} "
+              + (f"{r['samples_per_s']:10.1f}/s" if r["status"] == "ok" else str(r["error"])[:120]), flush=True)
+    for size in probe.get("sizes", []):
+        print(f"  all_reduce {size['bytes'] / 2**20:6.0f} MiB {size['ms']:8.3f} ms  busbw {size['busbw_gbs']:7.1f} GB/s",
               flush=True)
     protocol = {"warmup": dist_lab.WARMUP, "steps": dist_lab.STEPS, "cudnn_benchmark": dist_lab.CUDNN_BENCHMARK,
                 "tf32": False, "rate": "all ranks' samples over the slowest rank's mean step",
-                "efficiency": "rate on n GPUs / (n x rate on 1 GPU), same run, same point"}
+                "efficiency": "rate on n GPUs / (n x rate on 1 GPU), same run, same point",
+                "bare_rounds": args.rounds if device == "cuda" else 1,
+                "bare_variants": bare.VARIANTS, "bare_modes": bare.MODES}
 
     def write(complete: bool) -> Path:
-        summary = {**summarize(rows, args.gpus, model, batch), "wall_s": time.monotonic() - t0,
-                   "complete": complete}
-        meta = {"summary": summary, "gpus": args.gpus, "env": env, "protocol": protocol}
+        summary = {**summarize(rows, args.gpus, model, batch), "diagnosis": diagnosis(rows),
+                   "wall_s": time.monotonic() - t0, "complete": complete}
+        meta = {"summary": summary, "gpus": args.gpus, "env": env, "protocol": protocol,
+                "topology": topology, "allreduce_busbw": probe, "dropped": DROPPED}
         return bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
 
+    write(complete=False)
     for points, nccl_env in plan(args.gpus, device):
         rows += lab_rows(points, deadline, args.timeout_s, nccl_env)
         write(complete=False)  # what is measured so far survives a run cut short
@@ -284,16 +374,17 @@ def main(argv: list[str] | None = None) -> int:
     summary = bench.read_result(path)["meta"]["summary"]
     print(f"\nwrote {path}")
     print(json.dumps(summary, indent=1, default=str))
-    print(f"\n{'point':<62} {'samples/s':>10} {'eff':>6} {'comm':>6} {'exposed':>8}")
+    print(f"\n{'point':<62} {'samples/s':>10} {'eff':>6} {'comm':>6} {'exposed':>8} {'idle':>6}")
     for r in rows:
         if r["status"] != "ok":
-            print(f"{r['label']:<62} {r['status']:>10}  {r['error'][:60]}")
+            print(f"{r['label']:<62} {r['status']:>10}  {str(r['error'])[:60]}")
             continue
         eff = r.get("efficiency")
         comm = r.get("comm_share")
-        exposed = r.get("exposed_comm_share")
+        exposed, idle = r.get("exposed_comm_share"), r.get("idle_share")
         print(f"{r['label']:<62} {r['samples_per_s']:10.1f} {'' if eff is None else f'{eff:.3f}':>6} "
-              f"{'' if comm is None else f'{comm:.0%}':>6} {'' if exposed is None else f'{exposed:.0%}':>8}")
+              f"{'' if comm is None else f'{comm:.0%}':>6} {'' if exposed is None else f'{exposed:.0%}':>8} "
+              f"{'' if idle is None else f'{idle:.0%}':>6}")
     return 0
 
 

@@ -1,0 +1,161 @@
+"""fp16lab.bench.distributed and its bare loop: the arithmetic on rows made by hand, one CPU launch.
+
+The summaries are checked against rates and efficiencies computed here from the step times; the
+launch runs the bare loop's worker on two gloo ranks (seconds) and checks what each rank did.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from fp16lab.bench import distributed as bd
+from fp16lab.bench import distributed_bare as bare
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _item(variant, mode, rnd, ms_by_rank, ok=True, profile=None):
+    """A loop item's row as rank 0 writes it: ``ms_by_rank`` maps each training rank to its mean step."""
+    per_rank = [{"rank": r, "trained": r in ms_by_rank, "cpus": 16} for r in (0, 1)]
+    for p in per_rank:
+        if p["trained"]:
+            p.update(step_ms_mean=ms_by_rank[p["rank"]], step_ms=[ms_by_rank[p["rank"]]] * 3,
+                     params_finite=True, optimizer_fused=variant == "sgd-fused", **(profile or {}))
+    return {"task": "loop", "variant": variant, "mode": mode, "round": rnd, "model": "resnet50",
+            "batch": 256, "device": "cuda", "warmup": 10, "steps": 30, "profile_steps": 3 if rnd == 0 else 0,
+            "status": "ok" if ok else "error", "error": None if ok else "rank 1 raised OutOfMemoryError: x",
+            "per_rank": per_rank if ok else None}
+
+
+def test_loop_items_interleave_rounds_and_profile_only_the_first():
+    items = bare.loop_items(["sgd", "bf16"], ["gpu0", "ddp"], 2, model="resnet50", batch=256,
+                            device="cuda", warmup=10, steps=30, profile_steps=3)
+    assert [(i["round"], i["variant"], i["mode"]) for i in items] == [
+        (0, "sgd", "gpu0"), (0, "sgd", "ddp"), (0, "bf16", "gpu0"), (0, "bf16", "ddp"),
+        (1, "sgd", "gpu0"), (1, "sgd", "ddp"), (1, "bf16", "gpu0"), (1, "bf16", "ddp")]
+    assert [i["profile_steps"] for i in items] == [3] * 4 + [0] * 4
+    for kwargs, words in [(dict(variants=["adam"]), "variants must be a non-empty list from sgd, sgd-fused, bf16"),
+                          (dict(modes=[]), "modes must be a non-empty list from gpu0, gpu1, no-ddp"),
+                          (dict(rounds=0), "rounds must be a positive integer")]:
+        args = {"variants": ["sgd"], "modes": ["ddp"], "rounds": 1, **kwargs}
+        with pytest.raises(ValueError, match=words):
+            bare.loop_items(args["variants"], args["modes"], args["rounds"], model="resnet50", batch=8,
+                            device="cpu", warmup=1, steps=1, profile_steps=0)
+
+
+def test_which_ranks_train_in_each_mode():
+    assert [[bare.trains(m, r) for r in (0, 1)] for m in bare.MODES] == [
+        [True, False], [False, True], [True, True], [True, True], [True, True]]
+    with pytest.raises(ValueError, match="mode must be one of gpu0"):
+        bare.trains("gpu2", 0)
+
+
+def test_pool_rounds_takes_the_slowest_rank_and_the_median_round():
+    split = {"span_us": 50e3, "idle_us": 6e3, "compute_us": 42e3, "comm_us": 600.0,
+             "exposed_comm_us": 500.0, "overlapped_comm_us": 100.0, "comm_share": 0.012,
+             "exposed_comm_share": 0.01, "idle_share": 0.12}
+    items = [_item("sgd", "gpu1", 0, {1: 40.0}), _item("sgd", "ddp", 0, {0: 48.0, 1: 50.0}, profile=split),
+             _item("sgd", "gpu1", 1, {1: 44.0}), _item("sgd", "ddp", 1, {0: 46.0, 1: 45.0}),
+             _item("sgd", "gpu1", 2, {}, ok=False), _item("sgd", "ddp", 2, {0: 49.0, 1: 47.0})]
+    gpu1, ddp = bd.pool_rounds(items)
+    assert gpu1["label"] == "bare resnet50 b256 amp-fp16 x1 gpu1" and gpu1["gpus"] == 1
+    assert gpu1["samples_per_s_repeats"] == pytest.approx([256 / 0.040, 256 / 0.044])
+    assert gpu1["status"] == "ok" and gpu1["round_errors"][0]["round"] == 2
+    assert [p["rank"] for p in gpu1["per_rank"]] == [1]
+    assert ddp["label"] == "bare resnet50 b256 amp-fp16 x2" and ddp["gpus"] == 2
+    assert ddp["step_ms_repeats"] == [50.0, 46.0, 49.0]  # the slowest rank of each round
+    assert ddp["samples_per_s"] == pytest.approx(512 / 0.049)  # median of 512/0.050, 512/0.046, 512/0.049
+    assert ddp["per_rank"][1]["step_ms_mean_repeats"] == [50.0, 45.0, 47.0]
+    assert ddp["idle_us"] == 6e3 and ddp["per_rank"][0]["idle_us"] == 6e3  # from the profiled round
+
+
+def _rows():
+    """Bare rows (two variants) and fp16lab rows, as pool_rounds and lab_rows leave them."""
+    def b(variant, mode, gpus, rate, optimizer="sgd", precision="amp-fp16", idle=None):
+        per_rank = [{"rank": r, "step_ms_mean_repeats": [gpus * 256 / rate * 1e3], "idle_us": idle}
+                    for r in range(gpus)]
+        return {"kind": "bare", "variant": variant, "mode": mode, "gpus": gpus, "model": "resnet50",
+                "batch": 256, "precision": precision, "optimizer": optimizer, "status": "ok",
+                "samples_per_s": rate, "per_rank": per_rank, "label": f"bare {variant} {mode}"}
+
+    def lab(gpus, rate, optimizer="sgd"):
+        return {"kind": "fp16lab", "gpus": gpus, "model": "resnet50", "batch": 256, "precision": "amp-fp16",
+                "optimizer": optimizer, "comm_hook": "none", "status": "ok", "samples_per_s": rate,
+                "label": f"resnet50 b256 amp-fp16 x{gpus} ddp hook=none bucket=25MB"}
+
+    return [b("sgd", "gpu0", 1, 5800.0), b("sgd", "gpu1", 1, 5600.0), b("sgd", "no-ddp", 2, 11300.0),
+            b("sgd", "ddp", 2, 10600.0, idle=5000.0), b("sgd", "ddp-no-broadcast", 2, 10900.0),
+            b("sgd-fused", "gpu0", 1, 6000.0, "sgd-fused"), b("sgd-fused", "ddp", 2, 11700.0, "sgd-fused"),
+            lab(1, 5850.0), lab(2, 10500.0), lab(1, 5990.0, "sgd-fused"), lab(2, 11600.0, "sgd-fused")]
+
+
+def test_summarize_matches_each_row_with_its_own_one_gpu_rate():
+    rows = _rows()
+    out = bd.summarize(rows, 2, "resnet50", 256)
+    eff = {r["label"]: r.get("efficiency") for r in rows}
+    assert eff["bare sgd ddp"] == pytest.approx(10600 / (2 * 5800))  # against GPU 0, not GPU 1
+    assert eff["bare sgd no-ddp"] == pytest.approx(11300 / (2 * 5800))
+    assert eff["bare sgd-fused ddp"] == pytest.approx(11700 / (2 * 6000))  # its own optimizer's x1
+    assert out["bare_efficiency"] == pytest.approx(10600 / 11600)
+    assert out["bare_efficiency_fused"] == pytest.approx(11700 / 12000)
+    assert out["engine_vs_bare"] == pytest.approx(10500 / 10600)
+    assert out["engine_vs_bare_fused"] == pytest.approx(11600 / 11700)
+    assert out["engine_efficiency_fused"] == pytest.approx(11600 / (2 * 5990))
+
+
+def test_diagnosis_sets_the_suspects_side_by_side():
+    rows = _rows()
+    bd.summarize(rows, 2, "resnet50", 256)
+    got = bd.diagnosis(rows)
+    sgd = got["sgd"]
+    assert sgd["gpu1_over_gpu0"] == pytest.approx(5600 / 5800)
+    assert sgd["vs_each_alone"] == pytest.approx(10600 / (5800 + 5600))
+    assert sgd["efficiency"] == pytest.approx({"no-ddp": 11300 / 11600, "ddp": 10600 / 11600,
+                                               "ddp-no-broadcast": 10900 / 11600})
+    ddp = sgd["per_rank"]["ddp"]
+    assert [r["rank"] for r in ddp] == [0, 1] and ddp[0]["idle"] == 5.0  # ms per step
+    assert ddp[0]["step_ms"] == pytest.approx(512 / 10600 * 1e3)
+    assert "gpu1_over_gpu0" not in got["sgd-fused"]  # no GPU 1 row: nothing to compare
+    assert set(got) == {"sgd", "sgd-fused"}  # fp16lab rows are not the bare loop's
+
+
+def test_cpu_launch_of_the_bare_loop_and_the_allreduce_probe():
+    rows, probe = bd.diagnose(2, "cpu", "small_cnn", 8, rounds=1, timeout_s=120,
+                              variants=["sgd-fused", "bf16"], modes=["gpu1", "ddp-no-broadcast"])
+    assert probe["status"] == "ok" and probe["world_size"] == 2
+    for size, mb in zip(probe["sizes"], (1, 2)):
+        assert size["bytes"] == mb * 2**20
+        want = size["bytes"] / (size["ms"] / 1e3) / 1e9
+        assert size["algbw_gbs"] == pytest.approx(want) and size["busbw_gbs"] == pytest.approx(want)  # n = 2
+    by = {(r["variant"], r["mode"]): r for r in rows}
+    assert set(by) == {("sgd-fused", "gpu1"), ("sgd-fused", "ddp-no-broadcast"), ("bf16", "gpu1"),
+                       ("bf16", "ddp-no-broadcast")}
+    for (variant, mode), r in by.items():
+        assert r["status"] == "ok", r["error"]
+        ranks = [p["rank"] for p in r["per_rank"]]
+        assert ranks == ([1] if mode == "gpu1" else [0, 1]) and r["gpus"] == len(ranks)
+        assert r["samples_per_s"] == pytest.approx(len(ranks) * 8 / (max(r["step_ms_repeats"]) / 1e3))
+        for p in r["per_rank"]:
+            assert p["optimizer_fused"] is (variant == "sgd-fused")
+            assert (p["scale_after"] is None) is (variant == "bf16")  # bf16: no scaler at all
+            assert p["params_finite"] is True
+    assert by[("bf16", "gpu1")]["precision"] == "amp-bf16"
+
+
+def test_bad_arguments_stop_the_benchmark_before_any_work(tmp_path):
+    for argv, words in [(["--quick", "--rounds", "0"], "--rounds must be at least 1"),
+                        (["--quick", "--gpus", "1"], "--gpus must be at least 2"),
+                        (["--quick", "--budget-s", "0"], "--budget-s must be a positive")]:
+        with pytest.raises(SystemExit, match=words):
+            bd.main(argv)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="is a file"):
+        bd.main(["--quick", "--out", str(blocker / "sub")])
+
+
+def test_topology_says_why_when_nvidia_smi_is_missing(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert bd.nvidia_smi_topology().startswith("not read: FileNotFoundError")
