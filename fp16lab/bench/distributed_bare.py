@@ -24,6 +24,7 @@ buffer broadcast at every forward (``ddp-no-broadcast``), and NCCL kernels slowi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -264,6 +265,7 @@ def worker(workdir: Path) -> int:
                 dist.all_gather_object(gathered, _loop(item, rank, local, control), group=control)
                 row = {**item, "status": "ok", "error": None, "world_size": world, "per_rank": gathered}
             report.row(i, row)
+            gc.collect()  # DDP holds reference cycles: free this item's model before the next
             if cuda:
                 torch.cuda.empty_cache()
     except BaseException as exc:
