@@ -12,7 +12,8 @@ images float32 (N, 3, size, size) normalised by ImageNet's mean and std, labels 
   fp16lab's equivalent (:mod:`fp16lab.augment`, PIL); ``pipeline.implementation`` says which.
 - ``gpu-decode``: threads read the file bytes on the CPU; nvJPEG decodes them on the GPU
   (``torchvision.io.decode_jpeg(device="cuda")``) and the crop, flip and normalisation run
-  there as tensor operations.
+  there as tensor operations; two producer threads each make whole batches
+  (:class:`fp16lab.producers.OrderedProducer`), handed over in order.
 - ``dali``: an NVIDIA DALI pipeline (decoding with nvJPEG, augmentation on the GPU), where the
   ``nvidia-dali`` package imports; elsewhere :func:`unavailable_reason` says why not.
 
@@ -25,17 +26,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
-from .augment import augment_pil, crop_params, flip_draw, normalize, resized_crops
+from .augment import augment_pil, batch_generator, draw_crops, normalize, resized_crops
 from .data import CorruptImageError, load_rgb, read_jpeg_bytes, scan_image_folder
+from .producers import OrderedProducer
 
 __all__ = ["BACKENDS", "InputPipeline", "InputSettings", "cpu_cores", "default_workers",
            "make_input", "unavailable_reason"]
@@ -166,9 +169,15 @@ class InputPipeline:
 
     def __init__(self, settings: InputSettings, device: str, implementation: str,
                  batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-                 close: Callable[[], None] = lambda: None) -> None:
+                 close: Callable[[], None] = lambda: None,
+                 stages: Callable[[], dict[str, float]] = dict) -> None:
         self.settings, self.device, self.implementation = settings, device, implementation
-        self._batches, self._close = batches, close
+        self._batches, self._close, self._stages = batches, close, stages
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Returns the host seconds spent so far in each stage of making batches, with the
+        batch count (``batches``), for backends that keep them (gpu-decode); else {}."""
+        return self._stages()
 
     def __iter__(self) -> "InputPipeline":
         return self
@@ -310,96 +319,102 @@ def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> l
 
 
 def augment_batch(images: list[torch.Tensor], size: int,
-                  generator: torch.Generator) -> torch.Tensor:
+                  generator: np.random.Generator) -> torch.Tensor:
     """Returns a (N, 3, size, size) float32 batch on the images' device (0-255 scale): a random
     resized crop and flip of each decoded (3, H, W) uint8 image.
 
-    The crops and flips are drawn picture by picture on the CPU (torchvision's draws, in its
-    order); the pixels are resampled for the whole batch at once (:func:`resized_crops`): a
-    batch of 256 costs a few tens of kernel launches, not three or four per picture.
+    The crops and flips of the whole batch are drawn at once (:func:`draw_crops`, a few numpy
+    operations) and the pixels resampled at once (:func:`resized_crops`): a batch of 256 costs
+    a few tens of kernel launches and no Python loop per picture.
     """
-    params, flips = [], []
-    for img in images:
-        params.append(crop_params(img.shape[1], img.shape[2], generator))
-        flips.append(flip_draw(generator))
-    return resized_crops(images, params, flips, size)
+    crops, flips = draw_crops([img.shape[1] for img in images], [img.shape[2] for img in images],
+                              generator)
+    return resized_crops(images, crops, flips, size)
+
+
+#: Producer threads of the gpu-decode backend: while one decodes a batch (nvJPEG, no
+#: interpreter lock), the other draws and launches the augmentation of the previous one.
+GPU_DECODE_PRODUCERS = 2
+#: Batches of the gpu-decode backend in hand at once (being made, or ready and not yet taken).
+GPU_DECODE_DEPTH = 4
+#: The numpy stream word that keeps an epoch's file order apart from the batches' crop draws.
+_ORDER_STREAM = 0x0DE4
+
+
+def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """Returns the file order of ``epoch``: a permutation of range(n), fixed by (seed, epoch)."""
+    return np.random.default_rng([seed, epoch, _ORDER_STREAM]).permutation(n)
 
 
 def _gpu_decode(s: InputSettings, root: Path, device: str, *,
                 decode: Callable[[list[torch.Tensor], list[Path], str], list[torch.Tensor]] = decode_batch,
-                depth: int = 3) -> InputPipeline:
-    """A producer thread reads the files (with a pool of reader threads, one batch ahead),
-    decodes each batch with one nvJPEG call and augments it with a few batched kernels
-    (:func:`augment_batch`) on a CUDA stream of its own, and hands ready batches over with an
-    event to wait on, so decoding overlaps the training step. The producer's Python work per
-    batch is small because it shares the interpreter lock with the training loop's launches.
-    ``decode`` turns bytes into pictures (tests on a CPU swap in PIL)."""
+                producers: int = GPU_DECODE_PRODUCERS, depth: int = GPU_DECODE_DEPTH) -> InputPipeline:
+    """Batch k is made by one of ``producers`` threads (:class:`OrderedProducer`): its files
+    are read by the pool of reader threads, decoded with one nvJPEG call, its crops drawn from
+    :func:`batch_generator` (seed, k) and applied with a few batched kernels on the thread's
+    own CUDA stream, with an event to wait on. Batches are handed over in order, so the result
+    does not depend on which thread made which batch; one thread's decode overlaps another's
+    Python work, and both overlap the training step. ``decode`` turns bytes into pictures
+    (tests on a CPU swap in PIL). The pipeline's ``stage_seconds()`` adds up, over threads,
+    the host seconds spent waiting for the reads, in the decode call, and drawing and launching
+    the augmentation."""
     files, labels, _ = scan_image_folder(root)
     cuda = str(device).startswith("cuda")
-    order_rng = torch.Generator().manual_seed(s.seed)
-    crop_rng = torch.Generator().manual_seed(s.seed + 1)
-    threads = ThreadPoolExecutor(max_workers=s.resolved_workers())
-    ready: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+    per_epoch = len(files) // s.batch
+    workers = s.resolved_workers()
+    reader = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp16lab-gpu-decode-read")
+    local = threading.local()  # each producer thread's CUDA stream
+    lock = threading.Lock()
+    orders: dict[int, np.ndarray] = {}
+    stages = {"batches": 0, "read_s": 0.0, "decode_s": 0.0, "augment_s": 0.0}
 
-    def read(i: int) -> torch.Tensor:
-        return torch.frombuffer(bytearray(read_jpeg_bytes(files[i])), dtype=torch.uint8)
+    def order(epoch: int) -> np.ndarray:
+        with lock:
+            if epoch not in orders:
+                for old in [e for e in orders if e < epoch - 1]:
+                    del orders[old]
+                orders[epoch] = _epoch_order(s.seed, epoch, len(files))
+            return orders[epoch]
 
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def read(chunk: list[int]) -> list[torch.Tensor]:
+        return [torch.frombuffer(bytearray(read_jpeg_bytes(files[i])), dtype=torch.uint8)
+                for i in chunk]
 
-    def make(idx: list[int], blobs: list[torch.Tensor],
-             stream: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-            x = normalize(augment_batch(decode(blobs, [files[i] for i in idx], device),
-                                        s.image_size, crop_rng))
+    def make(k: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        epoch, b = divmod(k, per_epoch)
+        idx = order(epoch)[b * s.batch:(b + 1) * s.batch].tolist()
+        t0 = time.perf_counter()
+        chunks = [idx[i::workers] for i in range(min(workers, len(idx)))]  # one task per reader
+        parts = [f.result() for f in [reader.submit(read, c) for c in chunks]]
+        blobs: list[torch.Tensor] = [None] * len(idx)  # type: ignore[list-item]
+        for i, part in enumerate(parts):
+            blobs[i::workers] = part
+        t1 = time.perf_counter()
+        if cuda and not hasattr(local, "stream"):
+            local.stream = torch.cuda.Stream(device=torch.device(device))
+        with torch.cuda.stream(local.stream) if cuda else contextlib.nullcontext():
+            pictures = decode(blobs, [files[i] for i in idx], device)
+            t2 = time.perf_counter()
+            x = normalize(augment_batch(pictures, s.image_size, batch_generator(s.seed, k)))
             if s.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             y = torch.tensor([labels[i] for i in idx]).to(device)
             done = torch.cuda.Event() if cuda else None
             if done is not None:
-                done.record(stream)
+                done.record(local.stream)
+        t3 = time.perf_counter()
+        with lock:
+            stages["batches"] += 1
+            stages["read_s"] += t1 - t0
+            stages["decode_s"] += t2 - t1
+            stages["augment_s"] += t3 - t2
         return x, y, done
 
-    def batches() -> Iterator[list[int]]:
-        while True:
-            perm = torch.randperm(len(files), generator=order_rng).tolist()
-            for b in range(len(files) // s.batch):
-                yield perm[b * s.batch:(b + 1) * s.batch]
-
-    def producer() -> None:
-        try:
-            stream = torch.cuda.Stream(device=torch.device(device)) if cuda else None
-            order = batches()
-            idx = next(order)
-            reading = [threads.submit(read, i) for i in idx]
-            while not stop.is_set():
-                blobs = [f.result() for f in reading]
-                # the reader threads fetch the next batch's files while this one is decoded
-                nxt = next(order)
-                reading = [threads.submit(read, i) for i in nxt]
-                if not put(make(idx, blobs, stream)):
-                    return
-                idx = nxt
-        except BaseException as e:  # handed to the consumer, which raises it
-            put(e)
-
-    thread = threading.Thread(target=producer, daemon=True, name="fp16lab-gpu-decode")
-    thread.start()
+    made = OrderedProducer(make, threads=producers, depth=depth, name="fp16lab-gpu-decode")
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            item = ready.get()
-            if isinstance(item, BaseException):
-                raise item
-            x, y, done = item
-            if done is not None:  # the training stream waits for the decode stream's batch
+        for x, y, done in made:
+            if done is not None:  # the training stream waits for the producer stream's batch
                 here = torch.cuda.current_stream()
                 here.wait_event(done)
                 x.record_stream(here)  # the allocator must not reuse it before training is done
@@ -407,12 +422,14 @@ def _gpu_decode(s: InputSettings, root: Path, device: str, *,
             yield x, y
 
     def close() -> None:
-        stop.set()
-        thread.join(timeout=5)
-        threads.shutdown(wait=False, cancel_futures=True)
+        try:
+            made.close()
+        finally:
+            reader.shutdown(wait=True, cancel_futures=True)
 
-    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg) on a side stream, "
-                         f"{s.resolved_workers()} reader threads", forever(), close)
+    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg), {producers} "
+                         f"producer threads on side streams, {workers} reader threads",
+                         forever(), close, lambda: dict(stages))
 
 
 def _dali(s: InputSettings, root: Path, device: str) -> InputPipeline:

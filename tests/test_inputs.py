@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from fp16lab.augment import IMAGENET_MEAN, IMAGENET_STD, crop_params, flip_draw
+from fp16lab.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_tensor, batch_generator,
+                             crop_params, draw_crops, flip_draw, normalize)
 from fp16lab.data import CorruptImageError, load_rgb, make_image_folder, synthetic_photo
 from fp16lab.feeding import (ProcessCpu, make_input_train_step, make_train_step, measure_loader,
                              measure_training)
@@ -139,6 +141,68 @@ def test_gpu_decode_plumbing_with_a_cpu_decoder(folder):
         assert sorted(torch.cat([y for _, y in epoch]).tolist()) == sorted(list(range(4)) * 4)
 
 
+def _gpu_decode_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("fp16lab-gpu-decode")]
+
+
+def test_gpu_decode_batches_do_not_depend_on_the_producer_threads(folder):
+    """Batch k is the same whichever thread made it and however many there are (crops seeded
+    by (seed, k)), across an epoch boundary (16 images, batches of 8)."""
+    s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=2, seed=5)
+    runs = []
+    for producers, depth in ((1, 1), (3, 5)):
+        with _gpu_decode(s, folder, "cpu", decode=_pil_decode, producers=producers,
+                         depth=depth) as p:
+            runs.append([next(p) for _ in range(5)])
+    for (x1, y1), (x2, y2) in zip(*runs):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(runs[0][0][0], runs[0][2][0])  # epoch 2 is a new order and new crops
+
+
+def test_gpu_decode_batch_is_the_per_picture_augmentation_of_its_files(folder):
+    """Batch k against torch's per-picture resize (augment_tensor) of the files the decoder was
+    given, with batch k's draws (batch_generator(seed, k)); labels from the class folders."""
+    s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=3, seed=6)
+    given = []
+
+    def decode(blobs, paths, device):
+        given.append(list(paths))
+        return _pil_decode(blobs, paths, device)
+
+    with _gpu_decode(s, folder, "cpu", decode=decode, producers=1, depth=1) as p:
+        batches = [next(p) for _ in range(4)]
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    for k, (x, y) in enumerate(batches):
+        pics = [torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
+                for f in given[k]]
+        crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
+                                  batch_generator(s.seed, k))
+        ref = normalize(torch.stack([augment_tensor(q, 24, tuple(c), bool(f))
+                                     for q, c, f in zip(pics, crops, flips)]))
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(x, ref, rtol=0, atol=5e-4)
+        assert y.tolist() == [classes.index(f.parent.name) for f in given[k]]
+    epochs = [given[0] + given[1], given[2] + given[3]]
+    assert all(len(set(e)) == 16 for e in epochs)  # every file once per epoch
+    assert epochs[0] != epochs[1]  # in a new order each epoch
+
+
+def test_gpu_decode_close_leaves_no_threads(folder, corrupt):
+    s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=3)
+    with _gpu_decode(s, folder, "cpu", decode=_pil_decode) as p:
+        next(p)
+        assert any(n.startswith("fp16lab-gpu-decode-read") for n in _gpu_decode_threads())
+        assert sum(n.startswith("fp16lab-gpu-decode-") and "read" not in n
+                   for n in _gpu_decode_threads()) == 2
+        stages = p.stage_seconds()
+    assert _gpu_decode_threads() == []
+    assert stages["batches"] >= 1 and min(stages[k] for k in ("read_s", "decode_s", "augment_s")) > 0
+    root, victim = corrupt  # also after a failed batch
+    with _gpu_decode(s, root, "cpu", decode=_pil_decode) as p, pytest.raises(CorruptImageError):
+        next(p)
+    assert _gpu_decode_threads() == []
+
+
 @pytest.mark.parametrize("change, error, match", [
     (dict(backend="dvd"), ValueError, "backend must be one of synthetic, dataloader"),
     (dict(batch=0), ValueError, "batch must be an integer >= 1"),
@@ -177,6 +241,7 @@ def test_corrupt_jpeg_in_gpu_decode_reader_is_named(corrupt):
     with _gpu_decode(s, root, "cpu", decode=_pil_decode) as p, \
             pytest.raises(CorruptImageError, match=f"{victim} is cut short"):
         next(p)
+    assert _gpu_decode_threads() == []
 
 
 def test_a_sweep_records_error_and_goes_on(corrupt, folder):
@@ -373,7 +438,6 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
     pictures, crop by crop with the same draws: only the batched fp16 resample differs, by at
     most half a level on the 0-255 scale (the decoder is checked against libjpeg above)."""
     pytest.importorskip("torchvision", reason="gpu-decode needs torchvision")
-    from fp16lab.augment import augment_tensor, normalize
     from fp16lab.inputs import decode_batch
 
     s = InputSettings("gpu-decode", batch=16, image_size=32, num_workers=2, seed=2)
@@ -385,15 +449,14 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
             seen.append([p.cpu() for p in pics])
         return pics
 
-    with _gpu_decode(s, folder, "cuda", decode=decode) as pipe:
-        x, y = next(pipe)
+    with _gpu_decode(s, folder, "cuda", decode=decode, producers=1, depth=1) as pipe:
+        x, y = next(pipe)  # one producer: the first decode is batch 0's
     assert x.is_cuda and x.shape == (16, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
-    g = torch.Generator().manual_seed(s.seed + 1)  # the pipeline's crop generator
-    ref = []
-    for pic in seen[0]:  # torchvision's order of draws: crop, then flip, picture by picture
-        params = crop_params(pic.shape[1], pic.shape[2], g)
-        ref.append(augment_tensor(pic, 32, params, flip_draw(g)))
-    ref = normalize(torch.stack(ref))
+    pics = seen[0]  # batch 0's draws: the generator of (seed, 0)
+    crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
+                              batch_generator(s.seed, 0))
+    ref = normalize(torch.stack([augment_tensor(q, 32, tuple(c), bool(f))
+                                 for q, c, f in zip(pics, crops, flips)]))
     std255 = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
     diff = ((x.cpu() - ref).abs() * std255)
     _record("gpu_decode_vs_per_picture_augmentation", {"max": float(diff.max()), "mean": float(diff.mean())})
