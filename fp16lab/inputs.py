@@ -6,8 +6,10 @@ images float32 (N, 3, size, size) normalised by ImageNet's mean and std, labels 
 - ``synthetic``: one random batch made on the device once and returned every time. Free; the
   upper bound every sweep before notebook 07 measured.
 - ``dataloader``: ``torch.utils.data.DataLoader`` over the JPEG files, with decoding,
-  RandomResizedCrop, flip and (by default) normalisation in ``num_workers`` CPU processes, then
-  a copy to the GPU (pinned memory and ``non_blocking`` as options) and channels_last there.
+  RandomResizedCrop, flip and (by default) normalisation in ``num_workers`` CPU processes
+  over epochs run back to back, then a copy to the GPU (pinned memory and ``non_blocking`` as
+  options; non-blocking copies run one batch ahead on a side stream, as in NVIDIA's ImageNet
+  example) and channels_last there.
   torchvision's ``ImageFolder`` and transforms where torchvision is installed, otherwise
   fp16lab's equivalent (:mod:`fp16lab.augment`, PIL); ``pipeline.implementation`` says which.
 - ``gpu-decode``: threads read the file bytes on the CPU; nvJPEG decodes them on the GPU
@@ -53,6 +55,8 @@ BACKENDS = {
 
 #: Share of the CPU cores the default worker count uses (the "75% of cores" rule).
 WORKER_SHARE = 0.75
+#: The dataloader backend's sampler runs epochs back to back, at least this many images a pass.
+_SAMPLES_PER_PASS = 1 << 22
 
 
 def cpu_cores() -> int:
@@ -77,7 +81,9 @@ class InputSettings:
         batch: images per batch. image_size: side of the square crops.
         num_workers: worker processes (dataloader), reader/decoder threads (gpu-decode, dali);
             None means :func:`default_workers`.
-        pin_memory, non_blocking: dataloader only: page-locked batches, asynchronous copy.
+        pin_memory, non_blocking: dataloader only: page-locked batches; an asynchronous copy
+            (and normalisation) one batch ahead on a side stream, instead of on the training
+            stream when the batch is taken.
         channels_last: the batch is converted to channels_last on the device.
         normalize_on: ``"cpu"`` (in the workers, float32 crosses to the GPU) or ``"gpu"``
             (uint8 crosses, 4x fewer bytes, and is normalised there); dataloader only.
@@ -219,14 +225,40 @@ def make_input(settings: InputSettings, root: str | Path | None = None, *,
 
 def _to_device(x: torch.Tensor, y: torch.Tensor, s: InputSettings,
                device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copies a CPU batch to the device, normalises it there if asked, sets the layout."""
+    """Copies a CPU batch to the device, sets the layout, normalises a uint8 batch there."""
     nb = s.non_blocking and str(device).startswith("cuda")
     x, y = x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
-    if x.dtype == torch.uint8:
-        x = normalize(x)
-    if s.channels_last:
+    if s.channels_last:  # before normalising: a uint8 batch moves a quarter of the bytes
         x = x.contiguous(memory_format=torch.channels_last)
+    if x.dtype == torch.uint8:
+        x = normalize(x)  # elementwise: keeps the channels_last layout
     return x, y
+
+
+def _prefetched(batches: Iterator[tuple[torch.Tensor, torch.Tensor]], s: InputSettings,
+                device: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yields CPU batches placed on a CUDA ``device``, one batch ahead, as NVIDIA's ImageNet
+    example's ``data_prefetcher`` does: the copy (and the normalisation of a uint8 batch) of
+    batch k+1 is launched on a side stream before batch k is handed over, so it overlaps
+    batch k's training step instead of queueing behind it on the training stream."""
+    stream = torch.cuda.Stream(device=torch.device(device))
+
+    def start(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        with torch.cuda.stream(stream):
+            x, y = _to_device(x, y, s, device)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return x, y, done
+
+    ahead = start(*next(batches))
+    while True:
+        x, y, done = ahead
+        here = torch.cuda.current_stream()
+        here.wait_event(done)
+        x.record_stream(here)  # made on the side stream, used on this one
+        y.record_stream(here)
+        ahead = start(*next(batches))
+        yield x, y
 
 
 def _synthetic(s: InputSettings, device: str, num_classes: int) -> InputPipeline:
@@ -281,14 +313,24 @@ def _dataloader(s: InputSettings, root: Path, device: str) -> InputPipeline:
         implementation = "fp16lab JpegFolder (PIL; torchvision is not installed)"
     workers = s.resolved_workers()
     pin = s.pin_memory and str(device).startswith("cuda")
+    # one long pass over many shuffled epochs, back to back: no pipeline drain and refill at
+    # every epoch's end, which on a small data set (8 batches an epoch) would idle the workers
+    passes = max(1, -(-_SAMPLES_PER_PASS // len(dataset)))
+    sampler = torch.utils.data.RandomSampler(dataset, num_samples=passes * len(dataset),
+                                             generator=torch.Generator().manual_seed(s.seed))
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=s.batch, shuffle=True, drop_last=True, num_workers=workers,
-        pin_memory=pin, persistent_workers=workers > 0,
-        generator=torch.Generator().manual_seed(s.seed))
+        dataset, batch_size=s.batch, sampler=sampler, drop_last=True, num_workers=workers,
+        pin_memory=pin, persistent_workers=workers > 0)
+
+    def on_cpu() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:  # persistent workers survive from one pass to the next
+            yield from loader
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:  # epoch after epoch; persistent workers survive between epochs
-            for x, y in loader:
+        if str(device).startswith("cuda") and s.non_blocking:
+            yield from _prefetched(on_cpu(), s, device)
+        else:  # the copy waits on the training stream (and, blocking, the host waits too)
+            for x, y in on_cpu():
                 yield _to_device(x, y, s, device)
 
     def close() -> None:

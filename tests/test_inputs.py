@@ -119,9 +119,21 @@ def test_normalising_on_the_gpu_side_gives_the_same_batch(folder):
         torch.manual_seed(0)
         s = InputSettings("dataloader", batch=4, image_size=32, num_workers=0, normalize_on=where)
         with make_input(s, folder, device="cpu") as p:
-            out[where] = next(p)
-    assert torch.equal(out["cpu"][1], out["gpu"][1])
-    torch.testing.assert_close(out["cpu"][0], out["gpu"][0], rtol=0, atol=1e-5)
+            out[where] = [next(p) for _ in range(3)]
+    for (xc, yc), (xg, yg) in zip(out["cpu"], out["gpu"]):
+        assert torch.equal(yc, yg) and xg.dtype == torch.float32
+        assert xg.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(xc, xg, rtol=0, atol=1e-5)
+
+
+def test_dataloader_runs_epochs_back_to_back(folder):
+    """One long pass of shuffled epochs: with 16 images and batches of 6, a batch may hold the
+    end of one epoch and the start of the next, and every image comes once per 16."""
+    s = InputSettings("dataloader", batch=6, image_size=16, num_workers=0, seed=2)
+    with make_input(s, folder, device="cpu") as p:
+        ys = torch.cat([next(p)[1] for _ in range(8)]).tolist()  # three epochs
+    for e in range(3):
+        assert sorted(ys[16 * e:16 * (e + 1)]) == sorted(list(range(4)) * 4)
 
 
 def _pil_decode(blobs, paths, device):
@@ -478,15 +490,20 @@ def test_every_backend_feeds_training_on_the_gpu(folder, backend, precision):
 
 @pytest.mark.gpu
 def test_dataloader_on_the_gpu_pins_and_equals_the_cpu_batch(folder):
+    """The GPU side (a side stream one batch ahead when non-blocking, the training stream when
+    not) hands over the same batches as the CPU, in the same order."""
     out = {}
-    for device in ("cpu", "cuda"):
+    for device, non_blocking in (("cpu", True), ("cuda", True), ("cuda", False)):
         torch.manual_seed(0)
-        s = InputSettings("dataloader", batch=4, image_size=32, num_workers=0, normalize_on="gpu")
+        s = InputSettings("dataloader", batch=4, image_size=32, num_workers=0, normalize_on="gpu",
+                          non_blocking=non_blocking)
         with make_input(s, folder, device=device) as p:
-            out[device] = next(p)
-    assert out["cuda"][0].is_cuda and out["cuda"][0].is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(out["cuda"][0].cpu(), out["cpu"][0], rtol=0, atol=1e-5)
-    assert torch.equal(out["cuda"][1].cpu(), out["cpu"][1])
+            out[device, non_blocking] = [next(p) for _ in range(3)]
+    for key in (("cuda", True), ("cuda", False)):
+        for (x, y), (xc, yc) in zip(out[key], out["cpu", True]):
+            assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(x.cpu(), xc, rtol=0, atol=1e-5)
+            assert torch.equal(y.cpu(), yc)
 
 
 @pytest.mark.gpu
