@@ -14,8 +14,8 @@ images float32 (N, 3, size, size) normalised by ImageNet's mean and std, labels 
   fp16lab's equivalent (:mod:`fp16lab.augment`, PIL); ``pipeline.implementation`` says which.
 - ``gpu-decode``: threads read the file bytes on the CPU; nvJPEG decodes them on the GPU
   (``torchvision.io.decode_jpeg(device="cuda")``) and the crop, flip and normalisation run
-  there as tensor operations; two producer threads each make whole batches
-  (:class:`fp16lab.producers.OrderedProducer`), handed over in order.
+  there as tensor operations; two producer threads each make whole batches, handed over in
+  order (:mod:`fp16lab.gpu_decode`).
 - ``dali``: an NVIDIA DALI pipeline (decoding with nvJPEG, augmentation on the GPU), where the
   ``nvidia-dali`` package imports; elsewhere :func:`unavailable_reason` says why not.
 
@@ -26,21 +26,15 @@ naming the file, from the batch that meets it.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
-from .augment import augment_pil, batch_generator, draw_crops, normalize, resized_crops
-from .data import CorruptImageError, load_rgb, read_jpeg_bytes, scan_image_folder
-from .producers import OrderedProducer
+from .augment import augment_pil, normalize
+from .data import load_rgb, scan_image_folder
 
 __all__ = ["BACKENDS", "InputPipeline", "InputSettings", "cpu_cores", "default_workers",
            "make_input", "unavailable_reason"]
@@ -219,7 +213,9 @@ def make_input(settings: InputSettings, root: str | Path | None = None, *,
     if settings.backend == "dataloader":
         return _dataloader(settings, Path(root), device)
     if settings.backend == "gpu-decode":
-        return _gpu_decode(settings, Path(root), device)
+        from .gpu_decode import gpu_decode_pipeline  # it builds on this module's types
+
+        return gpu_decode_pipeline(settings, Path(root), device)
     return _dali(settings, Path(root), device)
 
 
@@ -339,139 +335,6 @@ def _dataloader(s: InputSettings, root: Path, device: str) -> InputPipeline:
             it._shutdown_workers()
 
     return InputPipeline(s, device, f"{implementation}, {workers} workers", forever(), close)
-
-
-def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> list[torch.Tensor]:
-    """Returns the JPEGs ``blobs`` decoded by nvJPEG on ``device`` as (3, H, W) uint8 tensors.
-
-    nvJPEG fails a batch as a whole; the files are then decoded one by one on the CPU to find
-    and name the one that is broken.
-    """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    try:
-        return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError as e:
-        for blob, path in zip(blobs, paths):
-            try:
-                decode_jpeg(blob, mode=ImageReadMode.RGB)
-            except RuntimeError as one:
-                raise CorruptImageError(f"cannot decode image file {path}: {one}") from None
-        raise RuntimeError(f"nvJPEG failed on a batch whose files all decode on the CPU: {e}") from e
-
-
-def augment_batch(images: list[torch.Tensor], size: int,
-                  generator: np.random.Generator) -> torch.Tensor:
-    """Returns a (N, 3, size, size) float32 batch on the images' device (0-255 scale): a random
-    resized crop and flip of each decoded (3, H, W) uint8 image.
-
-    The crops and flips of the whole batch are drawn at once (:func:`draw_crops`, a few numpy
-    operations) and the pixels resampled at once (:func:`resized_crops`): a batch of 256 costs
-    a few tens of kernel launches and no Python loop per picture.
-    """
-    crops, flips = draw_crops([img.shape[1] for img in images], [img.shape[2] for img in images],
-                              generator)
-    return resized_crops(images, crops, flips, size)
-
-
-#: Producer threads of the gpu-decode backend: while one decodes a batch (nvJPEG, no
-#: interpreter lock), the other draws and launches the augmentation of the previous one.
-GPU_DECODE_PRODUCERS = 2
-#: Batches of the gpu-decode backend in hand at once (being made, or ready and not yet taken).
-GPU_DECODE_DEPTH = 4
-#: The numpy stream word that keeps an epoch's file order apart from the batches' crop draws.
-_ORDER_STREAM = 0x0DE4
-
-
-def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-    """Returns the file order of ``epoch``: a permutation of range(n), fixed by (seed, epoch)."""
-    return np.random.default_rng([seed, epoch, _ORDER_STREAM]).permutation(n)
-
-
-def _gpu_decode(s: InputSettings, root: Path, device: str, *,
-                decode: Callable[[list[torch.Tensor], list[Path], str], list[torch.Tensor]] = decode_batch,
-                producers: int = GPU_DECODE_PRODUCERS, depth: int = GPU_DECODE_DEPTH) -> InputPipeline:
-    """Batch k is made by one of ``producers`` threads (:class:`OrderedProducer`): its files
-    are read by the pool of reader threads, decoded with one nvJPEG call, its crops drawn from
-    :func:`batch_generator` (seed, k) and applied with a few batched kernels on the thread's
-    own CUDA stream, with an event to wait on. Batches are handed over in order, so the result
-    does not depend on which thread made which batch; one thread's decode overlaps another's
-    Python work, and both overlap the training step. ``decode`` turns bytes into pictures
-    (tests on a CPU swap in PIL). The pipeline's ``stage_seconds()`` adds up, over threads,
-    the host seconds spent waiting for the reads, in the decode call, and drawing and launching
-    the augmentation."""
-    files, labels, _ = scan_image_folder(root)
-    cuda = str(device).startswith("cuda")
-    per_epoch = len(files) // s.batch
-    workers = s.resolved_workers()
-    reader = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fp16lab-gpu-decode-read")
-    local = threading.local()  # each producer thread's CUDA stream
-    lock = threading.Lock()
-    orders: dict[int, np.ndarray] = {}
-    stages = {"batches": 0, "read_s": 0.0, "decode_s": 0.0, "augment_s": 0.0}
-
-    def order(epoch: int) -> np.ndarray:
-        with lock:
-            if epoch not in orders:
-                for old in [e for e in orders if e < epoch - 1]:
-                    del orders[old]
-                orders[epoch] = _epoch_order(s.seed, epoch, len(files))
-            return orders[epoch]
-
-    def read(chunk: list[int]) -> list[torch.Tensor]:
-        return [torch.frombuffer(bytearray(read_jpeg_bytes(files[i])), dtype=torch.uint8)
-                for i in chunk]
-
-    def make(k: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        epoch, b = divmod(k, per_epoch)
-        idx = order(epoch)[b * s.batch:(b + 1) * s.batch].tolist()
-        t0 = time.perf_counter()
-        chunks = [idx[i::workers] for i in range(min(workers, len(idx)))]  # one task per reader
-        parts = [f.result() for f in [reader.submit(read, c) for c in chunks]]
-        blobs: list[torch.Tensor] = [None] * len(idx)  # type: ignore[list-item]
-        for i, part in enumerate(parts):
-            blobs[i::workers] = part
-        t1 = time.perf_counter()
-        if cuda and not hasattr(local, "stream"):
-            local.stream = torch.cuda.Stream(device=torch.device(device))
-        with torch.cuda.stream(local.stream) if cuda else contextlib.nullcontext():
-            pictures = decode(blobs, [files[i] for i in idx], device)
-            t2 = time.perf_counter()
-            x = normalize(augment_batch(pictures, s.image_size, batch_generator(s.seed, k)))
-            if s.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            y = torch.tensor([labels[i] for i in idx]).to(device)
-            done = torch.cuda.Event() if cuda else None
-            if done is not None:
-                done.record(local.stream)
-        t3 = time.perf_counter()
-        with lock:
-            stages["batches"] += 1
-            stages["read_s"] += t1 - t0
-            stages["decode_s"] += t2 - t1
-            stages["augment_s"] += t3 - t2
-        return x, y, done
-
-    made = OrderedProducer(make, threads=producers, depth=depth, name="fp16lab-gpu-decode")
-
-    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for x, y, done in made:
-            if done is not None:  # the training stream waits for the producer stream's batch
-                here = torch.cuda.current_stream()
-                here.wait_event(done)
-                x.record_stream(here)  # the allocator must not reuse it before training is done
-                y.record_stream(here)
-            yield x, y
-
-    def close() -> None:
-        try:
-            made.close()
-        finally:
-            reader.shutdown(wait=True, cancel_futures=True)
-
-    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg), {producers} "
-                         f"producer threads on side streams, {workers} reader threads",
-                         forever(), close, lambda: dict(stages))
 
 
 def _dali(s: InputSettings, root: Path, device: str) -> InputPipeline:

@@ -40,8 +40,9 @@ from fp16lab.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_tensor, batch_
 from fp16lab.data import CorruptImageError, load_rgb, make_image_folder, synthetic_photo
 from fp16lab.feeding import (ProcessCpu, make_input_train_step, make_train_step, measure_loader,
                              measure_training)
-from fp16lab.inputs import (BACKENDS, InputSettings, JpegFolder, _gpu_decode, default_workers,
-                            make_input, unavailable_reason)
+from fp16lab.gpu_decode import gpu_decode_pipeline
+from fp16lab.inputs import (BACKENDS, InputSettings, JpegFolder, default_workers, make_input,
+                            unavailable_reason)
 
 LOW = (0 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
 HIGH = (1 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
@@ -145,7 +146,7 @@ def _pil_decode(blobs, paths, device):
 def test_gpu_decode_plumbing_with_a_cpu_decoder(folder):
     """The gpu-decode backend's reader threads, ordering and labels, with PIL standing in for nvJPEG."""
     s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=2, seed=4)
-    with _gpu_decode(s, folder, "cpu", decode=_pil_decode) as p:
+    with gpu_decode_pipeline(s, folder, "cpu", decode=_pil_decode) as p:
         batches = [next(p) for _ in range(4)]
     for x, y in batches:
         assert x.shape == (8, 3, 24, 24) and _in_range(x)
@@ -163,7 +164,7 @@ def test_gpu_decode_batches_do_not_depend_on_the_producer_threads(folder):
     s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=2, seed=5)
     runs = []
     for producers, depth in ((1, 1), (3, 5)):
-        with _gpu_decode(s, folder, "cpu", decode=_pil_decode, producers=producers,
+        with gpu_decode_pipeline(s, folder, "cpu", decode=_pil_decode, producers=producers,
                          depth=depth) as p:
             runs.append([next(p) for _ in range(5)])
     for (x1, y1), (x2, y2) in zip(*runs):
@@ -181,7 +182,7 @@ def test_gpu_decode_batch_is_the_per_picture_augmentation_of_its_files(folder):
         given.append(list(paths))
         return _pil_decode(blobs, paths, device)
 
-    with _gpu_decode(s, folder, "cpu", decode=decode, producers=1, depth=1) as p:
+    with gpu_decode_pipeline(s, folder, "cpu", decode=decode, producers=1, depth=1) as p:
         batches = [next(p) for _ in range(4)]
     classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
     for k, (x, y) in enumerate(batches):
@@ -201,7 +202,7 @@ def test_gpu_decode_batch_is_the_per_picture_augmentation_of_its_files(folder):
 
 def test_gpu_decode_close_leaves_no_threads(folder, corrupt):
     s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=3)
-    with _gpu_decode(s, folder, "cpu", decode=_pil_decode) as p:
+    with gpu_decode_pipeline(s, folder, "cpu", decode=_pil_decode) as p:
         next(p)
         assert any(n.startswith("fp16lab-gpu-decode-read") for n in _gpu_decode_threads())
         assert sum(n.startswith("fp16lab-gpu-decode-") and "read" not in n
@@ -210,7 +211,7 @@ def test_gpu_decode_close_leaves_no_threads(folder, corrupt):
     assert _gpu_decode_threads() == []
     assert stages["batches"] >= 1 and min(stages[k] for k in ("read_s", "decode_s", "augment_s")) > 0
     root, victim = corrupt  # also after a failed batch
-    with _gpu_decode(s, root, "cpu", decode=_pil_decode) as p, pytest.raises(CorruptImageError):
+    with gpu_decode_pipeline(s, root, "cpu", decode=_pil_decode) as p, pytest.raises(CorruptImageError):
         next(p)
     assert _gpu_decode_threads() == []
 
@@ -250,7 +251,7 @@ def test_corrupt_jpeg_raises_from_the_step_naming_the_file(corrupt, workers):
 def test_corrupt_jpeg_in_gpu_decode_reader_is_named(corrupt):
     root, victim = corrupt
     s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=2)
-    with _gpu_decode(s, root, "cpu", decode=_pil_decode) as p, \
+    with gpu_decode_pipeline(s, root, "cpu", decode=_pil_decode) as p, \
             pytest.raises(CorruptImageError, match=f"{victim} is cut short"):
         next(p)
     assert _gpu_decode_threads() == []
@@ -450,7 +451,7 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
     pictures, crop by crop with the same draws: only the batched fp16 resample differs, by at
     most half a level on the 0-255 scale (the decoder is checked against libjpeg above)."""
     pytest.importorskip("torchvision", reason="gpu-decode needs torchvision")
-    from fp16lab.inputs import decode_batch
+    from fp16lab.gpu_decode import decode_batch
 
     s = InputSettings("gpu-decode", batch=16, image_size=32, num_workers=2, seed=2)
     seen = []
@@ -461,7 +462,7 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
             seen.append([p.cpu() for p in pics])
         return pics
 
-    with _gpu_decode(s, folder, "cuda", decode=decode, producers=1, depth=1) as pipe:
+    with gpu_decode_pipeline(s, folder, "cuda", decode=decode, producers=1, depth=1) as pipe:
         x, y = next(pipe)  # one producer: the first decode is batch 0's
     assert x.is_cuda and x.shape == (16, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
     pics = seen[0]  # batch 0's draws: the generator of (seed, 0)
