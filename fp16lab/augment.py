@@ -253,8 +253,21 @@ def resized_crops(images: torch.Tensor | list[torch.Tensor],
     return (wy[:, None] @ rows.view(n, c, h, size)).float()
 
 
+_STATS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _channel_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ImageNet's mean and std on the 0-255 scale as (1, 3, 1, 1) tensors on ``device``,
+    made once per device: building them from Python numbers is a blocking host-to-device copy,
+    which would make the host wait for everything queued on the stream, at every batch."""
+    if device not in _STATS:
+        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
+        _STATS[device] = (mean.to(device), std.to(device))
+    return _STATS[device]
+
+
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """Returns a batch (N, 3, H, W) on the 0-255 scale normalised by ImageNet's mean and std."""
-    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1) * 255
-    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1) * 255
+    mean, std = _channel_stats(x.device)
     return (x.float() - mean) / std

@@ -94,7 +94,8 @@ def gpu_decode_pipeline(
     (tests on a CPU swap in PIL). The pipeline's ``stage_seconds()`` adds up, over threads,
     the host seconds spent waiting for the reads, in the decode call (which returns when the
     batch is decoded, and includes waiting while the other thread's batch is: torchvision
-    decodes one batch at a time), and drawing and launching the augmentation."""
+    decodes one batch at a time), and in the augmentation (drawn, launched, and run: the labels'
+    small blocking copy afterwards waits for the thread's stream)."""
     files, labels, _ = scan_image_folder(root)
     cuda = str(device).startswith("cuda")
     per_epoch = len(files) // s.batch

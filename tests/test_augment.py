@@ -273,3 +273,14 @@ def test_batched_crops_on_the_gpu_are_within_half_a_level_of_the_reference():
     # fp16 products with fp32 accumulation: weights and the intermediate carry 11 bits, so at
     # most about 2 * 255 * 2**-11 = 0.25 off; 0.5 of a level is the bound
     assert float((got - want).abs().max()) <= 0.5
+
+
+def test_normalize_makes_its_constants_once_per_device():
+    from fp16lab.augment import _channel_stats
+
+    x = torch.randint(0, 256, (1, 3, 2, 2), dtype=torch.uint8)
+    normalize(x)
+    first = _channel_stats(x.device)
+    normalize(x)
+    assert _channel_stats(x.device)[0] is first[0] and _channel_stats(x.device)[1] is first[1]
+    np.testing.assert_allclose(first[0].view(3).numpy(), np.array(IMAGENET_MEAN) * 255, rtol=1e-6)
