@@ -149,6 +149,7 @@ def _row(kind: str, settings: InputSettings, device: str, **extra: Any) -> dict[
             "image_size": settings.image_size, "num_workers": settings.resolved_workers(),
             "pin_memory": settings.pin_memory, "non_blocking": settings.non_blocking,
             "channels_last": settings.channels_last, "normalize_on": settings.normalize_on,
+            "cpu_decode_share": settings.cpu_decode_share,
             "device": str(device), "cpu_cores": cpu_cores(), "status": "ok", "error": "",
             "implementation": "", "images_per_s": None, "seconds": None,
             "cpu_cores_busy": None, "cpu_util_pct": None, **extra}
@@ -240,9 +241,12 @@ def measure_training(model_name: str, precision: str, settings: InputSettings,
 
 def input_label(row: dict[str, Any]) -> str:
     """Returns how a row's input is named in tables: the backend, plus ``uint8`` where the
-    dataloader's batches were normalised on the GPU."""
+    dataloader's batches were normalised on the GPU, or ``+ 25% CPU`` where gpu-decode had the
+    CPU decode a share of each batch."""
     uint8 = row.get("backend") == "dataloader" and row.get("normalize_on") == "gpu"
-    return f"{row.get('backend')}{' uint8' if uint8 else ''}"
+    share = row.get("cpu_decode_share") or 0.0
+    hybrid = row.get("backend") == "gpu-decode" and share > 0
+    return f"{row.get('backend')}{' uint8' if uint8 else ''}{f' + {share:.0%} CPU' if hybrid else ''}"
 
 
 def _ok(rows: list[dict[str, Any]], measure: str) -> Any:

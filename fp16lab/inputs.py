@@ -83,6 +83,9 @@ class InputSettings:
             (uint8 crosses, 4x fewer bytes, and is normalised there); dataloader only.
         seed: the order of the files and the random crops follow it (except the crops of a
             dataloader with ``num_workers=0``, which draw from torch's global RNG).
+        cpu_decode_share: gpu-decode only: the share of each batch that the reader threads
+            decode on the CPU (libjpeg-turbo, through torchvision) while nvJPEG decodes the
+            rest; 0 (the default) decodes everything on the GPU.
     """
 
     backend: str
@@ -94,6 +97,7 @@ class InputSettings:
     channels_last: bool = True
     normalize_on: str = "cpu"
     seed: int = 0
+    cpu_decode_share: float = 0.0
 
     def resolved_workers(self) -> int:
         """Returns the worker count this pipeline uses."""
@@ -142,6 +146,11 @@ def _check(settings: InputSettings, root: str | Path | None, device: str) -> Non
             problems.append(f"{name} must be True or False, got {getattr(s, name)!r}")
     if s.normalize_on not in ("cpu", "gpu"):
         problems.append(f"normalize_on must be 'cpu' or 'gpu', got {s.normalize_on!r}")
+    share = s.cpu_decode_share
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+        problems.append(f"cpu_decode_share must be a number in [0, 1), got {share!r}")
+    elif share and s.backend != "gpu-decode":
+        problems.append(f"cpu_decode_share applies to the gpu-decode backend only, not {s.backend!r}")
     if problems:
         raise ValueError("bad input settings: " + "; ".join(problems))
     if s.backend == "synthetic":

@@ -32,10 +32,11 @@ def _args(quick=False):
     return a
 
 
-def test_the_wanted_rows_come_first_then_dali_fp32_and_the_worker_sweep(calls):
+def test_the_wanted_rows_come_first_then_hybrid_dali_fp32_and_the_worker_sweep(calls):
     labels = [label for label, _ in bench.plan(_args(), "cuda")]
     assert labels[:12] == WANTED
-    assert labels[12:] == ["loader dali", "train amp-fp16 dali", "train amp-bf16 dali",
+    assert labels[12:] == ["loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
+                           "train amp-bf16 gpu-decode + 25% CPU", "loader dali", "train amp-fp16 dali", "train amp-bf16 dali",
                            "train fp32 synthetic", "train fp32 gpu-decode", "train fp32 dataloader",
                            "train fp32 dali", "loader dataloader 4 workers",
                            "loader dataloader 8 workers", "loader dataloader 16 workers"]
@@ -49,6 +50,7 @@ def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):
     for (label, _), (kind, s, kw) in zip(plan, calls):
         uint8 = "uint8" in label
         assert (s.normalize_on == "gpu") == uint8, label
+        assert s.cpu_decode_share == (0.25 if "25% CPU" in label else 0.0), label
         assert s.batch == 256 and s.image_size == 224
         if label == "loader synthetic":
             assert kw.get("min_seconds", 0.0) == 0.0 and kw["steps"] == 12

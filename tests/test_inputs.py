@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,54 @@ def test_gpu_decode_plumbing_with_a_cpu_decoder(folder):
         assert sorted(torch.cat([y for _, y in epoch]).tolist()) == sorted(list(range(4)) * 4)
 
 
+def _pil_one(blob, path):
+    return _pil_decode([blob], [path], "cpu")[0]
+
+
+def test_gpu_decode_with_a_cpu_share_gives_the_same_batches(folder):
+    """The CPU's share of each batch (its last files) goes to cpu_decode, the rest to decode;
+    with the same decoder on both sides the batches are the ones of an all-GPU decode."""
+    s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=3, seed=7)
+    runs, counts = {}, {}
+    for share in (0.0, 0.5, 0.75):
+        seen = {"gpu": [], "cpu": 0}
+
+        def decode(blobs, paths, device):
+            seen["gpu"].append(len(blobs))
+            return _pil_decode(blobs, paths, device)
+
+        def one(blob, path):
+            seen["cpu"] += 1
+            return _pil_one(blob, path)
+
+        with gpu_decode_pipeline(replace(s, cpu_decode_share=share), folder, "cpu", decode=decode,
+                                 cpu_decode=one, producers=1, depth=1) as p:
+            runs[share] = [next(p) for _ in range(3)]
+            assert (share > 0) == ("decoded on the CPU" in p.implementation)
+        counts[share] = (seen["gpu"][:3], seen["cpu"])
+    assert counts[0.0][0] == [8, 8, 8] and counts[0.0][1] == 0
+    assert counts[0.5][0] == [4, 4, 4] and counts[0.5][1] >= 12
+    assert counts[0.75][0] == [2, 2, 2] and counts[0.75][1] >= 18
+    for share in (0.5, 0.75):
+        for (x0, y0), (x, y) in zip(runs[0.0], runs[share]):
+            assert torch.equal(x0, x) and torch.equal(y0, y)
+
+
+def test_decode_on_cpu_matches_pil_and_names_a_broken_file(folder, tmp_path):
+    pytest.importorskip("torchvision", reason="decode_on_cpu decodes with torchvision")
+    from fp16lab.gpu_decode import decode_on_cpu
+
+    f = sorted(folder.rglob("*.jpg"))[0]
+    blob = torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8)
+    got = decode_on_cpu(blob, f)
+    want = torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
+    assert got.shape == want.shape and got.dtype == torch.uint8
+    assert float((got.float() - want.float()).abs().mean()) < 1.0  # both libjpeg: rounding only
+    empty = torch.tensor([0xFF, 0xD8, 0xFF, 0xD9], dtype=torch.uint8)  # start and end, no picture
+    with pytest.raises(CorruptImageError, match=f"cannot decode image file {tmp_path / 'x.jpg'}"):
+        decode_on_cpu(empty, tmp_path / "x.jpg")
+
+
 def _gpu_decode_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("fp16lab-gpu-decode")]
 
@@ -225,6 +274,9 @@ def test_gpu_decode_close_leaves_no_threads(folder, corrupt):
     (dict(batch=17), ValueError, "has 16 images, fewer than one batch of 17"),
     (dict(backend="gpu-decode"), RuntimeError, "gpu-decode decodes with nvJPEG on a CUDA GPU"),
     (dict(backend="dali", num_workers=0), ValueError, "dali needs num_workers >= 1"),
+    (dict(backend="gpu-decode", cpu_decode_share=1.0), ValueError, r"cpu_decode_share must be a number in \[0, 1\)"),
+    (dict(backend="gpu-decode", cpu_decode_share="half"), ValueError, "cpu_decode_share must be a number"),
+    (dict(cpu_decode_share=0.25), ValueError, "cpu_decode_share applies to the gpu-decode backend only"),
 ])
 def test_bad_settings_fail_before_any_work(folder, change, error, match):
     s = InputSettings(**{**dict(backend="dataloader", batch=4), **change})
@@ -248,10 +300,11 @@ def test_corrupt_jpeg_raises_from_the_step_naming_the_file(corrupt, workers):
         step()
 
 
-def test_corrupt_jpeg_in_gpu_decode_reader_is_named(corrupt):
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_corrupt_jpeg_in_gpu_decode_reader_is_named(corrupt, share):
     root, victim = corrupt
-    s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=2)
-    with gpu_decode_pipeline(s, root, "cpu", decode=_pil_decode) as p, \
+    s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=2, cpu_decode_share=share)
+    with gpu_decode_pipeline(s, root, "cpu", decode=_pil_decode, cpu_decode=_pil_one) as p, \
             pytest.raises(CorruptImageError, match=f"{victim} is cut short"):
         next(p)
     assert _gpu_decode_threads() == []

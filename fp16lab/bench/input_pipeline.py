@@ -6,7 +6,8 @@ quality 90, about 105 kB a file):
 1. **loader only**: images/s of each input backend (``fp16lab.inputs.BACKENDS``) with no
    training, and the CPU its processes and threads used; the ``dataloader`` backend at 25%, 50%,
    75% and 100% of the cores as workers (the "75% of cores" rule checked), and once with uint8
-   batches normalised on the GPU;
+   batches normalised on the GPU; ``gpu-decode`` also with a quarter of each batch decoded on
+   the CPU by its reader threads;
 2. **training**: images/s of ResNet-50 training steps (channels_last, batch 256) in amp-fp16,
    amp-bf16 and fp32 (TF32 off), fed by each backend (the dataloader also with uint8
    batches); ``synthetic`` (one batch already on the GPU) is the model's own ceiling.
@@ -46,6 +47,9 @@ from fp16lab.inputs import InputSettings, cpu_cores, default_workers
 #: Each timed window lasts at least this long (and at least the row's steps), so that a
 #: pipeline of 12 workers building whole batches is timed over several waves of batches.
 MIN_SECONDS = 5.0
+#: The share of each gpu-decode batch the hybrid rows decode on the CPU: a guess from the last
+#: H200 run (nvJPEG near 4500 images/s; 12 reader threads at perhaps 100-150 JPEGs/s each).
+HYBRID_SHARE = 0.25
 
 
 def protocol(a: argparse.Namespace) -> str:
@@ -74,7 +78,8 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     The question first: each backend's loader rate at the default worker count (the dataloader
     with float32 batches normalised on the CPU and with uint8 batches normalised on the GPU),
     then training fed by synthetic, gpu-decode, dataloader and dataloader uint8 input in
-    amp-fp16 and amp-bf16; then DALI (skipped at once where it is not installed); then fp32
+    amp-fp16 and amp-bf16; then gpu-decode with ``HYBRID_SHARE`` of each batch decoded on the
+    CPU (alone, and feeding both AMP precisions); then DALI (skipped at once where it is not installed); then fp32
     (its first step pays about a minute of cuDNN's algorithm search on an H200); then the
     worker sweep (the "75% of cores" rule). What the budget leaves out is recorded as skipped.
     """
@@ -84,17 +89,17 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     counts = [w for w in sorted({max(1, int(s * cores)) for s in shares}) if w != rule]
     size, root = a.image_size, a.images_dir
 
-    def loader(backend: str, workers: int, normalize_on: str = "cpu"):
+    def loader(backend: str, workers: int, normalize_on: str = "cpu", cpu_share: float = 0.0):
         s = InputSettings(backend, batch=a.batch, image_size=size, num_workers=workers,
-                          normalize_on=normalize_on)
+                          normalize_on=normalize_on, cpu_decode_share=cpu_share)
         if backend == "synthetic":  # nothing to wait for: the window would only time a loop
             return lambda: measure_loader(s, root, device=device, warmup=2, steps=a.loader_steps)
         return lambda: measure_loader(s, root, device=device, warmup=workers + 2,
                                       steps=a.loader_steps, min_seconds=a.min_seconds)
 
-    def train(precision: str, backend: str, normalize_on: str = "cpu"):
+    def train(precision: str, backend: str, normalize_on: str = "cpu", cpu_share: float = 0.0):
         s = InputSettings(backend, batch=a.batch, image_size=size, num_workers=rule,
-                          normalize_on=normalize_on)
+                          normalize_on=normalize_on, cpu_decode_share=cpu_share)
         steps = max(3, a.train_steps // 2) if precision == "fp32" else a.train_steps  # 4-5x slower
         return lambda: measure_training(a.model, precision, s, root, device=device,
                                         warmup=rule + 2, steps=steps, min_seconds=a.min_seconds)
@@ -111,6 +116,10 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
             ("loader dataloader uint8", loader("dataloader", rule, "gpu"))]
     for precision in ("amp-fp16", "amp-bf16"):
         rows += [(f"train {precision} {label(b, n)}", train(precision, b, n)) for b, n in inputs]
+    hybrid = f"gpu-decode + {HYBRID_SHARE:.0%} CPU"
+    rows += [(f"loader {hybrid}", loader("gpu-decode", rule, cpu_share=HYBRID_SHARE))]
+    rows += [(f"train {p} {hybrid}", train(p, "gpu-decode", cpu_share=HYBRID_SHARE))
+             for p in ("amp-fp16", "amp-bf16")]
     rows += [("loader dali", loader("dali", rule))]
     rows += [(f"train {p} dali", train(p, "dali")) for p in ("amp-fp16", "amp-bf16")]
     rows += [(f"train fp32 {b}", train("fp32", b)) for b in ("synthetic", "gpu-decode", "dataloader", "dali")]
