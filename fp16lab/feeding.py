@@ -2,9 +2,10 @@
 
 Two measurements, one protocol (also stated in ``fp16lab.bench.input_pipeline`` and notebook 07):
 ``cudnn.benchmark`` on; ``warmup`` batches or steps first (workers start, the first wave of
-batches that the workers finish together is used up, cuDNN picks its algorithms); then
-``steps`` batches or steps timed on the host clock between two ``torch.cuda.synchronize()``
-calls, so time the GPU spends waiting for data counts.
+batches that the workers finish together is used up, cuDNN picks its algorithms); then at
+least ``steps`` batches or steps, and more until ``min_seconds`` have passed, timed on the host
+clock between two ``torch.cuda.synchronize()`` calls, so time the GPU spends waiting for data
+counts. Rows record the warm-up and the timed count (``warmup``, ``timed_steps``).
 
 - :func:`measure_loader`: images/s of an input pipeline alone (batches produced and placed on
   the device, no training), with the CPU time its processes and threads used meanwhile.
@@ -148,37 +149,52 @@ def _row(kind: str, settings: InputSettings, device: str, **extra: Any) -> dict[
             "image_size": settings.image_size, "num_workers": settings.resolved_workers(),
             "pin_memory": settings.pin_memory, "non_blocking": settings.non_blocking,
             "channels_last": settings.channels_last, "normalize_on": settings.normalize_on,
+            "cpu_decode_share": settings.cpu_decode_share,
             "device": str(device), "cpu_cores": cpu_cores(), "status": "ok", "error": "",
             "implementation": "", "images_per_s": None, "seconds": None,
             "cpu_cores_busy": None, "cpu_util_pct": None, **extra}
 
 
 def _timed(row: dict[str, Any], device: str, warmup: int, steps: int, batch: int,
-           one: Callable[[], Any]) -> None:
+           one: Callable[[], Any], min_seconds: float = 0.0,
+           stages: Callable[[], dict[str, float]] = dict) -> None:
     for _ in range(warmup):
         one()
     _sync(device)
     cpu = ProcessCpu().start()
+    before = stages()
     t0 = time.perf_counter()
-    for _ in range(steps):
+    done = 0
+    while done < steps or time.perf_counter() - t0 < min_seconds:
         one()
+        done += 1
     _sync(device)
     seconds = time.perf_counter() - t0
-    row.update(cpu.stop(), seconds=seconds, images_per_s=steps * batch / seconds)
+    row.update(cpu.stop(), seconds=seconds, images_per_s=done * batch / seconds, warmup=warmup,
+               timed_steps=done)
+    after = stages()
+    made = after.get("batches", 0) - before.get("batches", 0)
+    if made > 0:  # where the producer's host time went, per batch it made in the window
+        row["stage_ms_per_batch"] = {k[:-2]: 1000 * (after[k] - before.get(k, 0.0)) / made
+                                     for k in after if k.endswith("_s")}
 
 
-def _check_counts(warmup: int, steps: int) -> None:
+def _check_counts(warmup: int, steps: int, min_seconds: float = 0.0) -> None:
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0 or \
             isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1 (integers), got {warmup!r}, {steps!r}")
+    if isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float)) \
+            or not 0 <= min_seconds < float("inf"):
+        raise ValueError(f"min_seconds must be a finite number >= 0, got {min_seconds!r}")
 
 
 def measure_loader(settings: InputSettings, root: str | Path | None = None, *,
-                   device: str = "cuda", warmup: int = 3, steps: int = 10) -> dict[str, Any]:
+                   device: str = "cuda", warmup: int = 3, steps: int = 10,
+                   min_seconds: float = 0.0) -> dict[str, Any]:
     """Returns one row: images/s of the pipeline alone (batches made and placed on ``device``),
     and the CPU it used. ``status`` is ``skipped`` (with the reason) for a backend that cannot
     run here and ``error`` (with the message) when a batch fails."""
-    _check_counts(warmup, steps)
+    _check_counts(warmup, steps, min_seconds)
     row = _row("loader", settings, device, precision=None, model=None)
     reason = unavailable_reason(settings.backend, device)
     if reason:
@@ -186,7 +202,8 @@ def measure_loader(settings: InputSettings, root: str | Path | None = None, *,
     try:
         with make_input(settings, root, device=device) as pipeline:
             row["implementation"] = pipeline.implementation
-            _timed(row, device, warmup, steps, settings.batch, lambda: next(pipeline))
+            _timed(row, device, warmup, steps, settings.batch, lambda: next(pipeline),
+                   min_seconds, pipeline.stage_seconds)
     except Exception as e:  # recorded; the caller goes on with the next point
         row.update(status="error", error=f"{type(e).__name__}: {e}")
     return row
@@ -194,11 +211,11 @@ def measure_loader(settings: InputSettings, root: str | Path | None = None, *,
 
 def measure_training(model_name: str, precision: str, settings: InputSettings,
                      root: str | Path | None = None, *, device: str = "cuda", warmup: int = 5,
-                     steps: int = 20) -> dict[str, Any]:
+                     steps: int = 20, min_seconds: float = 0.0) -> dict[str, Any]:
     """Returns one row: images/s of training steps of ``model_name`` in ``precision`` fed by
     the pipeline ``settings`` describes, with the CPU used; ``status`` as for
     :func:`measure_loader`."""
-    _check_counts(warmup, steps)
+    _check_counts(warmup, steps, min_seconds)
     row = _row("training", settings, device, precision=precision, model=model_name)
     reason = unavailable_reason(settings.backend, device)
     if reason:
@@ -209,7 +226,8 @@ def measure_training(model_name: str, precision: str, settings: InputSettings,
                                                    device=device)
             with pipeline:
                 row["implementation"] = pipeline.implementation
-                _timed(row, device, warmup, steps, settings.batch, step)
+                _timed(row, device, warmup, steps, settings.batch, step, min_seconds,
+                       pipeline.stage_seconds)
     except Exception as e:
         row.update(status="error", error=f"{type(e).__name__}: {e}")
     finally:
@@ -223,9 +241,12 @@ def measure_training(model_name: str, precision: str, settings: InputSettings,
 
 def input_label(row: dict[str, Any]) -> str:
     """Returns how a row's input is named in tables: the backend, plus ``uint8`` where the
-    dataloader's batches were normalised on the GPU."""
+    dataloader's batches were normalised on the GPU, or ``+ 25% CPU`` where gpu-decode had the
+    CPU decode a share of each batch."""
     uint8 = row.get("backend") == "dataloader" and row.get("normalize_on") == "gpu"
-    return f"{row.get('backend')}{' uint8' if uint8 else ''}"
+    share = row.get("cpu_decode_share") or 0.0
+    hybrid = row.get("backend") == "gpu-decode" and share > 0
+    return f"{row.get('backend')}{' uint8' if uint8 else ''}{f' + {share:.0%} CPU' if hybrid else ''}"
 
 
 def _ok(rows: list[dict[str, Any]], measure: str) -> Any:

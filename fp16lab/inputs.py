@@ -6,13 +6,16 @@ images float32 (N, 3, size, size) normalised by ImageNet's mean and std, labels 
 - ``synthetic``: one random batch made on the device once and returned every time. Free; the
   upper bound every sweep before notebook 07 measured.
 - ``dataloader``: ``torch.utils.data.DataLoader`` over the JPEG files, with decoding,
-  RandomResizedCrop, flip and (by default) normalisation in ``num_workers`` CPU processes, then
-  a copy to the GPU (pinned memory and ``non_blocking`` as options) and channels_last there.
+  RandomResizedCrop, flip and (by default) normalisation in ``num_workers`` CPU processes
+  over epochs run back to back, then a copy to the GPU (pinned memory and ``non_blocking`` as
+  options; non-blocking copies run one batch ahead on a side stream, as in NVIDIA's ImageNet
+  example) and channels_last there.
   torchvision's ``ImageFolder`` and transforms where torchvision is installed, otherwise
   fp16lab's equivalent (:mod:`fp16lab.augment`, PIL); ``pipeline.implementation`` says which.
 - ``gpu-decode``: threads read the file bytes on the CPU; nvJPEG decodes them on the GPU
   (``torchvision.io.decode_jpeg(device="cuda")``) and the crop, flip and normalisation run
-  there as tensor operations.
+  there as tensor operations; two producer threads each make whole batches, handed over in
+  order (:mod:`fp16lab.gpu_decode`).
 - ``dali``: an NVIDIA DALI pipeline (decoding with nvJPEG, augmentation on the GPU), where the
   ``nvidia-dali`` package imports; elsewhere :func:`unavailable_reason` says why not.
 
@@ -23,19 +26,15 @@ naming the file, from the batch that meets it.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from .augment import augment_pil, crop_params, flip_draw, normalize, resized_crops
-from .data import CorruptImageError, load_rgb, read_jpeg_bytes, scan_image_folder
+from .augment import augment_pil, normalize
+from .data import load_rgb, scan_image_folder
 
 __all__ = ["BACKENDS", "InputPipeline", "InputSettings", "cpu_cores", "default_workers",
            "make_input", "unavailable_reason"]
@@ -50,6 +49,8 @@ BACKENDS = {
 
 #: Share of the CPU cores the default worker count uses (the "75% of cores" rule).
 WORKER_SHARE = 0.75
+#: The dataloader backend's sampler runs epochs back to back, at least this many images a pass.
+_SAMPLES_PER_PASS = 1 << 22
 
 
 def cpu_cores() -> int:
@@ -74,12 +75,17 @@ class InputSettings:
         batch: images per batch. image_size: side of the square crops.
         num_workers: worker processes (dataloader), reader/decoder threads (gpu-decode, dali);
             None means :func:`default_workers`.
-        pin_memory, non_blocking: dataloader only: page-locked batches, asynchronous copy.
+        pin_memory, non_blocking: dataloader only: page-locked batches; an asynchronous copy
+            (and normalisation) one batch ahead on a side stream, instead of on the training
+            stream when the batch is taken.
         channels_last: the batch is converted to channels_last on the device.
         normalize_on: ``"cpu"`` (in the workers, float32 crosses to the GPU) or ``"gpu"``
             (uint8 crosses, 4x fewer bytes, and is normalised there); dataloader only.
         seed: the order of the files and the random crops follow it (except the crops of a
             dataloader with ``num_workers=0``, which draw from torch's global RNG).
+        cpu_decode_share: gpu-decode only: the share of each batch that the reader threads
+            decode on the CPU (libjpeg-turbo, through torchvision) while nvJPEG decodes the
+            rest; 0 (the default) decodes everything on the GPU.
     """
 
     backend: str
@@ -91,6 +97,7 @@ class InputSettings:
     channels_last: bool = True
     normalize_on: str = "cpu"
     seed: int = 0
+    cpu_decode_share: float = 0.0
 
     def resolved_workers(self) -> int:
         """Returns the worker count this pipeline uses."""
@@ -139,6 +146,11 @@ def _check(settings: InputSettings, root: str | Path | None, device: str) -> Non
             problems.append(f"{name} must be True or False, got {getattr(s, name)!r}")
     if s.normalize_on not in ("cpu", "gpu"):
         problems.append(f"normalize_on must be 'cpu' or 'gpu', got {s.normalize_on!r}")
+    share = s.cpu_decode_share
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+        problems.append(f"cpu_decode_share must be a number in [0, 1), got {share!r}")
+    elif share and s.backend != "gpu-decode":
+        problems.append(f"cpu_decode_share applies to the gpu-decode backend only, not {s.backend!r}")
     if problems:
         raise ValueError("bad input settings: " + "; ".join(problems))
     if s.backend == "synthetic":
@@ -166,9 +178,15 @@ class InputPipeline:
 
     def __init__(self, settings: InputSettings, device: str, implementation: str,
                  batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-                 close: Callable[[], None] = lambda: None) -> None:
+                 close: Callable[[], None] = lambda: None,
+                 stages: Callable[[], dict[str, float]] = dict) -> None:
         self.settings, self.device, self.implementation = settings, device, implementation
-        self._batches, self._close = batches, close
+        self._batches, self._close, self._stages = batches, close, stages
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Returns the host seconds spent so far in each stage of making batches, with the
+        batch count (``batches``), for backends that keep them (gpu-decode); else {}."""
+        return self._stages()
 
     def __iter__(self) -> "InputPipeline":
         return self
@@ -204,20 +222,48 @@ def make_input(settings: InputSettings, root: str | Path | None = None, *,
     if settings.backend == "dataloader":
         return _dataloader(settings, Path(root), device)
     if settings.backend == "gpu-decode":
-        return _gpu_decode(settings, Path(root), device)
+        from .gpu_decode import gpu_decode_pipeline  # it builds on this module's types
+
+        return gpu_decode_pipeline(settings, Path(root), device)
     return _dali(settings, Path(root), device)
 
 
 def _to_device(x: torch.Tensor, y: torch.Tensor, s: InputSettings,
                device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copies a CPU batch to the device, normalises it there if asked, sets the layout."""
+    """Copies a CPU batch to the device, sets the layout, normalises a uint8 batch there."""
     nb = s.non_blocking and str(device).startswith("cuda")
     x, y = x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
-    if x.dtype == torch.uint8:
-        x = normalize(x)
-    if s.channels_last:
+    if s.channels_last:  # before normalising: a uint8 batch moves a quarter of the bytes
         x = x.contiguous(memory_format=torch.channels_last)
+    if x.dtype == torch.uint8:
+        x = normalize(x)  # elementwise: keeps the channels_last layout
     return x, y
+
+
+def _prefetched(batches: Iterator[tuple[torch.Tensor, torch.Tensor]], s: InputSettings,
+                device: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yields CPU batches placed on a CUDA ``device``, one batch ahead, as NVIDIA's ImageNet
+    example's ``data_prefetcher`` does: the copy (and the normalisation of a uint8 batch) of
+    batch k+1 is launched on a side stream before batch k is handed over, so it overlaps
+    batch k's training step instead of queueing behind it on the training stream."""
+    stream = torch.cuda.Stream(device=torch.device(device))
+
+    def start(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        with torch.cuda.stream(stream):
+            x, y = _to_device(x, y, s, device)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return x, y, done
+
+    ahead = start(*next(batches))
+    while True:
+        x, y, done = ahead
+        here = torch.cuda.current_stream()
+        here.wait_event(done)
+        x.record_stream(here)  # made on the side stream, used on this one
+        y.record_stream(here)
+        ahead = start(*next(batches))
+        yield x, y
 
 
 def _synthetic(s: InputSettings, device: str, num_classes: int) -> InputPipeline:
@@ -272,14 +318,24 @@ def _dataloader(s: InputSettings, root: Path, device: str) -> InputPipeline:
         implementation = "fp16lab JpegFolder (PIL; torchvision is not installed)"
     workers = s.resolved_workers()
     pin = s.pin_memory and str(device).startswith("cuda")
+    # one long pass over many shuffled epochs, back to back: no pipeline drain and refill at
+    # every epoch's end, which on a small data set (8 batches an epoch) would idle the workers
+    passes = max(1, -(-_SAMPLES_PER_PASS // len(dataset)))
+    sampler = torch.utils.data.RandomSampler(dataset, num_samples=passes * len(dataset),
+                                             generator=torch.Generator().manual_seed(s.seed))
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=s.batch, shuffle=True, drop_last=True, num_workers=workers,
-        pin_memory=pin, persistent_workers=workers > 0,
-        generator=torch.Generator().manual_seed(s.seed))
+        dataset, batch_size=s.batch, sampler=sampler, drop_last=True, num_workers=workers,
+        pin_memory=pin, persistent_workers=workers > 0)
+
+    def on_cpu() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:  # persistent workers survive from one pass to the next
+            yield from loader
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:  # epoch after epoch; persistent workers survive between epochs
-            for x, y in loader:
+        if str(device).startswith("cuda") and s.non_blocking:
+            yield from _prefetched(on_cpu(), s, device)
+        else:  # the copy waits on the training stream (and, blocking, the host waits too)
+            for x, y in on_cpu():
                 yield _to_device(x, y, s, device)
 
     def close() -> None:
@@ -288,131 +344,6 @@ def _dataloader(s: InputSettings, root: Path, device: str) -> InputPipeline:
             it._shutdown_workers()
 
     return InputPipeline(s, device, f"{implementation}, {workers} workers", forever(), close)
-
-
-def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> list[torch.Tensor]:
-    """Returns the JPEGs ``blobs`` decoded by nvJPEG on ``device`` as (3, H, W) uint8 tensors.
-
-    nvJPEG fails a batch as a whole; the files are then decoded one by one on the CPU to find
-    and name the one that is broken.
-    """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    try:
-        return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError as e:
-        for blob, path in zip(blobs, paths):
-            try:
-                decode_jpeg(blob, mode=ImageReadMode.RGB)
-            except RuntimeError as one:
-                raise CorruptImageError(f"cannot decode image file {path}: {one}") from None
-        raise RuntimeError(f"nvJPEG failed on a batch whose files all decode on the CPU: {e}") from e
-
-
-def augment_batch(images: list[torch.Tensor], size: int,
-                  generator: torch.Generator) -> torch.Tensor:
-    """Returns a (N, 3, size, size) float32 batch on the images' device (0-255 scale): a random
-    resized crop and flip of each decoded (3, H, W) uint8 image.
-
-    The crops and flips are drawn picture by picture on the CPU (torchvision's draws, in its
-    order); the pixels are resampled for the whole batch at once (:func:`resized_crops`): a
-    batch of 256 costs a few tens of kernel launches, not three or four per picture.
-    """
-    params, flips = [], []
-    for img in images:
-        params.append(crop_params(img.shape[1], img.shape[2], generator))
-        flips.append(flip_draw(generator))
-    return resized_crops(images, params, flips, size)
-
-
-def _gpu_decode(s: InputSettings, root: Path, device: str, *,
-                decode: Callable[[list[torch.Tensor], list[Path], str], list[torch.Tensor]] = decode_batch,
-                depth: int = 3) -> InputPipeline:
-    """A producer thread reads the files (with a pool of reader threads, one batch ahead),
-    decodes each batch with one nvJPEG call and augments it with a few batched kernels
-    (:func:`augment_batch`) on a CUDA stream of its own, and hands ready batches over with an
-    event to wait on, so decoding overlaps the training step. The producer's Python work per
-    batch is small because it shares the interpreter lock with the training loop's launches.
-    ``decode`` turns bytes into pictures (tests on a CPU swap in PIL)."""
-    files, labels, _ = scan_image_folder(root)
-    cuda = str(device).startswith("cuda")
-    order_rng = torch.Generator().manual_seed(s.seed)
-    crop_rng = torch.Generator().manual_seed(s.seed + 1)
-    threads = ThreadPoolExecutor(max_workers=s.resolved_workers())
-    ready: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def read(i: int) -> torch.Tensor:
-        return torch.frombuffer(bytearray(read_jpeg_bytes(files[i])), dtype=torch.uint8)
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def make(idx: list[int], blobs: list[torch.Tensor],
-             stream: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-            x = normalize(augment_batch(decode(blobs, [files[i] for i in idx], device),
-                                        s.image_size, crop_rng))
-            if s.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            y = torch.tensor([labels[i] for i in idx]).to(device)
-            done = torch.cuda.Event() if cuda else None
-            if done is not None:
-                done.record(stream)
-        return x, y, done
-
-    def batches() -> Iterator[list[int]]:
-        while True:
-            perm = torch.randperm(len(files), generator=order_rng).tolist()
-            for b in range(len(files) // s.batch):
-                yield perm[b * s.batch:(b + 1) * s.batch]
-
-    def producer() -> None:
-        try:
-            stream = torch.cuda.Stream(device=torch.device(device)) if cuda else None
-            order = batches()
-            idx = next(order)
-            reading = [threads.submit(read, i) for i in idx]
-            while not stop.is_set():
-                blobs = [f.result() for f in reading]
-                # the reader threads fetch the next batch's files while this one is decoded
-                nxt = next(order)
-                reading = [threads.submit(read, i) for i in nxt]
-                if not put(make(idx, blobs, stream)):
-                    return
-                idx = nxt
-        except BaseException as e:  # handed to the consumer, which raises it
-            put(e)
-
-    thread = threading.Thread(target=producer, daemon=True, name="fp16lab-gpu-decode")
-    thread.start()
-
-    def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            item = ready.get()
-            if isinstance(item, BaseException):
-                raise item
-            x, y, done = item
-            if done is not None:  # the training stream waits for the decode stream's batch
-                here = torch.cuda.current_stream()
-                here.wait_event(done)
-                x.record_stream(here)  # the allocator must not reuse it before training is done
-                y.record_stream(here)
-            yield x, y
-
-    def close() -> None:
-        stop.set()
-        thread.join(timeout=5)
-        threads.shutdown(wait=False, cancel_futures=True)
-
-    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg) on a side stream, "
-                         f"{s.resolved_workers()} reader threads", forever(), close)
 
 
 def _dali(s: InputSettings, root: Path, device: str) -> InputPipeline:

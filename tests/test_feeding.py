@@ -35,6 +35,8 @@ ROWS = [
 def test_input_label():
     assert input_label(_train("dataloader", "fp32", 1, "gpu")) == "dataloader uint8"
     assert input_label(_train("gpu-decode", "fp32", 1, "gpu")) == "gpu-decode"
+    assert input_label({**_train("gpu-decode", "fp32", 1), "cpu_decode_share": 0.25}) == "gpu-decode + 25% CPU"
+    assert input_label({**_train("dataloader", "fp32", 1), "cpu_decode_share": 0.25}) == "dataloader"
 
 
 def test_training_table_pivots_ok_rows_and_shares():
@@ -82,3 +84,49 @@ def test_summary_lines_say_what_the_rows_say():
     assert f"amp-fp16 over fp32 with dataloader input: {800 / 590:.2f}x" in lines
     assert summary_lines([_load("dataloader", 4, 1.0)]) == [
         "no ok training rows with synthetic input to compare with"]
+
+
+# ------------------------------------------------------------------ the timed window
+
+
+def test_timed_window_runs_at_least_steps_and_min_seconds():
+    import time
+
+    from fp16lab.feeding import _timed
+
+    calls = []
+    row = {}
+    _timed(row, "cpu", 2, 3, 8, lambda: calls.append(time.sleep(0.01)))
+    assert len(calls) == 5 and row["timed_steps"] == 3 and row["warmup"] == 2
+    assert row["images_per_s"] == pytest.approx(3 * 8 / row["seconds"])
+    assert "stage_ms_per_batch" not in row
+    calls.clear()
+    _timed(row, "cpu", 0, 1, 8, lambda: calls.append(time.sleep(0.01)), min_seconds=0.2)
+    assert row["seconds"] >= 0.2 and row["timed_steps"] == len(calls) > 1
+    assert row["images_per_s"] == pytest.approx(len(calls) * 8 / row["seconds"])
+
+
+def test_timed_window_reports_the_producers_stages_per_batch():
+    from fp16lab.feeding import _timed
+
+    count = {"batches": 0, "read_s": 0.0, "decode_s": 0.0}
+
+    def one():  # each batch costs 2 ms of reading and 5 ms of decoding, twice per step
+        count["batches"] += 2
+        count["read_s"] += 0.004
+        count["decode_s"] += 0.010
+
+    row = {}
+    _timed(row, "cpu", 3, 4, 8, one, stages=lambda: dict(count))
+    assert row["stage_ms_per_batch"] == pytest.approx({"read": 2.0, "decode": 5.0})
+
+
+@pytest.mark.parametrize("kw, match", [(dict(min_seconds=-1.0), "min_seconds must be a finite"),
+                                       (dict(min_seconds=float("inf")), "min_seconds must be a finite"),
+                                       (dict(steps=0), "steps >= 1")])
+def test_measure_refuses_bad_windows(kw, match):
+    from fp16lab.feeding import measure_loader
+    from fp16lab.inputs import InputSettings
+
+    with pytest.raises(ValueError, match=match):
+        measure_loader(InputSettings("synthetic", batch=2), device="cpu", **{"steps": 2, **kw})

@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +36,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from fp16lab.augment import IMAGENET_MEAN, IMAGENET_STD, crop_params, flip_draw
+from fp16lab.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_tensor, batch_generator,
+                             crop_params, draw_crops, flip_draw, normalize)
 from fp16lab.data import CorruptImageError, load_rgb, make_image_folder, synthetic_photo
 from fp16lab.feeding import (ProcessCpu, make_input_train_step, make_train_step, measure_loader,
                              measure_training)
-from fp16lab.inputs import (BACKENDS, InputSettings, JpegFolder, _gpu_decode, default_workers,
-                            make_input, unavailable_reason)
+from fp16lab.gpu_decode import gpu_decode_pipeline
+from fp16lab.inputs import (BACKENDS, InputSettings, JpegFolder, default_workers, make_input,
+                            unavailable_reason)
 
 LOW = (0 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
 HIGH = (1 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
@@ -117,9 +121,21 @@ def test_normalising_on_the_gpu_side_gives_the_same_batch(folder):
         torch.manual_seed(0)
         s = InputSettings("dataloader", batch=4, image_size=32, num_workers=0, normalize_on=where)
         with make_input(s, folder, device="cpu") as p:
-            out[where] = next(p)
-    assert torch.equal(out["cpu"][1], out["gpu"][1])
-    torch.testing.assert_close(out["cpu"][0], out["gpu"][0], rtol=0, atol=1e-5)
+            out[where] = [next(p) for _ in range(3)]
+    for (xc, yc), (xg, yg) in zip(out["cpu"], out["gpu"]):
+        assert torch.equal(yc, yg) and xg.dtype == torch.float32
+        assert xg.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(xc, xg, rtol=0, atol=1e-5)
+
+
+def test_dataloader_runs_epochs_back_to_back(folder):
+    """One long pass of shuffled epochs: with 16 images and batches of 6, a batch may hold the
+    end of one epoch and the start of the next, and every image comes once per 16."""
+    s = InputSettings("dataloader", batch=6, image_size=16, num_workers=0, seed=2)
+    with make_input(s, folder, device="cpu") as p:
+        ys = torch.cat([next(p)[1] for _ in range(8)]).tolist()  # three epochs
+    for e in range(3):
+        assert sorted(ys[16 * e:16 * (e + 1)]) == sorted(list(range(4)) * 4)
 
 
 def _pil_decode(blobs, paths, device):
@@ -131,12 +147,122 @@ def _pil_decode(blobs, paths, device):
 def test_gpu_decode_plumbing_with_a_cpu_decoder(folder):
     """The gpu-decode backend's reader threads, ordering and labels, with PIL standing in for nvJPEG."""
     s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=2, seed=4)
-    with _gpu_decode(s, folder, "cpu", decode=_pil_decode) as p:
+    with gpu_decode_pipeline(s, folder, "cpu", decode=_pil_decode) as p:
         batches = [next(p) for _ in range(4)]
     for x, y in batches:
         assert x.shape == (8, 3, 24, 24) and _in_range(x)
     for epoch in (batches[:2], batches[2:]):
         assert sorted(torch.cat([y for _, y in epoch]).tolist()) == sorted(list(range(4)) * 4)
+
+
+def _pil_one(blob, path):
+    return _pil_decode([blob], [path], "cpu")[0]
+
+
+def test_gpu_decode_with_a_cpu_share_gives_the_same_batches(folder):
+    """The CPU's share of each batch (its last files) goes to cpu_decode, the rest to decode;
+    with the same decoder on both sides the batches are the ones of an all-GPU decode."""
+    s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=3, seed=7)
+    runs, counts = {}, {}
+    for share in (0.0, 0.5, 0.75):
+        seen = {"gpu": [], "cpu": 0}
+
+        def decode(blobs, paths, device):
+            seen["gpu"].append(len(blobs))
+            return _pil_decode(blobs, paths, device)
+
+        def one(blob, path):
+            seen["cpu"] += 1
+            return _pil_one(blob, path)
+
+        with gpu_decode_pipeline(replace(s, cpu_decode_share=share), folder, "cpu", decode=decode,
+                                 cpu_decode=one, producers=1, depth=1) as p:
+            runs[share] = [next(p) for _ in range(3)]
+            assert (share > 0) == ("decoded on the CPU" in p.implementation)
+        counts[share] = (seen["gpu"][:3], seen["cpu"])
+    assert counts[0.0][0] == [8, 8, 8] and counts[0.0][1] == 0
+    assert counts[0.5][0] == [4, 4, 4] and counts[0.5][1] >= 12
+    assert counts[0.75][0] == [2, 2, 2] and counts[0.75][1] >= 18
+    for share in (0.5, 0.75):
+        for (x0, y0), (x, y) in zip(runs[0.0], runs[share]):
+            assert torch.equal(x0, x) and torch.equal(y0, y)
+
+
+def test_decode_on_cpu_matches_pil_and_names_a_broken_file(folder, tmp_path):
+    pytest.importorskip("torchvision", reason="decode_on_cpu decodes with torchvision")
+    from fp16lab.gpu_decode import decode_on_cpu
+
+    f = sorted(folder.rglob("*.jpg"))[0]
+    blob = torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8)
+    got = decode_on_cpu(blob, f)
+    want = torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
+    assert got.shape == want.shape and got.dtype == torch.uint8
+    assert float((got.float() - want.float()).abs().mean()) < 1.0  # both libjpeg: rounding only
+    empty = torch.tensor([0xFF, 0xD8, 0xFF, 0xD9], dtype=torch.uint8)  # start and end, no picture
+    with pytest.raises(CorruptImageError, match=f"cannot decode image file {tmp_path / 'x.jpg'}"):
+        decode_on_cpu(empty, tmp_path / "x.jpg")
+
+
+def _gpu_decode_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("fp16lab-gpu-decode")]
+
+
+def test_gpu_decode_batches_do_not_depend_on_the_producer_threads(folder):
+    """Batch k is the same whichever thread made it and however many there are (crops seeded
+    by (seed, k)), across an epoch boundary (16 images, batches of 8)."""
+    s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=2, seed=5)
+    runs = []
+    for producers, depth in ((1, 1), (3, 5)):
+        with gpu_decode_pipeline(s, folder, "cpu", decode=_pil_decode, producers=producers,
+                         depth=depth) as p:
+            runs.append([next(p) for _ in range(5)])
+    for (x1, y1), (x2, y2) in zip(*runs):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(runs[0][0][0], runs[0][2][0])  # epoch 2 is a new order and new crops
+
+
+def test_gpu_decode_batch_is_the_per_picture_augmentation_of_its_files(folder):
+    """Batch k against torch's per-picture resize (augment_tensor) of the files the decoder was
+    given, with batch k's draws (batch_generator(seed, k)); labels from the class folders."""
+    s = InputSettings("gpu-decode", batch=8, image_size=24, num_workers=3, seed=6)
+    given = []
+
+    def decode(blobs, paths, device):
+        given.append(list(paths))
+        return _pil_decode(blobs, paths, device)
+
+    with gpu_decode_pipeline(s, folder, "cpu", decode=decode, producers=1, depth=1) as p:
+        batches = [next(p) for _ in range(4)]
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
+    for k, (x, y) in enumerate(batches):
+        pics = [torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
+                for f in given[k]]
+        crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
+                                  batch_generator(s.seed, k))
+        ref = normalize(torch.stack([augment_tensor(q, 24, tuple(c), bool(f))
+                                     for q, c, f in zip(pics, crops, flips)]))
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(x, ref, rtol=0, atol=5e-4)
+        assert y.tolist() == [classes.index(f.parent.name) for f in given[k]]
+    epochs = [given[0] + given[1], given[2] + given[3]]
+    assert all(len(set(e)) == 16 for e in epochs)  # every file once per epoch
+    assert epochs[0] != epochs[1]  # in a new order each epoch
+
+
+def test_gpu_decode_close_leaves_no_threads(folder, corrupt):
+    s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=3)
+    with gpu_decode_pipeline(s, folder, "cpu", decode=_pil_decode) as p:
+        next(p)
+        assert any(n.startswith("fp16lab-gpu-decode-read") for n in _gpu_decode_threads())
+        assert sum(n.startswith("fp16lab-gpu-decode-") and "read" not in n
+                   for n in _gpu_decode_threads()) == 2
+        stages = p.stage_seconds()
+    assert _gpu_decode_threads() == []
+    assert stages["batches"] >= 1 and min(stages[k] for k in ("read_s", "decode_s", "augment_s")) > 0
+    root, victim = corrupt  # also after a failed batch
+    with gpu_decode_pipeline(s, root, "cpu", decode=_pil_decode) as p, pytest.raises(CorruptImageError):
+        next(p)
+    assert _gpu_decode_threads() == []
 
 
 @pytest.mark.parametrize("change, error, match", [
@@ -148,6 +274,9 @@ def test_gpu_decode_plumbing_with_a_cpu_decoder(folder):
     (dict(batch=17), ValueError, "has 16 images, fewer than one batch of 17"),
     (dict(backend="gpu-decode"), RuntimeError, "gpu-decode decodes with nvJPEG on a CUDA GPU"),
     (dict(backend="dali", num_workers=0), ValueError, "dali needs num_workers >= 1"),
+    (dict(backend="gpu-decode", cpu_decode_share=1.0), ValueError, r"cpu_decode_share must be a number in \[0, 1\)"),
+    (dict(backend="gpu-decode", cpu_decode_share="half"), ValueError, "cpu_decode_share must be a number"),
+    (dict(cpu_decode_share=0.25), ValueError, "cpu_decode_share applies to the gpu-decode backend only"),
 ])
 def test_bad_settings_fail_before_any_work(folder, change, error, match):
     s = InputSettings(**{**dict(backend="dataloader", batch=4), **change})
@@ -171,12 +300,14 @@ def test_corrupt_jpeg_raises_from_the_step_naming_the_file(corrupt, workers):
         step()
 
 
-def test_corrupt_jpeg_in_gpu_decode_reader_is_named(corrupt):
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_corrupt_jpeg_in_gpu_decode_reader_is_named(corrupt, share):
     root, victim = corrupt
-    s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=2)
-    with _gpu_decode(s, root, "cpu", decode=_pil_decode) as p, \
+    s = InputSettings("gpu-decode", batch=8, image_size=16, num_workers=2, cpu_decode_share=share)
+    with gpu_decode_pipeline(s, root, "cpu", decode=_pil_decode, cpu_decode=_pil_one) as p, \
             pytest.raises(CorruptImageError, match=f"{victim} is cut short"):
         next(p)
+    assert _gpu_decode_threads() == []
 
 
 def test_a_sweep_records_error_and_goes_on(corrupt, folder):
@@ -373,8 +504,7 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
     pictures, crop by crop with the same draws: only the batched fp16 resample differs, by at
     most half a level on the 0-255 scale (the decoder is checked against libjpeg above)."""
     pytest.importorskip("torchvision", reason="gpu-decode needs torchvision")
-    from fp16lab.augment import augment_tensor, normalize
-    from fp16lab.inputs import decode_batch
+    from fp16lab.gpu_decode import decode_batch
 
     s = InputSettings("gpu-decode", batch=16, image_size=32, num_workers=2, seed=2)
     seen = []
@@ -385,15 +515,14 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
             seen.append([p.cpu() for p in pics])
         return pics
 
-    with _gpu_decode(s, folder, "cuda", decode=decode) as pipe:
-        x, y = next(pipe)
+    with gpu_decode_pipeline(s, folder, "cuda", decode=decode, producers=1, depth=1) as pipe:
+        x, y = next(pipe)  # one producer: the first decode is batch 0's
     assert x.is_cuda and x.shape == (16, 3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
-    g = torch.Generator().manual_seed(s.seed + 1)  # the pipeline's crop generator
-    ref = []
-    for pic in seen[0]:  # torchvision's order of draws: crop, then flip, picture by picture
-        params = crop_params(pic.shape[1], pic.shape[2], g)
-        ref.append(augment_tensor(pic, 32, params, flip_draw(g)))
-    ref = normalize(torch.stack(ref))
+    pics = seen[0]  # batch 0's draws: the generator of (seed, 0)
+    crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
+                              batch_generator(s.seed, 0))
+    ref = normalize(torch.stack([augment_tensor(q, 32, tuple(c), bool(f))
+                                 for q, c, f in zip(pics, crops, flips)]))
     std255 = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
     diff = ((x.cpu() - ref).abs() * std255)
     _record("gpu_decode_vs_per_picture_augmentation", {"max": float(diff.max()), "mean": float(diff.mean())})
@@ -415,15 +544,20 @@ def test_every_backend_feeds_training_on_the_gpu(folder, backend, precision):
 
 @pytest.mark.gpu
 def test_dataloader_on_the_gpu_pins_and_equals_the_cpu_batch(folder):
+    """The GPU side (a side stream one batch ahead when non-blocking, the training stream when
+    not) hands over the same batches as the CPU, in the same order."""
     out = {}
-    for device in ("cpu", "cuda"):
+    for device, non_blocking in (("cpu", True), ("cuda", True), ("cuda", False)):
         torch.manual_seed(0)
-        s = InputSettings("dataloader", batch=4, image_size=32, num_workers=0, normalize_on="gpu")
+        s = InputSettings("dataloader", batch=4, image_size=32, num_workers=0, normalize_on="gpu",
+                          non_blocking=non_blocking)
         with make_input(s, folder, device=device) as p:
-            out[device] = next(p)
-    assert out["cuda"][0].is_cuda and out["cuda"][0].is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(out["cuda"][0].cpu(), out["cpu"][0], rtol=0, atol=1e-5)
-    assert torch.equal(out["cuda"][1].cpu(), out["cpu"][1])
+            out[device, non_blocking] = [next(p) for _ in range(3)]
+    for key in (("cuda", True), ("cuda", False)):
+        for (x, y), (xc, yc) in zip(out[key], out["cpu", True]):
+            assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(x.cpu(), xc, rtol=0, atol=1e-5)
+            assert torch.equal(y.cpu(), yc)
 
 
 @pytest.mark.gpu

@@ -6,21 +6,24 @@ quality 90, about 105 kB a file):
 1. **loader only**: images/s of each input backend (``fp16lab.inputs.BACKENDS``) with no
    training, and the CPU its processes and threads used; the ``dataloader`` backend at 25%, 50%,
    75% and 100% of the cores as workers (the "75% of cores" rule checked), and once with uint8
-   batches normalised on the GPU;
+   batches normalised on the GPU; ``gpu-decode`` also with a quarter of each batch decoded on
+   the CPU by its reader threads;
 2. **training**: images/s of ResNet-50 training steps (channels_last, batch 256) in amp-fp16,
-   amp-bf16 and fp32 (TF32 off), fed by each backend; ``synthetic`` (one batch already on the
-   GPU) is the model's own ceiling.
+   amp-bf16 and fp32 (TF32 off), fed by each backend (the dataloader also with uint8
+   batches); ``synthetic`` (one batch already on the GPU) is the model's own ceiling.
 
 Protocol (the same in ``fp16lab.feeding`` and notebook 07): ``cudnn.benchmark`` on; warm-up
 batches or steps first (workers + 2 of them, so that the first wave of batches the workers
-finish together is used up); then the timed batches or steps on the host clock between two
-``torch.cuda.synchronize()`` calls. Ratios are taken within this one run.
+finish together is used up); then at least 12 batches or 20 steps and at least
+``MIN_SECONDS`` (5 s), timed on the host clock between two ``torch.cuda.synchronize()`` calls.
+The gpu-decode rows also record the host milliseconds per batch its producer threads spent
+reading, decoding and augmenting. Ratios are taken within this one run.
 
 A row that cannot run here is recorded as ``skipped`` with the reason (e.g. DALI not installed),
 one that fails as ``error`` with the message; rows are written to the result file as they are
 measured, and rows still waiting when ``--budget-s`` runs out are recorded as ``skipped``.
 
-    python -m fp16lab.bench.input_pipeline            # GPU, under 2.5 minutes
+    python -m fp16lab.bench.input_pipeline            # GPU: about 5 minutes on an H200 host
     python -m fp16lab.bench.input_pipeline --quick    # small smoke run (CPU is fine)
 """
 
@@ -38,10 +41,24 @@ import torch
 from fp16lab import bench
 from fp16lab.data import make_image_folder
 from fp16lab.feeding import measure_loader, measure_training, summary_lines
+from fp16lab.gpu_decode import GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS
 from fp16lab.inputs import InputSettings, cpu_cores, default_workers
 
-PROTOCOL = ("cudnn.benchmark on; warm-up of workers + 2 batches/steps; timed batches/steps on "
-            "the host clock between two torch.cuda.synchronize() calls; one run")
+#: Each timed window lasts at least this long (and at least the row's steps), so that a
+#: pipeline of 12 workers building whole batches is timed over several waves of batches.
+MIN_SECONDS = 5.0
+#: The share of each gpu-decode batch the hybrid rows decode on the CPU: a guess from the last
+#: H200 run (nvJPEG near 4500 images/s; 12 reader threads at perhaps 100-150 JPEGs/s each).
+HYBRID_SHARE = 0.25
+
+
+def protocol(a: argparse.Namespace) -> str:
+    """Returns the measuring protocol of a run, in words, for the result file's meta."""
+    return (f"cudnn.benchmark on; warm-up of workers + 2 batches/steps; then at least "
+            f"{a.loader_steps} batches (loader) or {a.train_steps} steps (training; fp32 "
+            f"{max(3, a.train_steps // 2)}) and at least {a.min_seconds:g} s (the synthetic "
+            f"loader: the batches only), timed on the host clock between two "
+            f"torch.cuda.synchronize() calls; one run")
 
 
 def default_name() -> str:
@@ -58,11 +75,13 @@ def default_name() -> str:
 def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
     """Returns the rows to measure, most wanted first: (label, function returning the row).
 
-    The story first: each backend's loader rate at the default worker count, then training fed
-    by synthetic, gpu-decode, dataloader and dali input in amp-fp16, amp-bf16 and fp32 (fp32's
-    first step pays about a minute of cuDNN's algorithm search on an H200, so it comes after
-    both AMP precisions); then the worker sweep (the "75% of cores" rule) and the uint8
-    variants. What the budget leaves out is recorded as skipped.
+    The question first: each backend's loader rate at the default worker count (the dataloader
+    with float32 batches normalised on the CPU and with uint8 batches normalised on the GPU),
+    then training fed by synthetic, gpu-decode, dataloader and dataloader uint8 input in
+    amp-fp16 and amp-bf16; then gpu-decode with ``HYBRID_SHARE`` of each batch decoded on the
+    CPU (alone, and feeding both AMP precisions); then DALI (skipped at once where it is not installed); then fp32
+    (its first step pays about a minute of cuDNN's algorithm search on an H200); then the
+    worker sweep (the "75% of cores" rule). What the budget leaves out is recorded as skipped.
     """
     cores = cpu_cores()
     shares = (0.5, 1.0) if a.quick else (0.25, 0.5, 0.75, 1.0)
@@ -70,30 +89,41 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     counts = [w for w in sorted({max(1, int(s * cores)) for s in shares}) if w != rule]
     size, root = a.image_size, a.images_dir
 
-    def loader(backend: str, workers: int, normalize_on: str = "cpu"):
+    def loader(backend: str, workers: int, normalize_on: str = "cpu", cpu_share: float = 0.0):
         s = InputSettings(backend, batch=a.batch, image_size=size, num_workers=workers,
-                          normalize_on=normalize_on)
-        warm = workers + 2 if backend != "synthetic" else 2
-        return lambda: measure_loader(s, root, device=device, warmup=warm, steps=a.loader_steps)
+                          normalize_on=normalize_on, cpu_decode_share=cpu_share)
+        if backend == "synthetic":  # nothing to wait for: the window would only time a loop
+            return lambda: measure_loader(s, root, device=device, warmup=2, steps=a.loader_steps)
+        return lambda: measure_loader(s, root, device=device, warmup=workers + 2,
+                                      steps=a.loader_steps, min_seconds=a.min_seconds)
 
-    def train(precision: str, backend: str, normalize_on: str = "cpu"):
+    def train(precision: str, backend: str, normalize_on: str = "cpu", cpu_share: float = 0.0):
         s = InputSettings(backend, batch=a.batch, image_size=size, num_workers=rule,
-                          normalize_on=normalize_on)
+                          normalize_on=normalize_on, cpu_decode_share=cpu_share)
         steps = max(3, a.train_steps // 2) if precision == "fp32" else a.train_steps  # 4-5x slower
         return lambda: measure_training(a.model, precision, s, root, device=device,
-                                        warmup=rule + 2, steps=steps)
+                                        warmup=rule + 2, steps=steps, min_seconds=a.min_seconds)
+
+    inputs = [("synthetic", "cpu"), ("gpu-decode", "cpu"), ("dataloader", "cpu"),
+              ("dataloader", "gpu")]
+
+    def label(backend: str, normalize_on: str) -> str:
+        return f"{backend}{' uint8' if normalize_on == 'gpu' else ''}"
 
     rows = [("loader synthetic", loader("synthetic", rule)),
-            (f"loader dataloader {rule} workers", loader("dataloader", rule)),
             ("loader gpu-decode", loader("gpu-decode", rule)),
-            ("loader dali", loader("dali", rule))]
-    for precision in ("amp-fp16", "amp-bf16", "fp32"):
-        rows += [(f"train {precision} {b}", train(precision, b))
-                 for b in ("synthetic", "gpu-decode", "dataloader", "dali")]
-    rows += [(f"loader dataloader {w} workers", loader("dataloader", w)) for w in counts]
-    rows += [("loader dataloader uint8", loader("dataloader", rule, "gpu"))]
-    rows += [(f"train {p} dataloader uint8", train(p, "dataloader", "gpu"))
+            (f"loader dataloader {rule} workers", loader("dataloader", rule)),
+            ("loader dataloader uint8", loader("dataloader", rule, "gpu"))]
+    for precision in ("amp-fp16", "amp-bf16"):
+        rows += [(f"train {precision} {label(b, n)}", train(precision, b, n)) for b, n in inputs]
+    hybrid = f"gpu-decode + {HYBRID_SHARE:.0%} CPU"
+    rows += [(f"loader {hybrid}", loader("gpu-decode", rule, cpu_share=HYBRID_SHARE))]
+    rows += [(f"train {p} {hybrid}", train(p, "gpu-decode", cpu_share=HYBRID_SHARE))
              for p in ("amp-fp16", "amp-bf16")]
+    rows += [("loader dali", loader("dali", rule))]
+    rows += [(f"train {p} dali", train(p, "dali")) for p in ("amp-fp16", "amp-bf16")]
+    rows += [(f"train fp32 {b}", train("fp32", b)) for b in ("synthetic", "gpu-decode", "dataloader", "dali")]
+    rows += [(f"loader dataloader {w} workers", loader("dataloader", w)) for w in counts]
     return rows
 
 
@@ -109,12 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images-dir", type=Path, default=None,
                    help="where the JPEG data set is made or reused (default: a folder under /tmp)")
     p.add_argument("--images", type=int, default=None, help="number of JPEG files (default 2048)")
-    p.add_argument("--budget-s", type=float, default=135.0,
+    p.add_argument("--budget-s", type=float, default=400.0,
                    help="rows not started after this many seconds are recorded as skipped (a "
-                        "row takes up to ~12 s once fp32's first one has run)")
+                        "row takes 7-15 s, fp32's first one about a minute more)")
     a = p.parse_args(argv)
     a.model, a.batch, a.image_size = ("small_cnn", 16, 64) if a.quick else ("resnet50", 256, 224)
     a.loader_steps, a.train_steps = (3, 4) if a.quick else (12, 20)
+    a.min_seconds = 0.0 if a.quick else MIN_SECONDS
     a.images = a.images or (48 if a.quick else 2048)
     a.images_dir = a.images_dir or Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{a.images}"
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -125,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     data = make_image_folder(a.images_dir, images=a.images, classes=10)
     print(f"data set: {data.images} JPEGs, mean {data.mean_kb:.0f} kB, "
           f"{'reused' if data.reused else 'made'} in {time.perf_counter() - t0:.1f} s at {data.root}")
-    meta = {"benchmark": "fp16lab.bench.input_pipeline", "quick": a.quick, "protocol": PROTOCOL,
+    meta = {"benchmark": "fp16lab.bench.input_pipeline", "quick": a.quick, "protocol": protocol(a),
+            "loader_steps": a.loader_steps, "train_steps": a.train_steps,
+            "min_seconds": a.min_seconds, "budget_s": a.budget_s,
+            "gpu_decode": {"producer_threads": GPU_DECODE_PRODUCERS, "depth": GPU_DECODE_DEPTH},
             "model": a.model, "batch": a.batch, "image_size": a.image_size,
             "cpu_cores": cpu_cores(), "default_workers": default_workers(),
             "data_set": {"images": data.images, "classes": data.classes, "size": data.size,

@@ -1,0 +1,69 @@
+"""The input-pipeline benchmark's plan: the wanted rows first, each with a long enough window."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from fp16lab.bench import input_pipeline as bench
+
+WANTED = ["loader synthetic", "loader gpu-decode", "loader dataloader 12 workers",
+          "loader dataloader uint8"] + [
+    f"train {p} {b}" for p in ("amp-fp16", "amp-bf16")
+    for b in ("synthetic", "gpu-decode", "dataloader", "dataloader uint8")]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(bench, "default_workers", lambda cores=None: 12)
+    monkeypatch.setattr(bench, "measure_loader",
+                        lambda s, root, **kw: seen.append(("loader", s, kw)) or {})
+    monkeypatch.setattr(bench, "measure_training",
+                        lambda model, p, s, root, **kw: seen.append((p, s, kw)) or {})
+    return seen
+
+
+def _args(quick=False):
+    a = argparse.Namespace(quick=quick, image_size=224, images_dir=None, batch=256, model="resnet50",
+                           loader_steps=12, train_steps=20, min_seconds=0.0 if quick else 5.0)
+    return a
+
+
+def test_the_wanted_rows_come_first_then_hybrid_dali_fp32_and_the_worker_sweep(calls):
+    labels = [label for label, _ in bench.plan(_args(), "cuda")]
+    assert labels[:12] == WANTED
+    assert labels[12:] == ["loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
+                           "train amp-bf16 gpu-decode + 25% CPU", "loader dali", "train amp-fp16 dali", "train amp-bf16 dali",
+                           "train fp32 synthetic", "train fp32 gpu-decode", "train fp32 dataloader",
+                           "train fp32 dali", "loader dataloader 4 workers",
+                           "loader dataloader 8 workers", "loader dataloader 16 workers"]
+
+
+def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):
+    plan = bench.plan(_args(), "cuda")
+    for label, measure in plan:
+        measure()
+    assert len(calls) == len(plan)
+    for (label, _), (kind, s, kw) in zip(plan, calls):
+        uint8 = "uint8" in label
+        assert (s.normalize_on == "gpu") == uint8, label
+        assert s.cpu_decode_share == (0.25 if "25% CPU" in label else 0.0), label
+        assert s.batch == 256 and s.image_size == 224
+        if label == "loader synthetic":
+            assert kw.get("min_seconds", 0.0) == 0.0 and kw["steps"] == 12
+            continue
+        assert kw["min_seconds"] == 5.0, label
+        assert kw["warmup"] == s.resolved_workers() + 2, label
+        want_steps = 12 if kind == "loader" else 10 if kind == "fp32" else 20
+        assert kw["steps"] == want_steps, label
+        if kind != "loader" or "workers" not in label:
+            assert s.resolved_workers() == 12, label
+
+
+def test_the_protocol_in_the_meta_states_the_window():
+    text = bench.protocol(_args())
+    assert "at least 12 batches (loader) or 20 steps (training; fp32 10)" in text
+    assert "at least 5 s" in text and "torch.cuda.synchronize()" in text
