@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -531,3 +533,14 @@ def test_step_misuse_messages_in_full_and_arguments_passed_on():
         "no inf/NaN check was recorded for this optimizer: none of its parameters has a "
         "gradient. Call scaler.scale(loss).backward() on a loss that depends on them before "
         "step()")
+
+
+def test_dynamic_scaler_warns_at_the_line_that_called_update():
+    s = DynamicLossScaler(init_scale=2.0**20, collapse_halvings=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        s.update(found_inf=True)
+    assert len(caught) == 1
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampolines add frames to every call
+        assert (caught[0].filename, caught[0].lineno) == (__file__, line)
