@@ -384,9 +384,10 @@ def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | Format
             add(layer, "gradient", leaf, p.grad)
     df = pd.DataFrame(rows)
     if len(df):
-        order = {k: i for i, k in enumerate(dict.fromkeys(df["layer"]))}
-        order.update({k: i for i, k in enumerate(("weight", "activation", "gradient"))})
-        df = df.sort_values(["layer", "kind"], key=lambda s: s.map(order),
+        # two rankings: a layer may be called "weight" or "gradient" too
+        rank = {"layer": {k: i for i, k in enumerate(dict.fromkeys(df["layer"]))},
+                "kind": {k: i for i, k in enumerate(CENSUS_KINDS)}}
+        df = df.sort_values(["layer", "kind"], key=lambda s: s.map(rank[s.name]),
                             kind="stable").reset_index(drop=True)
     return df
 
