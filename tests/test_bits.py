@@ -825,3 +825,24 @@ def test_explain_table_defaults_and_odd_inputs():
     assert len(bits.explain_table(np.array(0.5), "fp16")) == 1  # a 0-d array is one value
     assert _message(bits.explain_table, None) == (
         "explain_table() takes a list of values (numbers, hex or bit strings), got None")
+
+
+def test_remaining_mutants_out_of_range_zero_torch_sizes_underscores_and_other_formats():
+    # a zero low end does not hide the bad high code
+    for as_torch in (False, True):
+        arg = torch.tensor([0, 70000]) if as_torch else np.array([0, 70000])
+        with pytest.raises(ValueError, match=r"^code 70000 is out of range for fp16"):
+            bits.decode(arg, "fp16")
+    # torch.Size is a tuple of ints, not a tensor
+    assert bits.encode(torch.Size([1, 2]), "fp16").tolist() == [0x3C00, 0x4000]
+    # underscores anywhere among the hex digits, as the message promises
+    for s in ("0x3c__00", "0x_3c00", "0x3c00_"):
+        assert bits.parse_code(s) == 0x3C00, s
+    # messages show 1.0 in the format asked for (bf16: 0x3f80, not fp16's 0x3c00)
+    with pytest.raises(ValueError, match=r"hex like '0x3f80'"):
+        bits.parse_code("zz", "bf16")
+    with pytest.raises(ValueError, match=r"^parse_code\(\) reads a string \(hex like '0x3f80'"):
+        bits.parse_code(1.5, "bf16")
+    # the values are rounded into the accumulator's format, not fp16's (1e5 overflows fp16)
+    want = float(np.float32(1e5).astype(ml_dtypes.bfloat16))
+    assert bits.accumulate([1e5], "bf16").tolist() == [want] and want == 99840.0
