@@ -838,11 +838,23 @@ def test_remaining_mutants_out_of_range_zero_torch_sizes_underscores_and_other_f
     # underscores anywhere among the hex digits, as the message promises
     for s in ("0x3c__00", "0x_3c00", "0x3c00_"):
         assert bits.parse_code(s) == 0x3C00, s
-    # messages show 1.0 in the format asked for (bf16: 0x3f80, not fp16's 0x3c00)
-    with pytest.raises(ValueError, match=r"hex like '0x3f80'"):
-        bits.parse_code("zz", "bf16")
-    with pytest.raises(ValueError, match=r"^parse_code\(\) reads a string \(hex like '0x3f80'"):
-        bits.parse_code(1.5, "bf16")
+    # messages show 1.0 in the format asked for, with its width (fp8 e4m3: 0x38, not 0x0038)
+    for fmt, one in (("bf16", "0x3f80"), ("fp8_e4m3", "0x38")):
+        with pytest.raises(ValueError, match=rf"hex like '{one}' or "):
+            bits.parse_code("zz", fmt)
+        with pytest.raises(ValueError, match=rf"^parse_code\(\) reads a string \(hex like '{one}' "):
+            bits.parse_code(1.5, fmt)
     # the values are rounded into the accumulator's format, not fp16's (1e5 overflows fp16)
     want = float(np.float32(1e5).astype(ml_dtypes.bfloat16))
     assert bits.accumulate([1e5], "bf16").tolist() == [want] and want == 99840.0
+
+
+def test_arrays_of_a_kind_without_its_own_word_are_still_refused_as_not_numbers():
+    if not hasattr(getattr(np, "dtypes", None), "StringDType"):
+        pytest.skip("numpy < 2 has no StringDType")
+    strings = np.array(["a", "b"], dtype=np.dtypes.StringDType())  # numpy 2's kind 'T'
+    with pytest.raises(ValueError) as info:
+        bits.encode(strings, "fp16")
+    assert str(info.value).startswith(
+        "encode expects real numbers, got a StringDType() array of values that are not real "
+        "numbers, like ['a', 'b']; allowed: ")
