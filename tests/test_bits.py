@@ -858,3 +858,12 @@ def test_arrays_of_a_kind_without_its_own_word_are_still_refused_as_not_numbers(
     assert str(info.value).startswith(
         "encode expects real numbers, got a StringDType() array of values that are not real "
         "numbers, like ['a', 'b']; allowed: ")
+
+
+def test_decode_reads_uint8_tensors_of_fp8_codes_like_ml_dtypes():
+    # the codes are widened before any arithmetic: uint8 would wrap e_field - bias below zero
+    codes = np.array([0x38, 0x08, 0x01, 0xB8, 0x7E], dtype=np.uint8)
+    for name, dt in (("fp8_e4m3", ml_dtypes.float8_e4m3fn), ("fp8_e5m2", ml_dtypes.float8_e5m2)):
+        want = codes.view(dt).astype(np.float64)
+        got = bits.decode(torch.from_numpy(codes), name)
+        np.testing.assert_array_equal(got.numpy(), want)
