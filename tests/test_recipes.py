@@ -258,20 +258,18 @@ def _reference_loss(precision, model, x, y, loss_fn=torch.nn.functional.cross_en
 def test_a_step_trains_on_the_batch_it_is_given_with_the_loss_given(precision):
     import copy
 
-    x, y = _batch()
-    torch.manual_seed(2)
-    x2, y2 = torch.randn_like(x), torch.randint(0, 10, (8,))
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    x2, y2 = torch.randn(8, 4), torch.randint(0, 3, (8,))
     calls = []
 
     def loss_fn(logits, labels):
         calls.append(labels)
         return torch.nn.functional.cross_entropy(logits, labels) * 3.0
 
-    torch.manual_seed(1)
-    model = build_model("small_cnn")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     step, _ = recipes.make_train_step(precision, model, x, y, device="cpu", loss_fn=loss_fn)
-    ref = copy.deepcopy(model).eval()  # after make_train_step: fp16-o2 made it fp16 already
-    model.eval()  # BatchNorm in eval: the forward is the same function of the batch
+    ref = copy.deepcopy(model)  # after make_train_step: fp16-o2 made it fp16 already
     want = _reference_loss(precision, ref, x2, y2, loss_fn)
     got = step(x2, y2)
     assert torch.equal(calls[-1], y2)
