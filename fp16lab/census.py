@@ -41,6 +41,7 @@ HIST_MIN, HIST_MAX = -160, 130
 _EXPONENTS = np.arange(HIST_MIN, HIST_MAX + 1)  # the bin labels, shared by every result
 _EXPONENTS.flags.writeable = False
 _CHUNK = 1 << 18  # elements per pass on the CPU: the temporaries stay in cache
+_TORCH_CHUNK = 1 << 24  # elements per pass of the torch path: bounds its temporaries
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ _NARROW_NUMPY = {"float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_
 def _as_numpy_float(x: Any) -> np.ndarray:
     arr = np.asarray(x)
     numeric = arr.dtype.kind in "biuf" or arr.dtype.name in _NARROW_NUMPY
-    if arr.dtype.kind == "c" or not numeric:
+    if not numeric:  # complex (kind 'c') included
         raise ValueError(f"census expects a real numeric array or tensor, got dtype {arr.dtype}")
     return arr.reshape(-1)
 
@@ -138,7 +139,7 @@ def _pattern_below(t: float, dtype, udtype, strict: bool) -> int:
 
     Positive floats are ordered like their bit patterns, so ``|x| <= t`` is ``bits <= pattern``.
     """
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):  # thresholds beyond the type's range
         v = np.array([t], dtype=np.float64).astype(dtype)
     p = int(v.view(udtype)[0])
     if float(v[0]) > t or (strict and float(v[0]) == t):
@@ -204,7 +205,7 @@ def _census_numpy(arr: np.ndarray, f: FormatInfo) -> tuple[np.ndarray, np.ndarra
 
 
 # ---------------------------------------------------------------------------------- torch path
-def _census_torch(t, f: FormatInfo, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+def _census_torch(t, f: FormatInfo, backend: str) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
     x = t.detach().reshape(-1)
@@ -236,9 +237,8 @@ def _census_torch(t, f: FormatInfo, backend: str = "auto") -> tuple[np.ndarray, 
     classes = torch.zeros(6, dtype=torch.int64, device=dev)
     by_field = torch.zeros(fmask + 1, dtype=torch.int64, device=dev)
     sub_hist = torch.zeros(HIST_MAX - HIST_MIN + 1, dtype=torch.int64, device=dev)
-    chunk = 1 << 24
-    for start in range(0, x.numel(), chunk):
-        b = x[start:start + chunk].to(wide).abs().view(ibits)
+    for start in range(0, x.numel(), _TORCH_CHUNK):
+        b = x[start:start + _TORCH_CHUNK].to(wide).abs().view(ibits)
         classes += torch.bincount(torch.bucketize(b, edges_t, out_int32=True), minlength=6)
         efield = (b >> shift) & fmask
         by_field += torch.bincount(efield, minlength=fmask + 1)
@@ -384,9 +384,10 @@ def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | Format
             add(layer, "gradient", leaf, p.grad)
     df = pd.DataFrame(rows)
     if len(df):
-        order = {k: i for i, k in enumerate(dict.fromkeys(df["layer"]))}
-        order.update({k: i for i, k in enumerate(("weight", "activation", "gradient"))})
-        df = df.sort_values(["layer", "kind"], key=lambda s: s.map(order),
+        # two rankings: a layer may be called "weight" or "gradient" too
+        rank = {"layer": {k: i for i, k in enumerate(dict.fromkeys(df["layer"]))},
+                "kind": {k: i for i, k in enumerate(CENSUS_KINDS)}}
+        df = df.sort_values(["layer", "kind"], key=lambda s: s.map(rank[s.name]),
                             kind="stable").reset_index(drop=True)
     return df
 

@@ -426,7 +426,7 @@ class DynamicLossScaler(_LossScalerBase):
     def update(self, found_inf: bool | None = None) -> ScaleEvent:
         """Returns this step's event after the rule; warns if the scale collapses."""
         event = super().update(found_inf)
-        self._monitor.observe(event, stacklevel=3)
+        self._monitor.observe(event, stacklevel=2)
         return event
 
     def __repr__(self) -> str:

@@ -825,3 +825,45 @@ def test_explain_table_defaults_and_odd_inputs():
     assert len(bits.explain_table(np.array(0.5), "fp16")) == 1  # a 0-d array is one value
     assert _message(bits.explain_table, None) == (
         "explain_table() takes a list of values (numbers, hex or bit strings), got None")
+
+
+def test_remaining_mutants_out_of_range_zero_torch_sizes_underscores_and_other_formats():
+    # a zero low end does not hide the bad high code
+    for as_torch in (False, True):
+        arg = torch.tensor([0, 70000]) if as_torch else np.array([0, 70000])
+        with pytest.raises(ValueError, match=r"^code 70000 is out of range for fp16"):
+            bits.decode(arg, "fp16")
+    # torch.Size is a tuple of ints, not a tensor
+    assert bits.encode(torch.Size([1, 2]), "fp16").tolist() == [0x3C00, 0x4000]
+    # underscores anywhere among the hex digits, as the message promises
+    for s in ("0x3c__00", "0x_3c00", "0x3c00_"):
+        assert bits.parse_code(s) == 0x3C00, s
+    # messages show 1.0 in the format asked for, with its width (fp8 e4m3: 0x38, not 0x0038)
+    for fmt, one in (("bf16", "0x3f80"), ("fp8_e4m3", "0x38")):
+        with pytest.raises(ValueError, match=rf"hex like '{one}' or "):
+            bits.parse_code("zz", fmt)
+        with pytest.raises(ValueError, match=rf"^parse_code\(\) reads a string \(hex like '{one}' "):
+            bits.parse_code(1.5, fmt)
+    # the values are rounded into the accumulator's format, not fp16's (1e5 overflows fp16)
+    want = float(np.float32(1e5).astype(ml_dtypes.bfloat16))
+    assert bits.accumulate([1e5], "bf16").tolist() == [want] and want == 99840.0
+
+
+def test_arrays_of_a_kind_without_its_own_word_are_still_refused_as_not_numbers():
+    if not hasattr(getattr(np, "dtypes", None), "StringDType"):
+        pytest.skip("numpy < 2 has no StringDType")
+    strings = np.array(["a", "b"], dtype=np.dtypes.StringDType())  # numpy 2's kind 'T'
+    with pytest.raises(ValueError) as info:
+        bits.encode(strings, "fp16")
+    assert str(info.value).startswith(
+        "encode expects real numbers, got a StringDType() array of values that are not real "
+        "numbers, like ['a', 'b']; allowed: ")
+
+
+def test_decode_reads_uint8_tensors_of_fp8_codes_like_ml_dtypes():
+    # the codes are widened before any arithmetic: uint8 would wrap e_field - bias below zero
+    codes = np.array([0x38, 0x08, 0x01, 0xB8, 0x7E], dtype=np.uint8)
+    for name, dt in (("fp8_e4m3", ml_dtypes.float8_e4m3fn), ("fp8_e5m2", ml_dtypes.float8_e5m2)):
+        want = codes.view(dt).astype(np.float64)
+        got = bits.decode(torch.from_numpy(codes), name)
+        np.testing.assert_array_equal(got.numpy(), want)

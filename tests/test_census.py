@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import time
 
@@ -343,3 +344,229 @@ def test_cuda_concentrated_and_special_values():
         got = census(x.cuda(), "fp16")
         want = census(x, "fp16")
         assert got.counts == want.counts and np.array_equal(got.hist, want.hist), dtype
+
+
+# ------------------------------------------------------------ paths, dtypes and census_model rows
+
+def _cum(want: dict[str, int]) -> list[int]:
+    return list(np.cumsum([want["zero"], want["underflow"], want["subnormal"], want["normal"]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_path_counts_every_chunk_on_the_tensors_device_in_int64(monkeypatch, dtype):
+    census_module = importlib.import_module("fp16lab.census")  # the name is also the function
+
+    monkeypatch.setattr(census_module, "_TORCH_CHUNK", 1000)  # 4.5 chunks below
+    x = wide_sample(4500, 21, -150, 40).astype(np.float64)
+    # float64 subnormals; float32 subnormals, the largest one's log2 rounds up to -126 in float32
+    x[8:13] = [5e-324, -1e-310, 2.0**-1022, 2.0**-140, 2.0**-126 - 2.0**-149]
+    x[100:1001] = 1.0  # 901 values in one exponent field: not a bfloat16 integer
+    t = torch.from_numpy(x).to(dtype)
+    ref = t.double().numpy()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # a float default must not reach the counters
+    try:
+        with torch.device("meta"):  # nor a default device: the tensor's own device is used
+            counts, hist = census_module._census_torch(t, format_info("fp16"), "torch")
+    finally:
+        torch.set_default_dtype(default)
+    want = oracle_counts(ref, "fp16")
+    assert counts.dtype == np.int64 and hist.dtype == np.int64
+    assert list(counts) == [*_cum(want), ref.size, want["nan"]]
+    assert np.array_equal(hist, oracle_hist(ref))
+
+
+# A CPU tensor that says it is on a CUDA device, so that census() takes its GPU path on a CPU.
+# census() knows torch tensors by their type's name and module (bits._is_torch): it carries torch's.
+_SaysCuda = type("Tensor", (torch.Tensor,), {"is_cuda": property(lambda self: True),
+                                             "__module__": "torch"})
+
+
+def test_cuda_tensors_go_to_the_kernel_then_to_the_torch_fallback(monkeypatch):
+    kernels_census = importlib.import_module("fp16lab.kernels.census")
+    census_module = importlib.import_module("fp16lab.census")  # the name is also the function
+
+    plain = torch.from_numpy(wide_sample(3000, 7))
+    x = plain.as_subclass(_SaysCuda)
+    ref = plain.double().numpy()
+    calls = []
+    answer = [None]
+
+    def kernel(t, f):
+        calls.append((t, f.name))
+        return answer[0]
+
+    monkeypatch.setattr(kernels_census, "cupy_census", kernel)
+    # the kernel's answer is the result: cumulative counts (zero, <= under, <= normal,
+    # <= over, total, nan) and the bins
+    answer[0] = (np.array([1, 2, 3, 4, 10, 1]), np.arange(291))
+    r = census(x, "bf16")
+    seen, fmt_name = calls[0]  # the tensor itself, flat (a view, no copy), and the format
+    assert (seen.data_ptr(), seen.shape, fmt_name) == (plain.data_ptr(), (3000,), "bf16")
+    assert (r.n, r.dtype, r.fmt) == (10, "float32", "bf16")
+    assert r.counts == {"zero": 1, "underflow": 1, "subnormal": 1, "normal": 1, "overflow": 5,
+                        "nan": 1}
+    assert np.array_equal(r.hist, np.arange(291))
+    # where the kernel cannot run: 'auto' falls back to torch, 'cupy' says why
+    answer[0] = None
+    r = census(x, "fp16")
+    assert r.counts == oracle_counts(ref, "fp16") and np.array_equal(r.hist, oracle_hist(ref))
+    with pytest.raises(RuntimeError) as info:
+        census(x, "fp16", backend="cupy")
+    assert str(info.value) == ("census backend 'cupy' needs CuPy and a non-empty float32, "
+                               "float16 or bfloat16 CUDA tensor; got torch.float32 with 3000 "
+                               "elements")
+    n_calls = len(calls)
+    r = census(x, "fp16", backend="torch")  # torch asked for: the kernel is not tried
+    assert len(calls) == n_calls and r.counts == oracle_counts(ref, "fp16")
+    census_module._census_torch(plain, format_info("fp16"), "cupy")  # not CUDA: no kernel
+    assert len(calls) == n_calls
+    with pytest.raises(ValueError) as info:
+        census(torch.ones(3, dtype=torch.complex64).as_subclass(_SaysCuda), "fp16")
+    assert str(info.value) == "census expects a real numeric tensor, got dtype torch.complex64"
+    with pytest.raises(ValueError, match="got dtype torch.bool"):
+        census(torch.ones(3, dtype=torch.bool).as_subclass(_SaysCuda), "fp16")
+
+
+def test_cpu_tensors_are_counted_by_numpy_and_name_their_dtype(monkeypatch):
+    census_module = importlib.import_module("fp16lab.census")  # the name is also the function
+
+    def no_torch_path(*args, **kwargs):
+        raise AssertionError("a CPU tensor went down the torch path")
+
+    monkeypatch.setattr(census_module, "_census_torch", no_torch_path)
+    x = torch.from_numpy(wide_sample(2000, 9, -30, 20))
+    for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16"),
+                        (torch.float8_e4m3fn, "float8_e4m3fn"), (torch.float8_e5m2, "float8_e5m2")):
+        t = x.to(dtype)
+        ref = t.float().numpy()
+        r = census(t, "fp16")
+        assert r.dtype == name
+        assert r.counts == oracle_counts(ref, "fp16"), name
+        assert np.array_equal(r.hist, oracle_hist(ref)), name
+
+
+def test_numpy_inputs_of_every_kind_and_shape():
+    ints = np.array([0, 3, -7, 2**25 - 1, 2**31 - 1, 70000])  # 2**25 - 1 rounds up in float32
+    r = census(ints, "fp16")
+    assert r.counts == oracle_counts(ints.astype(np.float64), "fp16")
+    assert np.array_equal(r.hist, oracle_hist(ints.astype(np.float64)))
+    assert r.log2_range() == (1, 30)
+    for fp8 in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        a = wide_sample(500, 3, -12, 12).astype(fp8)
+        r = census(a, "fp16")
+        assert r.dtype == np.dtype(fp8).name
+        assert r.counts == oracle_counts(a.astype(np.float32), "fp16")
+        assert np.array_equal(r.hist, oracle_hist(a.astype(np.float32)))
+    one_sub = np.array([2.0**-24, 0.0, 1.0], dtype=np.float16)  # only the first subnormal pattern
+    r = census(one_sub, "fp16")
+    assert r.hist.dtype == np.int64 and r.counts["subnormal"] == 1
+    assert np.array_equal(r.hist, oracle_hist(one_sub.astype(np.float64)))
+    grid = wide_sample(600, 5).reshape(20, 30)  # any shape: counted as a flat array
+    r = census(grid, "fp16")
+    assert r.n == 600 and r.counts == oracle_counts(grid.ravel(), "fp16")
+
+
+def test_an_empty_array_has_an_empty_census():
+    r = census(np.zeros(0, np.float32), "fp16")
+    assert (r.n, r.counts, r.log2_range()) == (0, dict.fromkeys(CLASSES, 0), None)
+    assert r.hist.dtype == np.int64 and not r.hist.any() and r.fractions["zero"] == 0.0
+
+
+def test_census_works_when_numpy_raises_on_every_floating_point_error():
+    # fp32's overflow threshold is beyond float16: finding its float16 neighbour overflows
+    x = np.array([1.0, 65504.0, np.inf, 2.0**-24], dtype=np.float16)
+    with np.errstate(all="raise"):
+        r = census(x, "fp32")
+    assert r.counts == oracle_counts(x, "fp32")
+
+
+@pytest.mark.parametrize("backend", ["auto", "cupy", "torch"])
+def test_every_backend_name_is_accepted_for_cpu_data(backend):
+    x = wide_sample(100, 2)
+    assert census(x, "fp16", backend=backend).counts == oracle_counts(x, "fp16")
+
+
+def test_census_model_rows_are_ordered_by_layer_then_weight_activation_gradient():
+    from collections import OrderedDict
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(OrderedDict(b=torch.nn.Linear(2, 2), a=torch.nn.ReLU(),
+                                            c=torch.nn.Linear(2, 1)))
+    df = census_model(model, torch.randn(3, 2))
+    assert list(df.columns) == ["layer", "kind", "tensor", "format", "n", *CLASSES]
+    assert list(df.index) == list(range(11))
+    assert list(zip(df["layer"], df["kind"], df["tensor"])) == [
+        ("b", "weight", "weight"), ("b", "weight", "bias"), ("b", "activation", "output"),
+        ("b", "gradient", "weight"), ("b", "gradient", "bias"),
+        ("a", "activation", "output"),
+        ("c", "weight", "weight"), ("c", "weight", "bias"), ("c", "activation", "output"),
+        ("c", "gradient", "weight"), ("c", "gradient", "bias")]
+
+
+def test_census_model_keeps_layer_order_when_layers_are_named_like_kinds():
+    from collections import OrderedDict
+
+    model = torch.nn.Sequential(OrderedDict(gradient=torch.nn.Linear(2, 2),
+                                            weight=torch.nn.Linear(2, 2)))
+    df = census_model(model, torch.randn(3, 2), kinds="weight")
+    assert list(zip(df["layer"], df["tensor"])) == [("gradient", "weight"), ("gradient", "bias"),
+                                                    ("weight", "weight"), ("weight", "bias")]
+
+
+class _Split(torch.nn.Module):
+    def forward(self, x):
+        return x * 2, x * 0
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2, bias=False)
+        self.split = _Split()
+        self.unused = torch.nn.Linear(2, 2)  # never in the forward: no gradient rows
+
+    def forward(self, a, b):
+        return self.split(self.lin(a + b))
+
+
+def test_census_model_reads_tuple_inputs_and_outputs_and_skips_parameters_without_gradients():
+    model = _TwoInputs()
+    with torch.no_grad():
+        model.lin.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    for p in model.unused.parameters():
+        p.grad = torch.ones_like(p)  # stale gradients from an earlier pass
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    b = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    targets = torch.tensor([[0.5, 3.0], [4.0, 4.25]])
+
+    def loss_fn(out, t):
+        return ((out - t) ** 2).sum() / 2
+
+    df = census_model(model, (a, b), targets, loss_fn=loss_fn, keep_histograms=True)
+    rows = {(r.layer, r.kind, r.tensor): r for r in df.itertuples()}
+    assert ("unused", "gradient", "weight") not in rows and ("unused", "weight", "weight") in rows
+    split = rows[("split", "activation", "output")]  # the first output of the tuple: 2(a + b)
+    assert split.zero == 0.0 and split.census.log2_range() == (1, 3)
+    # the loss on the first output: dL/dW = ((2(a+b) - t) * 2)^T (a + b), by hand
+    s = (a + b).double().numpy()
+    want = ((2 * s - targets.double().numpy()) * 2).T @ s
+    g = rows[("lin", "gradient", "weight")].census
+    assert np.array_equal(g.hist, oracle_hist(want)) and g.n == 4
+
+
+def test_census_model_default_loss_is_half_the_mean_square():
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    x = torch.tensor([[2.0**-10]])
+    # out = 2**-10; L = out**2 / 2; dL/dw = out * x = 2**-20 (an fp16 subnormal)
+    df = census_model(model, x, kinds="gradient", keep_histograms=True)
+    g = df.iloc[0]
+    assert g["census"].log2_range() == (-20, -20) and g["subnormal"] == 1.0
+
+
+def test_census_model_empty_kinds_message_in_full():
+    with pytest.raises(ValueError) as info:
+        census_model(torch.nn.Linear(2, 2), torch.randn(1, 2), kinds=[])
+    assert str(info.value) == "kinds is empty; allowed: weight, activation, gradient"

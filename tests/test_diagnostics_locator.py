@@ -107,3 +107,57 @@ def test_a_clean_step_gives_none_and_a_non_tensor_loss_is_refused():
     assert NonFiniteReport("m", "forward", "loss", "float32", (), 1, 0, 0.0, 0.0).as_dict() == {
         "module": "m", "phase": "forward", "tensor": "loss", "dtype": "float32", "shape": (),
         "n_inf": 1, "n_nan": 0, "finite_min": 0.0, "finite_max": 0.0}
+
+
+class _DividesThenLinear(nn.Module):
+    """Makes its inf itself (x / 0) between the input and its only layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x / 0.0)
+
+
+def test_an_inf_the_model_makes_itself_is_blamed_on_the_model_not_the_batch_or_the_layer():
+    model = _DividesThenLinear()
+    x = torch.ones(3, 2)
+    report = locate_first_nonfinite(model, lambda: model(x).sum(), backward=False)
+    # the layer only passed on what it was given; the batch was clean; the model's code made it
+    assert (report.module, report.phase, report.tensor) == ("", "forward", "output 0")
+    assert str(report).startswith("first non-finite value in forward of '<model>' (output 0, ")
+
+
+class _NaNGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * math.nan
+
+
+class NaNBackward(nn.Module):
+    def forward(self, x):
+        return _NaNGradient.apply(x)
+
+
+def test_a_nan_gradient_is_blamed_on_the_layer_not_on_the_block_holding_it():
+    from collections import OrderedDict
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(a=nn.Linear(2, 2), block=nn.Sequential(
+        OrderedDict(nan=NaNBackward(), c=nn.Linear(2, 1)))))
+    x = torch.ones(3, 2)
+    report = locate_first_nonfinite(model, lambda: model(x).sum())
+    assert (report.module, report.phase, report.tensor) == ("block.nan", "backward", "input 0")
+
+
+def test_a_frozen_parameter_does_not_hide_the_next_ones_gradient():
+    model = nn.Sequential(nn.Linear(2, 1))
+    model[0].weight.requires_grad_(False)
+    x = torch.ones(3, 2)
+    report = locate_first_nonfinite(model, lambda: model(x).sum(), loss_scale=math.inf)
+    assert (report.module, report.phase, report.tensor) == ("0", "parameter gradient", "0.bias")

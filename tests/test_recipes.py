@@ -324,3 +324,216 @@ def test_fused_sgd_step_never_reads_found_inf_on_the_host(monkeypatch):
         for _ in range(3):
             step()
         assert len(calls) == want, name
+
+
+def test_unknown_precision_message_in_full():
+    with pytest.raises(ValueError) as info:
+        recipes.check_precision("fp16")
+    assert str(info.value) == ("unknown precision 'fp16'; allowed: fp32, tf32, amp-fp16, "
+                               "amp-bf16, fp16-o2")
+    assert recipes.check_precision("amp-bf16") == "amp-bf16"
+    with pytest.raises(ValueError, match="unknown precision 'half'"):
+        recipes.autocast("half", "cpu")
+    with pytest.raises(ValueError, match="unknown precision 'half'"):
+        recipes.grad_scaler("half", "cpu")
+    with pytest.raises(ValueError, match="unknown precision 'half'"):
+        with recipes.math_flags("half"):
+            pass
+
+
+def _new_tf32_api():
+    b = torch.backends
+    return (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision)
+
+
+def _set_new_tf32_api(values):
+    b = torch.backends
+    b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = values
+
+
+@pytest.fixture
+def tf32_flags_put_back():
+    """Puts torch's TF32 and benchmark flags back as they were, through both APIs (legacy
+    first: torch keeps the legacy flags readable only when the per-backend ones follow them)."""
+    b = torch.backends
+    legacy = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark)
+    new = _new_tf32_api()
+    yield
+    b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark = legacy
+    _set_new_tf32_api(new)
+    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark) == legacy
+
+
+def test_math_flags_restore_settings_made_with_torchs_per_backend_tf32_api(tf32_flags_put_back):
+    # Once the per-backend API is used, reading the legacy allow_tf32 flags raises in torch;
+    # math_flags must still work, through the per-backend API, and put its values back.
+    b = torch.backends
+    if not hasattr(b.cuda.matmul, "fp32_precision"):
+        pytest.skip("this torch has only the legacy allow_tf32 flags")
+    _set_new_tf32_api(("tf32", "ieee", "ieee"))
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        b.cuda.matmul.allow_tf32  # noqa: B018 (torch's behaviour this test is about)
+    b.cudnn.benchmark = True
+    with recipes.math_flags("fp32"):
+        assert _tf32_on() == (False, False, False)
+        assert b.cudnn.benchmark  # not given: left alone
+    assert _new_tf32_api() == ("tf32", "ieee", "ieee")
+    assert b.cudnn.benchmark
+    with recipes.math_flags("tf32", cudnn_benchmark=False):
+        assert _tf32_on() == (True, True, True) and not b.cudnn.benchmark
+    assert _new_tf32_api() == ("tf32", "ieee", "ieee") and b.cudnn.benchmark
+
+
+def test_math_flags_restore_the_legacy_flags_each_to_its_own_value(tf32_flags_put_back):
+    b = torch.backends
+    benchmark = b.cudnn.benchmark
+    b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = True, False
+    with recipes.math_flags("fp32", cudnn_benchmark=True):
+        assert b.cudnn.benchmark
+    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, b.cudnn.benchmark) == (
+        True, False, benchmark)
+    with pytest.raises(KeyError):  # the flags come back even when the step raises
+        with recipes.math_flags("tf32"):
+            raise KeyError("inside")
+    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32) == (True, False)
+
+
+def test_sgd_is_lr_001_with_momentum_09_over_two_steps():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = recipes.sgd([w])
+    grads = [torch.tensor([0.5, 1.0]), torch.tensor([-1.0, 2.0])]
+    want = w.detach().clone()
+    buf = torch.zeros(2)
+    for g in grads:  # the oracle: SGD with momentum, written out
+        buf = 0.9 * buf + g if buf.any() else g.clone()
+        want = want - 0.01 * buf
+        w.grad = g.clone()
+        opt.step()
+    torch.testing.assert_close(w.detach(), want, rtol=0, atol=1e-7)
+    lr5 = recipes.sgd([w], lr=0.5, momentum=0.0)
+    w.grad = torch.ones(2)
+    before = w.detach().clone()
+    lr5.step()
+    torch.testing.assert_close(w.detach(), before - 0.5, rtol=0, atol=0)
+
+
+def _reference_loss(precision, model, x, y, loss_fn=torch.nn.functional.cross_entropy):
+    """The loss the step must report: the model's forward in the recipe's precision."""
+    with torch.no_grad():
+        if precision == "fp16-o2":
+            return loss_fn(model(x.half()).float(), y)
+        dtype = {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
+        with torch.autocast("cpu", dtype=dtype or torch.float16, enabled=dtype is not None):
+            return loss_fn(model(x), y)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "amp-fp16", "amp-bf16", "fp16-o2"])
+def test_a_step_trains_on_the_batch_it_is_given_with_the_loss_given(precision):
+    import copy
+
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    x2, y2 = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    calls = []
+
+    def loss_fn(logits, labels):
+        calls.append(labels)
+        return torch.nn.functional.cross_entropy(logits, labels) * 3.0
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    step, _ = recipes.make_train_step(precision, model, x, y, device="cpu", loss_fn=loss_fn)
+    ref = copy.deepcopy(model)  # after make_train_step: fp16-o2 made it fp16 already
+    want = _reference_loss(precision, ref, x2, y2, loss_fn)
+    got = step(x2, y2)
+    assert torch.equal(calls[-1], y2)
+    assert float(got.detach()) == float(want)
+    want_default = _reference_loss(precision, ref, x, y, loss_fn)
+    assert float(want_default) != float(want)
+    got_default = step()  # (x, y) again, after one update: close to, not equal to, the start
+    assert torch.equal(calls[-1], y)
+    assert float(got_default.detach()) == pytest.approx(float(want_default), rel=0.05)
+
+
+def test_fp16_o2_steps_only_trainable_parameters_and_skips_those_without_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(4, 3))
+    frozen = model[0].bias
+    frozen.requires_grad_(False)
+    unused = model[1]  # never in the forward: its parameters get no gradient
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = model
+
+        def forward(self, x):
+            return self.seq[0](x)
+
+    net = Net()
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    step, scaler = recipes.make_train_step("fp16-o2", net, x, y, device="cpu",
+                                           scaler=ScalerSettings(init_scale=256.0))
+    master = [p for g in step.optimizer.param_groups for p in g["params"]]
+    assert len(master) == 3  # weight of [0], weight and bias of [1]; not the frozen bias
+    unused_before = [p.detach().clone() for p in unused.parameters()]
+    w0 = model[0].weight.detach().clone()
+    step()
+    assert scaler.get_scale() == 256.0
+    assert not torch.equal(model[0].weight.detach(), w0)  # stepped
+    for p, b in zip(unused.parameters(), unused_before):
+        assert torch.equal(p.detach(), b)  # no gradient: left as it was
+    assert master[1].grad is None and master[2].grad is None
+
+
+def test_the_scaler_is_made_for_the_device_it_is_given():
+    # torch's GradScaler("cuda") switches itself off, with a warning, where CUDA is missing;
+    # built for no device it would stay on. The recipes hand their device on.
+    import warnings
+
+    x, y = _batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        scalers = [recipes.grad_scaler("amp-fp16", "cuda")]
+        for precision in ("amp-fp16", "fp16-o2"):
+            _, gs = recipes.make_train_step(precision, build_model("small_cnn"), x, y,
+                                            device="cuda")
+            scalers.append(gs)
+    assert [gs.is_enabled() for gs in scalers] == [torch.cuda.is_available()] * 3
+
+
+class _Gated(torch.nn.Module):
+    """Uses `extra` only for batches of more than 4: a parameter the second step leaves out."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 3)
+        self.extra = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        out = self.a(x)
+        return out + self.extra(x) if x.shape[0] > 4 else out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-fp16", "fp16-o2"])
+def test_a_parameter_without_a_gradient_this_step_is_not_moved(precision):
+    # torch's SGD skips a parameter whose .grad is None; a zeroed (not None) gradient would let
+    # the momentum of the step before move it. Each step clears the gradients to None.
+    torch.manual_seed(0)
+    model = _Gated()
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    x4, y4 = torch.randn(4, 4), torch.randint(0, 3, (4,))
+    step, _ = recipes.make_train_step(precision, model, x, y, device="cpu",
+                                      scaler=ScalerSettings(init_scale=256.0))
+    stepped = [p for g in step.optimizer.param_groups for p in g["params"]]
+    if precision == "fp16-o2":
+        assert [p.dtype for p in stepped] == [torch.float32] * 4  # the master copies
+    else:
+        assert [id(p) for p in stepped] == [id(p) for p in model.parameters()]
+    step()  # a batch of 8: `extra` gets a gradient and a momentum buffer
+    before = [p.detach().clone() for p in model.extra.parameters()]
+    a_before = model.a.weight.detach().clone()
+    step(x4, y4)  # a batch of 4: no gradient for `extra`
+    assert not torch.equal(model.a.weight.detach(), a_before)
+    for p, b in zip(model.extra.parameters(), before):
+        assert torch.equal(p.detach(), b)

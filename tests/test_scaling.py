@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -488,7 +490,8 @@ def test_recorder_counts_steps_takes_new_scales_and_warns_at_the_callers_line():
             rec.update()
             collapse = [w for w in caught if issubclass(w.category, ScaleCollapseWarning)]
             assert len(collapse) == (1 if i == 11 else 0), i
-    assert collapse[0].filename == __file__  # attributed to the caller of update()
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampolines add frames to every call
+        assert collapse[0].filename == __file__  # attributed to the caller of update()
     assert [e.step for e in rec.history] == list(range(12))
     p.grad = torch.ones(1)
     rec.step(opt)
@@ -531,3 +534,160 @@ def test_step_misuse_messages_in_full_and_arguments_passed_on():
         "no inf/NaN check was recorded for this optimizer: none of its parameters has a "
         "gradient. Call scaler.scale(loss).backward() on a loss that depends on them before "
         "step()")
+
+
+def test_scalers_work_when_numpy_raises_on_every_floating_point_error():
+    # A learner may run np.seterr(all="raise"); the scale arithmetic overflows float32 on
+    # purpose (growth refused at inf, a tiny scale's reciprocal), and must not raise then.
+    with np.errstate(all="raise"):
+        with pytest.raises(ValueError, match="fits in float32"):
+            DynamicLossScaler(init_scale=1e39)  # 1e39 overflows float32: a ValueError, no FPE
+        s = DynamicLossScaler(init_scale=F32_MAX, growth_interval=1)
+        assert s.update(found_inf=False).next_scale == F32_MAX  # the growth would be inf
+        # the smallest float32 subnormal: its reciprocal overflows float32 to inf, as in torch
+        # (torch checks the gradients for inf/NaN before it multiplies them by that reciprocal)
+        tiny = DynamicLossScaler(init_scale=float(np.float32(1.4e-45)), collapse_halvings=100)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ScaleCollapseWarning)
+            p = torch.nn.Parameter(torch.ones(1))
+            opt = torch.optim.SGD([p], lr=0.1)
+            tiny.scale(p.sum()).backward()
+            assert tiny.unscale_(opt) is False
+            assert torch.equal(p.grad, torch.tensor([math.inf]))  # 1.4e-45 times inf
+            tiny.step(opt)
+            tiny.update()
+            assert tiny.update(found_inf=True).next_scale == 0.0  # 0.7e-45 ties to 0 in float32
+            p.grad = None
+            tiny.scale(p.sum()).backward()
+            assert tiny.unscale_(opt) is False  # 1 / 0 is inf, not a divide-by-zero error
+            assert torch.isnan(p.grad).all()  # 0 times inf
+
+
+def test_unscale_builds_its_flags_on_the_gradients_device_and_in_float32():
+    # explicit device and dtype: a changed default device or dtype must not reach torch's kernel
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.5)
+    s = StaticLossScaler(4.0)
+    s.scale(p.sum()).backward()
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.device("meta"):
+            assert s.unscale_(opt) is False
+    finally:
+        torch.set_default_dtype(before)
+    assert torch.equal(p.grad, torch.ones(2))  # 4 / 4
+    p.grad = torch.tensor([1.0, math.nan])
+    s.update()
+    s.scale(p.sum())
+    assert s.unscale_(opt) is True  # what unscale_ returns is the inf/NaN check
+
+
+def test_replay_with_gradscaler_puts_every_tensor_on_the_device_it_is_given():
+    from fp16lab.scaling import replay_with_gradscaler
+
+    with torch.device("meta"):  # a default device that cannot be read back: nothing may use it
+        history = replay_with_gradscaler([False, True, False], init_scale=8.0, growth_interval=2)
+    assert [(e.scale, e.skipped, e.next_scale) for e in history] == [
+        (8.0, False, 8.0), (8.0, True, 4.0), (4.0, False, 4.0)]
+
+
+def test_update_misuse_messages_in_full():
+    s = DynamicLossScaler(init_scale=4.0)
+    with pytest.raises(RuntimeError) as info:
+        s.update()
+    assert str(info.value) == (
+        "update() found no inf/NaN check since the last update(): call scaler.step(optimizer) "
+        "first, or pass update(found_inf=True/False) to drive the rule by hand")
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    s.scale(p.sum()).backward()
+    s.unscale_(opt)
+    with pytest.raises(RuntimeError) as info:
+        s.update(found_inf=False)
+    assert str(info.value) == (
+        "update(found_inf=...) after unscale_()/step(optimizer): the optimizer's gradients "
+        "already decided whether this step overflowed; call update() without found_inf")
+
+
+def test_found_inf_must_be_a_torch_tensor_not_anything_with_numel():
+    class Sized:  # has numel() like a tensor, but is no tensor
+        def numel(self):
+            return 1
+
+    with pytest.raises(TypeError, match=r"takes True, False or a one-element tensor .*got Sized"):
+        DynamicLossScaler().update(found_inf=Sized())
+
+
+def test_min_and_max_scale_messages_name_the_bound():
+    assert _message(lambda: DynamicLossScaler(min_scale=-1.0)) == (
+        "min_scale must be a finite positive number that fits in float32 (0 < min_scale <= "
+        "3.4e38), got -1.0")
+    assert _message(lambda: DynamicLossScaler(max_scale=math.inf)) == (
+        "max_scale must be a finite positive number that fits in float32 (0 < max_scale <= "
+        "3.4e38), got inf")
+
+
+def test_collapse_warning_comes_after_twelve_backoffs_by_default_and_one_is_allowed():
+    from fp16lab.scaling import ScaleCollapseMonitor
+
+    for make in (lambda: DynamicLossScaler(init_scale=2.0**100),
+                 lambda: GradScalerRecorder(torch.amp.GradScaler("cpu"))):
+        assert make()._monitor.halvings == 12
+    assert ScaleCollapseMonitor().halvings == 12
+    s = DynamicLossScaler(init_scale=2.0**100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(12):
+            s.update(found_inf=True)
+            assert len(caught) == (1 if i == 11 else 0), i
+    one = DynamicLossScaler(init_scale=2.0**100, collapse_halvings=1)
+    assert one.collapse_halvings == 1
+    with pytest.warns(ScaleCollapseWarning, match="backed off 1 steps in a row"):
+        one.update(found_inf=True)
+    assert ScaleCollapseMonitor(1).halvings == 1
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="halvings must be an integer >= 1"):
+            ScaleCollapseMonitor(bad)
+
+
+def test_a_clean_step_resets_the_backoff_run():
+    from fp16lab.scaling import ScaleCollapseMonitor, ScaleEvent
+
+    m = ScaleCollapseMonitor(3)
+    assert (m.consecutive_backoffs, m.warned_below_one, m.warnings) == (0, False, [])
+    bad, good = ScaleEvent(0, 8.0, True, True, 4.0), ScaleEvent(1, 4.0, False, False, 4.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScaleCollapseWarning)
+        m.observe(bad)
+        m.observe(good)
+        assert m.consecutive_backoffs == 0
+        m.observe(bad)
+        m.observe(bad)  # two in a row since the clean step: no warning for a run of 3
+    with pytest.warns(ScaleCollapseWarning, match="3 steps in a row"):
+        m.observe(bad)
+
+
+def test_step_passes_keyword_arguments_to_the_optimizer():
+    class Tagged(torch.optim.SGD):
+        def step(self, closure=None, *, tag=None):
+            self.tags = [*getattr(self, "tags", []), tag]
+            return super().step(closure)
+
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = Tagged([p], lr=0.5)
+    s = StaticLossScaler(2.0)
+    s.scale(p.sum()).backward()
+    s.step(opt, tag="first")
+    assert opt.tags == ["first"] and torch.equal(p.detach(), torch.tensor([0.5]))
+
+
+def test_dynamic_scaler_warns_at_the_line_that_called_update():
+    s = DynamicLossScaler(init_scale=2.0**20, collapse_halvings=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        s.update(found_inf=True)
+    assert len(caught) == 1
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampolines add frames to every call
+        assert (caught[0].filename, caught[0].lineno) == (__file__, line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -550,3 +551,87 @@ def test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked(capsys):
     err = capsys.readouterr().err  # tqdm's bar, on stderr
     assert "sweep: 100%" in err and " 1/1 " in err and "point/s" in err
     assert f"{spec.points()[0].label()} r0" in err  # the point being measured
+
+
+# ---------------------------------------------------- run_sweep's plumbing, with the point stubbed
+
+def _stub_points(monkeypatch, fail_batch: int | None = None) -> list:
+    """Replaces measure_point by a recorder: returns its list of (key, keyword arguments)."""
+    calls = []
+
+    def measure(point, **kw):
+        calls.append((point.key, kw))
+        status = "error" if point.batch == fail_batch else "ok"
+        return {**dict.fromkeys(sweep.ROW_COLUMNS), "key": point.key, "repeat": kw["repeat"],
+                "status": status}
+
+    monkeypatch.setattr(engine, "measure_point", measure)
+    return calls
+
+
+class _Bar:
+    """Stands in for tqdm: keeps what the sweep tells its bar."""
+
+    made: list = []
+
+    def __init__(self, total, **kw):
+        self.total, self.n, self.postfix, self.closed = total, 0, [], False
+        _Bar.made.append(self)
+
+    def update(self, n=1):
+        self.n += n
+
+    def set_postfix_str(self, s, refresh=True):
+        self.postfix.append((s, refresh))
+
+    def close(self):
+        self.closed = True
+
+
+def test_run_sweep_hands_the_protocol_on_and_the_bar_counts_skipped_repeats(monkeypatch):
+    import tqdm.auto
+
+    calls = _stub_points(monkeypatch, fail_batch=4)
+    monkeypatch.setattr(tqdm.auto, "tqdm", _Bar)
+    _Bar.made = []
+    spec = tiny(batches=(2, 4), repeats=2, warmup=3, steps=5, tolerance=0.25, telemetry=True,
+                telemetry_interval_s=0.2)
+    df = sweep.run_sweep(spec, progress=True)
+    keys = [p.key for p in spec.points()]
+    # batch 4 fails in repeat 0: its repeat 1 is skipped, not measured, and still counted
+    assert [k for k, _ in calls] == [keys[0], keys[1], keys[0]]
+    assert all(kw == dict(repeat=kw["repeat"], warmup=3, steps=5, tolerance=0.25, telemetry=True,
+                          interval_s=0.2, fault_injector=None) for _, kw in calls)
+    assert [kw["repeat"] for _, kw in calls] == [0, 0, 1]
+    (bar,) = _Bar.made
+    assert (bar.total, bar.n, bar.closed) == (4, 4, True)
+    # the point being measured, shown at once (not at the next update, after its measurement)
+    assert bar.postfix == [(f"{p.label()} r{r}", True) for r, p in ((0, spec.points()[0]),
+                                                                  (0, spec.points()[1]),
+                                                                  (1, spec.points()[0]))]
+    assert list(df["status"]) == ["ok", "error", "ok"]
+
+
+def test_a_sweep_stopped_before_its_first_point_returns_an_empty_table_with_the_columns(
+        monkeypatch):
+    import threading
+
+    calls = _stub_points(monkeypatch)
+    stop = threading.Event()
+    stop.set()
+    df = sweep.run_sweep(tiny(), stop=stop)
+    assert calls == [] and len(df) == 0 and list(df.columns) == list(sweep.ROW_COLUMNS)
+
+
+def test_file_inputs_get_their_image_folder_written_before_any_point(monkeypatch, tmp_path):
+    import fp16lab.data
+
+    calls = _stub_points(monkeypatch)
+    made = []
+    monkeypatch.setattr(fp16lab.data, "make_image_folder",
+                        lambda root, images: made.append((Path(root), images)))
+    monkeypatch.setattr(fp16lab.data, "scan_image_folder", lambda root: made.append(Path(root)))
+    spec = tiny(models=("small_cnn",), batches=(2,), repeats=1, inputs=("dataloader",),
+                images_dir=str(tmp_path / "images"), images=6)
+    sweep.run_sweep(spec)
+    assert made == [(tmp_path / "images", 6), tmp_path / "images"] and len(calls) == 1

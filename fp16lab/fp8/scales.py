@@ -202,8 +202,6 @@ class DelayedScaling:
     def update(self, amax: torch.Tensor | float) -> torch.Tensor:
         """Records this step's amax and returns the scale the next step will use."""
         amax = torch.as_tensor(amax, dtype=torch.float32).reshape(()).to(self.history.device)
-        if self.history.device != self.scale.device:
-            self.scale = self.scale.to(self.history.device)
         self.history = torch.cat([amax.reshape(1), self.history[:-1]])
         self.steps += 1
         top = self.history.max()

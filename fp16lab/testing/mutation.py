@@ -67,7 +67,10 @@ _SWEEP_RESUME_TESTS = tuple(f"tests/test_sweep.py::{t}" for t in (
     "test_other_failures_are_recorded_with_their_message",
     "test_interrupt_keeps_finished_points_and_rerun_resumes",
     "test_stop_event_ends_the_sweep_between_points", "test_repeats_are_interleaved_round_robin",
-    "test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked")) + (
+    "test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked",
+    "test_run_sweep_hands_the_protocol_on_and_the_bar_counts_skipped_repeats",
+    "test_a_sweep_stopped_before_its_first_point_returns_an_empty_table_with_the_columns",
+    "test_file_inputs_get_their_image_folder_written_before_any_point")) + (
     "tests/test_hostile_runs.py::test_resume_does_not_measure_a_failed_point_again",)
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
