@@ -537,3 +537,41 @@ def test_a_parameter_without_a_gradient_this_step_is_not_moved(precision):
     assert not torch.equal(model.a.weight.detach(), a_before)
     for p, b in zip(model.extra.parameters(), before):
         assert torch.equal(p.detach(), b)
+
+
+def test_per_backend_api_needs_both_matmul_and_cudnn_settings():
+    from types import SimpleNamespace as NS
+
+    both = NS(cuda=NS(matmul=NS(fp32_precision="ieee")), cudnn=NS(conv=NS()))
+    matmul_only = NS(cuda=NS(matmul=NS(fp32_precision="ieee")), cudnn=NS())
+    cudnn_only = NS(cuda=NS(matmul=NS()), cudnn=NS(conv=NS()))
+    assert recipes._per_backend_api(both)
+    assert not recipes._per_backend_api(matmul_only)
+    assert not recipes._per_backend_api(cudnn_only)
+
+
+@pytest.mark.parametrize("matmul, conv", [(True, False), (False, True), (True, True), (False, False)])
+def test_tf32_state_reads_matmul_and_conv_each_on_its_own(matmul, conv, tf32_flags_put_back):
+    with recipes.tf32(matmul, conv=conv):
+        assert recipes.tf32_state() == {"matmul": matmul, "conv": conv}
+        assert _tf32_on() == (matmul, conv, conv)
+
+
+@pytest.mark.parametrize("matmul, conv", [(True, False), (False, True)])
+def test_set_tf32_on_a_torch_with_only_the_legacy_flags(matmul, conv, monkeypatch,
+                                                        tf32_flags_put_back):
+    b = torch.backends
+    b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = not matmul, not conv  # legacy setters: consistent
+    monkeypatch.setattr(recipes, "_per_backend_api", lambda _: False)  # as torch < 2.9
+    restore = recipes.set_tf32(matmul, conv)
+    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32) == (matmul, conv)
+    assert recipes.tf32_state() == {"matmul": matmul, "conv": conv}
+    restore()
+    assert (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32) == (not matmul, not conv)
+
+
+def test_sgd_is_torchs_default_sgd_unless_fused_is_asked_for():
+    p = torch.nn.Parameter(torch.ones(3))
+    plain = recipes.sgd([p])
+    assert plain.defaults["fused"] is None and plain.defaults["foreach"] is None
+    assert plain.state_dict()["state"] == torch.optim.SGD([p], lr=0.1).state_dict()["state"] == {}
