@@ -54,9 +54,6 @@ def _check_q1(answer: object) -> str:
             raise Wrong("the original values must sit unchanged in the top-left corner.")
         if np.any(ap[:, k:] != 0) or np.any(bp[k:, :] != 0) or np.any(bp[:, n:] != 0):
             raise Wrong("the padding must be zeros: anything else adds to the product's sums.")
-        product = ap.astype(np.float64) @ bp.astype(np.float64)
-        if not np.array_equal(product[:, :n], a.astype(np.float64) @ b.astype(np.float64)):
-            raise Wrong("the product's first N columns differ from a @ b.")
     return ("Right: zero columns of A meet zero rows of B and add nothing, so C[:, :N] of the "
             "padded product is exactly A @ B, and every row is now a multiple of 16 bytes.")
 
