@@ -203,10 +203,12 @@ def _timed_ms(step: Callable[[], Any], steps: int, device: torch.device) -> list
 
 def _profiled(step: Callable[[], Any], steps: int, device: torch.device) -> dict[str, float]:
     """Returns :func:`comm_overlap` of ``steps`` steps read from torch.profiler's GPU kernels."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from fp16lab.profile import torch_profiler
 
     _sync(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch_profiler([ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         _sync(device)

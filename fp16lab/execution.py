@@ -219,8 +219,10 @@ def _capture(step: Callable[[], torch.Tensor], warmup: int,
     g = torch.cuda.CUDAGraph()
     session = contextlib.nullcontext()
     if traceable:
-        from torch.profiler import ProfilerActivity, profile
-        session = profile(activities=[ProfilerActivity.CUDA])
+        from torch.profiler import ProfilerActivity
+
+        from fp16lab.profile import torch_profiler
+        session = torch_profiler([ProfilerActivity.CUDA])
     with session:
         with torch.cuda.graph(g):
             static_loss = step()

@@ -37,8 +37,14 @@ def test_problems_finds_errors_warnings_and_tracebacks_only():
         _cell("code", "y", outputs=[out("stream", name="stderr", text="a.py:3: UserWarning: careful\n")]),
         _cell("code", "z", outputs=[out("error", ename="ValueError", evalue="bad", traceback=[])]),
         _cell("code", "w", outputs=[out("stream", name="stderr", text="100%|####| 4/4\n")]),
+        # how Python shows a warning: its message, then the source line that raised it
+        _cell("code", "v", outputs=[out("stream", name="stderr", text=(
+            "/x/torch/profiler/profiler.py:300: UserWarning: Profiler clears events\n"
+            "  _warn_once(\n"))]),
     ])
-    assert nt.problems(nb) == ["cell 1: a.py:3: UserWarning: careful", "cell 2: ValueError: bad"]
+    assert nt.problems(nb) == ["cell 1: a.py:3: UserWarning: careful", "cell 2: ValueError: bad",
+                               "cell 4: /x/torch/profiler/profiler.py:300: UserWarning: "
+                               "Profiler clears events"]
 
 
 META = {"measured_at": "2026-11-30T15:00:00+00:00", "gpu_name": None, "torch": "2.13.0+cpu"}

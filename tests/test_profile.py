@@ -280,3 +280,18 @@ def test_torch_profiler_records_one_cycle_and_hides_only_torchs_false_cycle_warn
     assert any(e.name == "aten::sum" for e in prof.events())
     assert sorted(str(w.message) for w in seen) == ["a warning of the profiled code",
                                                    "something else went wrong"]
+
+
+def test_every_recording_in_the_package_goes_through_torch_profiler():
+    """A bare torch.profiler.profile(...) shows learners torch 2.10-2.11's false cycle warning
+    (seen on the H200 in notebook 06's CUDA-graph capture); only fp16lab.profile may call it."""
+    import re
+    from pathlib import Path
+
+    import fp16lab
+
+    root = Path(fp16lab.__file__).parent
+    bare = re.compile(r"\bprofile\(\s*activities\s*=")
+    offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
+                 if p.name != "profile.py" and bare.search(p.read_text())]
+    assert offenders == []

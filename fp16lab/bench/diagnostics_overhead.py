@@ -134,7 +134,9 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
 def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> None:
     """Prints where one GradientMonitor.statistics() call spends its time (torch.profiler: ops,
     kernel launches, device time) on the gradients of one real training step."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from fp16lab.profile import torch_profiler
 
     model, step = make_step(model_name, device, batch, amp)
     mon = GradientMonitor(model)
@@ -144,7 +146,7 @@ def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> N
     for _ in range(3):  # plan built, allocator warm
         mon.statistics(grads)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with torch_profiler(acts) as prof:
         mon.statistics(grads)
         if device == "cuda":
             torch.cuda.synchronize()

@@ -137,12 +137,13 @@ def _step_times_ms(step: Callable[[], None], steps: int, cuda: bool) -> list[flo
 def _profile_split(step: Callable[[], None], steps: int) -> dict[str, float]:
     """Returns :func:`fp16lab.distributed.comm_overlap` of ``steps`` steps' GPU kernels."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     from fp16lab.distributed import comm_overlap
+    from fp16lab.profile import torch_profiler
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch_profiler([ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()

@@ -64,7 +64,9 @@ def problems(nb: Any) -> list[str]:
                 found.append(f"cell {i}: {o.get('ename')}: {o.get('evalue')}")
             elif o.get("name") == "stderr" and ("Warning" in o.get("text", "")
                                                 or "Traceback" in o.get("text", "")):
-                found.append(f"cell {i}: {o['text'].strip().splitlines()[-1][:160]}")
+                lines = o["text"].strip().splitlines()
+                named = [ln for ln in lines if "Warning" in ln or "Error" in ln] or lines
+                found.append(f"cell {i}: {named[0].strip()[:200]}")
     return found
 
 
