@@ -31,7 +31,7 @@ from .inputs import InputPipeline, InputSettings, cpu_cores, make_input, unavail
 
 __all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
            "make_train_step", "measure_loader", "measure_training", "plot_training",
-           "speedup_table", "summary_lines", "training_table"]
+           "speedup_table", "summary_lines", "training_label", "training_table"]
 
 #: Precisions the training step knows (names as everywhere in fp16lab).
 PRECISIONS = {
@@ -90,24 +90,35 @@ class ProcessCpu:
         return {"cpu_cores_busy": busy, "cpu_util_pct": 100 * busy / cpu_cores()}
 
 
-def make_train_step(model: torch.nn.Module, precision: str,
-                    device: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def make_train_step(model: torch.nn.Module, precision: str, device: str,
+                    optimizer: str = "sgd") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Returns ``step(x, y) -> loss``: one SGD training step of ``model`` in ``precision``.
 
     The model must already be on ``device`` in the layout the batches will have. The step is
-    :func:`fp16lab.recipes.make_train_step`'s, fed a new batch at every call.
+    :func:`fp16lab.recipes.make_train_step`'s, fed a new batch at every call; ``optimizer`` is
+    a name from :data:`fp16lab.recipes.OPTIMIZERS` (``sgd-fused``: no host sync per step).
     """
     from .recipes import make_train_step as recipe_step
+    from .recipes import optimizer_factory
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
-    step, _ = recipe_step(precision, model, None, None, device=torch.device(device).type)
+    _check_precision_optimizer(precision, optimizer)
+    step, _ = recipe_step(precision, model, None, None, device=torch.device(device).type,
+                          optimizer=optimizer_factory(optimizer))
     return step
 
 
+def _check_precision_optimizer(precision: str, optimizer: str) -> None:
+    from .recipes import OPTIMIZERS
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+
+
 def make_input_train_step(model_name: str, precision: str, settings: InputSettings,
-                          root: str | Path | None = None, *,
-                          device: str = "cuda") -> tuple[Callable[[], torch.Tensor], InputPipeline]:
+                          root: str | Path | None = None, *, device: str = "cuda",
+                          optimizer: str = "sgd") -> tuple[Callable[[], torch.Tensor], InputPipeline]:
     """Returns ``(step, pipeline)``: ``step()`` takes the next batch from the pipeline and runs
     one training step of a fresh ``model_name``; close the pipeline when done.
 
@@ -117,8 +128,7 @@ def make_input_train_step(model_name: str, precision: str, settings: InputSettin
     """
     from .models import NUM_CLASSES, build_model, is_image_model
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    _check_precision_optimizer(precision, optimizer)
     if not is_image_model(model_name):
         raise ValueError(f"model {model_name!r} does not take images; the input backends feed "
                          "image models (small_cnn, resnet18, resnet50)")
@@ -127,7 +137,7 @@ def make_input_train_step(model_name: str, precision: str, settings: InputSettin
         model = build_model(model_name).to(device)
         if settings.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        train = make_train_step(model, precision, device)
+        train = make_train_step(model, precision, device, optimizer)
     except BaseException:
         pipeline.close()
         raise
@@ -211,19 +221,22 @@ def measure_loader(settings: InputSettings, root: str | Path | None = None, *,
 
 def measure_training(model_name: str, precision: str, settings: InputSettings,
                      root: str | Path | None = None, *, device: str = "cuda", warmup: int = 5,
-                     steps: int = 20, min_seconds: float = 0.0) -> dict[str, Any]:
-    """Returns one row: images/s of training steps of ``model_name`` in ``precision`` fed by
-    the pipeline ``settings`` describes, with the CPU used; ``status`` as for
-    :func:`measure_loader`."""
+                     steps: int = 20, min_seconds: float = 0.0,
+                     optimizer: str = "sgd") -> dict[str, Any]:
+    """Returns one row: images/s of training steps of ``model_name`` in ``precision`` with
+    ``optimizer`` (a name from :data:`fp16lab.recipes.OPTIMIZERS`) fed by the pipeline
+    ``settings`` describes, with the CPU used; ``status`` as for :func:`measure_loader`."""
     _check_counts(warmup, steps, min_seconds)
-    row = _row("training", settings, device, precision=precision, model=model_name)
+    _check_precision_optimizer(precision, optimizer)
+    row = _row("training", settings, device, precision=precision, model=model_name,
+               optimizer=optimizer)
     reason = unavailable_reason(settings.backend, device)
     if reason:
         return {**row, "status": "skipped", "error": reason}
     try:
         with math_flags(precision, cudnn_benchmark=True):
             step, pipeline = make_input_train_step(model_name, precision, settings, root,
-                                                   device=device)
+                                                   device=device, optimizer=optimizer)
             with pipeline:
                 row["implementation"] = pipeline.implementation
                 _timed(row, device, warmup, steps, settings.batch, step, min_seconds,
@@ -249,23 +262,43 @@ def input_label(row: dict[str, Any]) -> str:
     return f"{row.get('backend')}{' uint8' if uint8 else ''}{f' + {share:.0%} CPU' if hybrid else ''}"
 
 
+def training_label(row: dict[str, Any]) -> str:
+    """Returns how a training row's precision is named in tables: the precision, plus the
+    optimizer where it is not plain ``sgd`` (``amp-fp16 sgd-fused``)."""
+    opt = row.get("optimizer") or "sgd"
+    return row.get("precision") if opt == "sgd" else f"{row.get('precision')} {opt}"
+
+
+def _columns(labels: Any) -> list[str]:
+    """The training columns in PRECISIONS order, each precision's optimizer variants after it."""
+    labels = list(labels)
+    return [c for p in PRECISIONS for c in labels if c == p or str(c).startswith(p + " ")]
+
+
 def _ok(rows: list[dict[str, Any]], measure: str) -> Any:
     import pandas as pd
 
     df = pd.DataFrame([r for r in rows if r.get("measure") == measure and r.get("status") == "ok"])
     if df.empty:
         return df
-    return df.assign(input=[input_label(r) for r in df.to_dict("records")])
+    records = df.to_dict("records")
+    df = df.assign(input=[input_label(r) for r in records])
+    if measure == "training":
+        df = df.assign(column=[training_label(r) for r in records])
+    return df
 
 
 def training_table(rows: list[dict[str, Any]]) -> Any:
-    """Returns a DataFrame: training images/s per input (rows) and precision (columns), and
-    each precision's share of its synthetic-input (model-only) rate as ``<precision> share``."""
+    """Returns a DataFrame: training images/s per input (rows) and precision (columns; a
+    precision trained with another optimizer than ``sgd`` is a column of its own, e.g.
+    ``amp-fp16 sgd-fused``), and each column's share of its synthetic-input (model-only) rate
+    as ``<column> share``."""
     df = _ok(rows, "training")
     if df.empty:
         return df
-    table = df.pivot_table(index="input", columns="precision", values="images_per_s", aggfunc="max")
-    table = table[[p for p in PRECISIONS if p in table.columns]]
+    table = df.pivot_table(index="input", columns="column", values="images_per_s", aggfunc="max")
+    table = table[_columns(table.columns)]
+    table.columns.name = "precision"
     if "synthetic" in table.index:
         for p in list(table.columns):
             table[f"{p} share"] = table[p] / table.loc["synthetic", p]
@@ -277,7 +310,7 @@ def speedup_table(rows: list[dict[str, Any]], *, over: str = "fp32") -> Any:
     table = training_table(rows)
     if table.empty or over not in table.columns:
         raise ValueError(f"no ok training rows in precision {over!r} to divide by")
-    rates = table[[p for p in PRECISIONS if p in table.columns]]
+    rates = table[_columns(c for c in table.columns if not str(c).endswith(" share"))]
     return rates.div(rates[over], axis=0).drop(columns=over).add_suffix(f" / {over}")
 
 
@@ -299,7 +332,7 @@ def plot_training(rows: list[dict[str, Any]], *, ax: Any = None) -> Any:
     table = training_table(rows)
     if table.empty:
         raise ValueError("no ok training rows to plot")
-    precisions = [p for p in PRECISIONS if p in table.columns]
+    precisions = _columns(c for c in table.columns if not str(c).endswith(" share"))
     loaders = loader_table(rows)
     trained = _ok(rows, "training")
     if ax is None:
@@ -330,7 +363,7 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         return ["no ok training rows with synthetic input to compare with"]
     lines = []
     real = table.drop(index="synthetic")
-    for p in [p for p in PRECISIONS if p in table.columns]:
+    for p in _columns(c for c in table.columns if not str(c).endswith(" share")):
         measured = real[p].dropna()
         if measured.empty:
             continue

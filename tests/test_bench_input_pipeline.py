@@ -11,7 +11,8 @@ from fp16lab.bench import input_pipeline as bench
 WANTED = ["loader synthetic", "loader gpu-decode", "loader dataloader 12 workers",
           "loader dataloader uint8"] + [
     f"train {p} {b}" for p in ("amp-fp16", "amp-bf16")
-    for b in ("synthetic", "gpu-decode", "dataloader", "dataloader uint8")]
+    for b in ("synthetic", "gpu-decode", "dataloader", "dataloader uint8")] + [
+    f"train amp-fp16 {b} sgd-fused" for b in ("synthetic", "gpu-decode", "dataloader", "dataloader uint8")]
 
 
 @pytest.fixture
@@ -34,8 +35,8 @@ def _args(quick=False):
 
 def test_the_wanted_rows_come_first_then_hybrid_dali_fp32_and_the_worker_sweep(calls):
     labels = [label for label, _ in bench.plan(_args(), "cuda")]
-    assert labels[:12] == WANTED
-    assert labels[12:] == ["loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
+    assert labels[:16] == WANTED
+    assert labels[16:] == ["loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
                            "train amp-bf16 gpu-decode + 25% CPU", "loader dali", "train amp-fp16 dali", "train amp-bf16 dali",
                            "train fp32 synthetic", "train fp32 gpu-decode", "train fp32 dataloader",
                            "train fp32 dali", "loader dataloader 4 workers",
@@ -59,6 +60,7 @@ def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):
         assert kw["warmup"] == s.resolved_workers() + 2, label
         want_steps = 12 if kind == "loader" else 10 if kind == "fp32" else 20
         assert kw["steps"] == want_steps, label
+        assert kw.get("optimizer", "sgd") == ("sgd-fused" if "sgd-fused" in label else "sgd"), label
         if kind != "loader" or "workers" not in label:
             assert s.resolved_workers() == 12, label
 

@@ -11,9 +11,10 @@ import pytest  # noqa: E402
 from fp16lab.feeding import input_label, loader_table, plot_training, speedup_table, training_table  # noqa: E402
 
 
-def _train(backend, precision, ips, normalize_on="cpu", status="ok", workers=12):
+def _train(backend, precision, ips, normalize_on="cpu", status="ok", workers=12, optimizer="sgd"):
     return {"measure": "training", "backend": backend, "precision": precision, "images_per_s": ips,
-            "normalize_on": normalize_on, "status": status, "num_workers": workers}
+            "normalize_on": normalize_on, "status": status, "num_workers": workers,
+            "optimizer": optimizer}
 
 
 def _load(backend, workers, ips, normalize_on="cpu"):
@@ -47,6 +48,26 @@ def test_training_table_pivots_ok_rows_and_shares():
     assert t.loc["gpu-decode", "amp-fp16 share"] == pytest.approx(2900 / 3000)
     assert t.loc["dataloader", "fp32 share"] == pytest.approx(590 / 600)
     assert t.isna().loc["gpu-decode", "fp32"]  # the error row is not a measurement
+
+
+FUSED = ROWS + [_train("synthetic", "amp-fp16", 3300.0, optimizer="sgd-fused"),
+                _train("gpu-decode", "amp-fp16", 3135.0, optimizer="sgd-fused"),
+                _train("synthetic", "amp-bf16", 2500.0)]
+
+
+def test_an_optimizer_other_than_sgd_is_a_column_of_its_own():
+    t = training_table(FUSED)
+    assert list(t.columns) == ["fp32", "amp-fp16", "amp-fp16 sgd-fused", "amp-bf16", "fp32 share",
+                               "amp-fp16 share", "amp-fp16 sgd-fused share", "amp-bf16 share"]
+    assert t.loc["gpu-decode", "amp-fp16"] == 2900.0  # the sgd row, not the fused one
+    assert t.loc["gpu-decode", "amp-fp16 sgd-fused share"] == pytest.approx(3135 / 3300)
+    assert t.loc["gpu-decode", "amp-fp16 share"] == pytest.approx(2900 / 3000)
+    s = speedup_table(FUSED)
+    assert s.loc["synthetic", "amp-fp16 sgd-fused / fp32"] == pytest.approx(3300 / 600)
+    from fp16lab.feeding import summary_lines
+    assert ("amp-fp16 sgd-fused: the model alone trains at 3300 images/s; the fastest real input, "
+            "gpu-decode, reaches 3135 (95% of it)") in summary_lines(FUSED)
+    plot_training(FUSED)
 
 
 def test_speedup_table():

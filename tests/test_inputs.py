@@ -351,6 +351,30 @@ def test_train_step_fp32_is_one_sgd_step_with_momentum():
         make_train_step(model, "fp8", "cpu")
 
 
+def test_train_step_takes_the_fused_optimizer_and_refuses_unknown_ones(folder):
+    """sgd-fused gives the same update as plain SGD (torch's fused kernel, no host sync)."""
+    torch.manual_seed(0)
+    a = torch.nn.Linear(6, 3)
+    b = torch.nn.Linear(6, 3)
+    b.load_state_dict(a.state_dict())
+    x, y = torch.randn(4, 6), torch.tensor([0, 1, 2, 0])
+    plain, fused = make_train_step(a, "fp32", "cpu"), make_train_step(b, "fp32", "cpu", "sgd-fused")
+    assert fused.optimizer.defaults["fused"] is True and not plain.optimizer.defaults["fused"]
+    for _ in range(2):  # the second step uses the momentum buffers
+        plain(x, y), fused(x, y)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="unknown optimizer 'adam'; known: sgd, sgd-fused"):
+        make_train_step(a, "fp32", "cpu", "adam")
+    with pytest.raises(ValueError, match="unknown optimizer 'adam'"):  # before any work starts
+        measure_training("small_cnn", "fp32", InputSettings("dataloader", batch=4, image_size=32),
+                         folder, device="cpu", optimizer="adam")
+    row = measure_training("small_cnn", "amp-bf16", InputSettings("dataloader", batch=4, image_size=32,
+                                                                   num_workers=0),
+                           folder, device="cpu", warmup=0, steps=1, optimizer="sgd-fused")
+    assert row["status"] == "ok" and row["optimizer"] == "sgd-fused", row["error"]
+
+
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:

@@ -78,7 +78,8 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     The question first: each backend's loader rate at the default worker count (the dataloader
     with float32 batches normalised on the CPU and with uint8 batches normalised on the GPU),
     then training fed by synthetic, gpu-decode, dataloader and dataloader uint8 input in
-    amp-fp16 and amp-bf16; then gpu-decode with ``HYBRID_SHARE`` of each batch decoded on the
+    amp-fp16 and amp-bf16, and in amp-fp16 with the fused SGD (GradScaler's step without a
+    host sync); then gpu-decode with ``HYBRID_SHARE`` of each batch decoded on the
     CPU (alone, and feeding both AMP precisions); then DALI (skipped at once where it is not installed); then fp32
     (its first step pays about a minute of cuDNN's algorithm search on an H200); then the
     worker sweep (the "75% of cores" rule). What the budget leaves out is recorded as skipped.
@@ -97,12 +98,14 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
         return lambda: measure_loader(s, root, device=device, warmup=workers + 2,
                                       steps=a.loader_steps, min_seconds=a.min_seconds)
 
-    def train(precision: str, backend: str, normalize_on: str = "cpu", cpu_share: float = 0.0):
+    def train(precision: str, backend: str, normalize_on: str = "cpu", cpu_share: float = 0.0,
+              optimizer: str = "sgd"):
         s = InputSettings(backend, batch=a.batch, image_size=size, num_workers=rule,
                           normalize_on=normalize_on, cpu_decode_share=cpu_share)
         steps = max(3, a.train_steps // 2) if precision == "fp32" else a.train_steps  # 4-5x slower
         return lambda: measure_training(a.model, precision, s, root, device=device,
-                                        warmup=rule + 2, steps=steps, min_seconds=a.min_seconds)
+                                        warmup=rule + 2, steps=steps, min_seconds=a.min_seconds,
+                                        optimizer=optimizer)
 
     inputs = [("synthetic", "cpu"), ("gpu-decode", "cpu"), ("dataloader", "cpu"),
               ("dataloader", "gpu")]
@@ -116,6 +119,10 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
             ("loader dataloader uint8", loader("dataloader", rule, "gpu"))]
     for precision in ("amp-fp16", "amp-bf16"):
         rows += [(f"train {precision} {label(b, n)}", train(precision, b, n)) for b, n in inputs]
+    # GradScaler.step reads found-inf on the host unless the optimizer is fused: a sync every
+    # step, which keeps the host from queueing the next batch's work while the GPU trains
+    rows += [(f"train amp-fp16 {label(b, n)} sgd-fused", train("amp-fp16", b, n, optimizer="sgd-fused"))
+             for b, n in inputs]
     hybrid = f"gpu-decode + {HYBRID_SHARE:.0%} CPU"
     rows += [(f"loader {hybrid}", loader("gpu-decode", rule, cpu_share=HYBRID_SHARE))]
     rows += [(f"train {p} {hybrid}", train(p, "gpu-decode", cpu_share=HYBRID_SHARE))
@@ -175,15 +182,15 @@ def main(argv: list[str] | None = None) -> int:
             row = {"label": label, **measure()}
             rows.append(row)
             ips = row.get("images_per_s")
-            print(f"{time.perf_counter() - t0:6.1f} s  {label:38s} {row['status']:7s} "
+            print(f"{time.perf_counter() - t0:6.1f} s  {label:42s} {row['status']:7s} "
                   f"{'' if ips is None else f'{ips:8.0f} img/s'} {row['error'][:90]}", flush=True)
         path = bench.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
     print()
-    print(f"{'row':38s} {'status':7s} {'img/s':>8s} {'CPU cores':>9s} {'CPU %':>6s}")
+    print(f"{'row':42s} {'status':7s} {'img/s':>8s} {'CPU cores':>9s} {'CPU %':>6s}")
     for r in rows:
         def fmt(v: Any, spec: str) -> str:
             return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-        print(f"{r['label']:38s} {r['status']:7s} {fmt(r.get('images_per_s'), '8.0f'):>8s} "
+        print(f"{r['label']:42s} {r['status']:7s} {fmt(r.get('images_per_s'), '8.0f'):>8s} "
               f"{fmt(r.get('cpu_cores_busy'), '9.1f'):>9s} {fmt(r.get('cpu_util_pct'), '6.0f'):>6s}")
     for line in summary_lines(rows):
         print(line)
