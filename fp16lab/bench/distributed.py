@@ -296,6 +296,69 @@ def diagnosis(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: How the notebook names the bare loop's variants and modes (see VARIANTS and MODES of
+#: :mod:`fp16lab.bench.distributed_bare` for what each does).
+VARIANT_NAMES = {"sgd": "fp16 + GradScaler, SGD", "sgd-fused": "fp16 + GradScaler, fused SGD",
+                 "bf16": "bf16, no scaler"}
+MODE_NAMES = {"gpu0": "GPU 0 alone", "gpu1": "GPU 1 alone", "no-ddp": "both, no DDP",
+              "ddp": "DDP", "ddp-no-broadcast": "DDP, no buffer broadcast"}
+
+
+def diagnosis_table(diag: dict[str, Any]) -> Any:
+    """Returns :func:`diagnosis` as a DataFrame a learner can read: one row per variant, mode and
+    rank, with the mode's samples/s and efficiency and the rank's milliseconds per step (step,
+    GPU idle, compute, NCCL, NCCL with no compute beside it)."""
+    import pandas as pd
+
+    rows = []
+    for variant, v in diag.items():
+        for mode, ranks in v.get("per_rank", {}).items():
+            for p in ranks:
+                rows.append({"loop": VARIANT_NAMES.get(variant, variant),
+                             "ranks": MODE_NAMES.get(mode, mode), "rank": p["rank"],
+                             "samples/s": v["rate"].get(mode), "efficiency": v["efficiency"].get(mode),
+                             "step ms": p.get("step_ms"), "idle ms": p.get("idle"),
+                             "compute ms": p.get("compute"), "NCCL ms": p.get("nccl"),
+                             "exposed NCCL ms": p.get("exposed_nccl")})
+    if not rows:
+        return pd.DataFrame()
+    ms = {c: 1 for c in ("step ms", "idle ms", "compute ms", "NCCL ms", "exposed NCCL ms")}
+    return pd.DataFrame(rows).set_index(["loop", "ranks", "rank"]).round({"samples/s": 0, "efficiency": 3, **ms})
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """Returns sentences about :func:`summarize`'s figures and, per variant of the bare loop,
+    what its DDP step waits for; figures absent from ``summary`` are left out."""
+    lines = []
+    for suffix, name in (("", "SGD"), ("_fused", "fused SGD")):
+        if "bare_efficiency" + suffix in summary:
+            lines.append(f"hand-written DDP loop, ResNet-50 amp-fp16 with {name}: scaling efficiency "
+                         f"{summary['bare_efficiency' + suffix]:.3f}")
+        if "engine_efficiency" + suffix in summary:
+            vs = summary.get("engine_vs_bare" + suffix)
+            lines.append(f"fp16lab's point, same setting: {summary['engine_efficiency' + suffix]:.3f}"
+                         + (f" ({vs:.2f}x the hand-written loop's samples/s)" if vs else ""))
+    if "transformer_default_efficiency" in summary:
+        best = summary.get("transformer_best") or {}
+        lines.append(f"transformer stack, amp-bf16, DDP defaults: {summary['transformer_default_efficiency']:.3f}; "
+                     f"best setting {best.get('setting')}: {best.get('efficiency', float('nan')):.3f}"
+                     + (f", {summary['transformer_gap_recovered']:.0%} of the gap to 1.0 recovered"
+                        if summary.get("transformer_gap_recovered") is not None else ""))
+    for variant, v in summary.get("diagnosis", {}).items():
+        eff = v.get("efficiency", {})
+        parts = [f"{MODE_NAMES[m]} {eff[m]:.3f}" for m in ("no-ddp", "ddp", "ddp-no-broadcast") if m in eff]
+        if parts:
+            lines.append(f"{VARIANT_NAMES.get(variant, variant)}: " + ", ".join(parts))
+        ranks = v.get("per_rank", {}).get("ddp") or []
+        if len(ranks) > 1 and all(p.get("exposed_nccl") is not None and p.get("idle") is not None for p in ranks):
+            waits = max(ranks, key=lambda p: p["exposed_nccl"])
+            other = min(ranks, key=lambda p: p["exposed_nccl"])
+            lines.append(f"  under DDP rank {waits['rank']} waits {waits['exposed_nccl']:.1f} ms per step in NCCL "
+                         f"with no compute beside it, while rank {other['rank']}'s GPU sits idle "
+                         f"{other['idle']:.1f} ms waiting for its host (step {waits['step_ms']:.1f} ms)")
+    return lines
+
+
 def _gpu_slug() -> str:
     import torch
 
