@@ -336,7 +336,7 @@ def plot_training(rows: list[dict[str, Any]], *, ax: Any = None) -> Any:
     loaders = loader_table(rows)
     trained = _ok(rows, "training")
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.8))
+        _, ax = plt.subplots(figsize=(9, 3.8))
     width = 0.8 / len(table.index)
     for k, name in enumerate(table.index):
         xs = np.arange(len(precisions)) + (k - (len(table.index) - 1) / 2) * width
@@ -350,7 +350,7 @@ def plot_training(rows: list[dict[str, Any]], *, ax: Any = None) -> Any:
     ax.set_xticks(np.arange(len(precisions)), precisions)
     ax.set_ylabel("training images/s")
     ax.set_title("training fed by each input (dotted: the input alone)")
-    ax.legend(fontsize=8, ncols=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # beside the bars, not over them
     return ax.figure
 
 
