@@ -152,6 +152,33 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
     assert bd.summary_lines({}) == [] and len(bd.diagnosis_table({})) == 0
 
 
+def test_wait_shares_take_each_from_the_rank_where_it_shows():
+    ranks = [{"rank": 0, "span_us": 100.0, "compute_us": 70.0, "exposed_comm_share": 0.01, "idle_share": 0.29},
+             {"rank": 1, "span_us": 100.0, "compute_us": 60.0, "exposed_comm_share": 0.25, "idle_share": 0.15}]
+    row = {"per_rank": ranks, "exposed_comm_share": 0.01, "idle_share": 0.29, "span_us": 100.0, "compute_us": 70.0}
+    assert bd.wait_shares(row) == pytest.approx({"compute_share": 0.6, "exposed_comm_share": 0.25, "idle_share": 0.29})
+    alone = {k: v for k, v in row.items() if k != "per_rank"}  # no per-rank profile: the row's own
+    assert bd.wait_shares(alone) == pytest.approx({"compute_share": 0.7, "exposed_comm_share": 0.01, "idle_share": 0.29})
+    assert bd.wait_shares({"per_rank": None}) == {"compute_share": None, "exposed_comm_share": None, "idle_share": None}
+
+
+def test_setting_effects_compare_with_the_defaults_of_the_same_kind():
+    def row(label, eff, precision="amp-bf16", model="transformer_stack", batch=32, optimizer="sgd", **kw):
+        return {"label": label, "efficiency": eff, "status": "ok", "gpus": 2, "kind": "fp16lab", "model": model,
+                "batch": batch, "precision": precision, "optimizer": optimizer, **kw}
+    rows = [row("transformer_stack b32 amp-bf16 x2 ddp hook=none bucket=25MB", 0.50),
+            row("transformer_stack b32 amp-bf16 x2 ddp hook=none bucket=25MB", 0.60),  # measured twice
+            row("transformer_stack b32 amp-bf16 x2 ddp hook=none bucket=5MB", 0.80),
+            row("transformer_stack b32 amp-bf16 x2 ddp hook=bf16 bucket=25MB", 0.45),
+            row("transformer_stack b32 amp-fp16 x2 ddp hook=fp16 bucket=25MB", 0.40, precision="amp-fp16"),
+            row("resnet50 b256 amp-bf16 x2 ddp hook=bf16 bucket=25MB", 0.9, status="error", model="resnet50"),
+            {**row("bare resnet50 b256 amp-fp16 x2", 0.8), "kind": "bare"}]
+    t = bd.setting_effects(rows)
+    assert t["setting"].tolist() == ["ddp hook=none bucket=5MB", "ddp hook=bf16 bucket=25MB"]
+    assert t["defaults"].tolist() == [0.55, 0.55]  # the median of the two default runs
+    assert t["change"].tolist() == pytest.approx([0.25, -0.10])
+
+
 def pd_isna(x):
     import pandas as pd
     return pd.isna(x)

@@ -296,6 +296,51 @@ def diagnosis(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def wait_shares(row: dict[str, Any]) -> dict[str, float | None]:
+    """Returns where a multi-GPU row's ranks spent the profiled step, as shares of it.
+
+    The row's own shares are rank 0's; a rank that waits for the other shows its wait on that
+    rank only. So: ``compute_share`` is the smallest rank's compute share, ``exposed_comm_share``
+    (NCCL running with no compute beside it) and ``idle_share`` (no kernel running) the largest
+    over the ranks. Without per-rank profiles, the row's own shares; None where not profiled.
+    """
+    ranks = [p for p in (row.get("per_rank") or []) if p.get("span_us")] or [row]
+    def pick(key: str, f: Any) -> float | None:
+        xs = [p.get(key) for p in ranks if p.get(key) is not None]
+        return f(xs) if xs else None
+    compute = [p["compute_us"] / p["span_us"] for p in ranks if p.get("compute_us") is not None and p.get("span_us")]
+    return {"compute_share": min(compute) if compute else None,
+            "exposed_comm_share": pick("exposed_comm_share", max), "idle_share": pick("idle_share", max)}
+
+
+def setting_effects(rows: list[dict[str, Any]]) -> Any:
+    """Returns, for every multi-GPU fp16lab row with an efficiency, the efficiency of the DDP
+    defaults (hook none, 25 MB buckets) for the same model, batch, precision and optimizer, and
+    the change; rows measured more than once appear once per measurement."""
+    import pandas as pd
+
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("kind", "fp16lab") == "fp16lab"
+          and r.get("gpus", 1) > 1 and r.get("efficiency") is not None]
+    key = lambda r: (r["model"], r["batch"], r["precision"], r.get("optimizer", "sgd"))  # noqa: E731
+    defaults: dict[Any, list[float]] = {}
+    for r in ok:
+        if setting(r) == "ddp hook=none bucket=25MB":
+            defaults.setdefault(key(r), []).append(r["efficiency"])
+    out = []
+    for r in ok:
+        base = defaults.get(key(r))
+        if not base or setting(r) == "ddp hook=none bucket=25MB":
+            continue
+        b = statistics.median(base)
+        out.append({"model": r["model"], "batch": r["batch"], "precision": r["precision"],
+                    "setting": setting(r), "defaults": round(b, 3), "efficiency": round(r["efficiency"], 3),
+                    "change": round(r["efficiency"] - b, 3)})
+    if not out:
+        return pd.DataFrame(out)
+    return (pd.DataFrame(out).sort_values(["model", "batch", "precision", "change"],
+                                         ascending=[True, True, True, False]).reset_index(drop=True))
+
+
 #: How the notebook names the bare loop's variants and modes (see VARIANTS and MODES of
 #: :mod:`fp16lab.bench.distributed_bare` for what each does).
 VARIANT_NAMES = {"sgd": "fp16 + GradScaler, SGD", "sgd-fused": "fp16 + GradScaler, fused SGD",
