@@ -102,7 +102,7 @@ def execute(path: Path, timeout: int = 1200, save_to: Path | None = None) -> dic
 
 def section_minutes(notebook: str):
     """Returns minutes per section of a notebook (by number, e.g. '03') on a CPU and on a GPU,
-    read from the measured files; a column says 'not measured yet' where its file or row is missing."""
+    read from the measured files; a column says 'no measurement' where its file or row is missing."""
     import pandas as pd
 
     columns: dict[str, Any] = {}
@@ -122,10 +122,10 @@ def section_minutes(notebook: str):
                           "whole notebook": round(row["wall_s"] / 60, 1)}
     measured = [c for c in columns.values() if c is not None]
     if not measured:
-        return "No timings measured yet: `fp16lab bench notebook_times` writes them."
+        return "No timings of this notebook in data/."
     index = list(dict.fromkeys(k for c in measured for k in c))
     return pd.DataFrame({label: [c.get(k, "") for k in index] if c is not None
-                         else ["not measured yet"] * len(index)
+                         else ["no measurement"] * len(index)
                          for label, c in columns.items()}, index=index)
 
 
@@ -151,8 +151,8 @@ def workshop_table() -> str:
             rows.setdefault(r["notebook"], {})[gpu] = minutes + load
     lines = [f"| notebook | minutes on a CPU | minutes on {gpu_name} |", "| --- | --- | --- |"]
     for name in sorted(rows):
-        lines.append(f"| `{name}` | {rows[name].get(False, 'not measured yet')} | "
-                     f"{rows[name].get(True, 'not measured yet')} |")
+        lines.append(f"| `{name}` | {rows[name].get(False, 'no measurement')} | "
+                     f"{rows[name].get(True, 'no measurement')} |")
     sources = [f"{result_name(gpu)}.json: {bench.describe_source(p['meta'], with_file=False)}"
                for gpu, p in found.items() if p is not None]
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in sources) + "\n"
