@@ -49,7 +49,7 @@ from .scaling import ScalerSettings
 EXECUTIONS = {
     "eager": "Python launches every kernel of every step (PyTorch's default)",
     "cuda-graph": "the whole step captured once with torch.cuda.graph, then replayed (CUDA only)",
-    "compile": "the model compiled with torch.compile (Triton kernels, fewer launches)",
+    "compile": "the model compiled with torch.compile (generated kernels that fuse operations)",
 }
 
 #: torch.compile modes the ``compile`` execution accepts. reduce-overhead needs CUDA.

@@ -93,8 +93,8 @@ def _check_q2(answer: object) -> str:
 
 
 q2 = Exercise(
-    "q2", "Which of Q2_MODELS run slower under amp-fp16 than in fp32 at batch 256, nchw, in the "
-          "reference sweep? A set of names.", _check_q2,
+    "q2", f"Which of Q2_MODELS ({', '.join(Q2_MODELS)}) run slower under amp-fp16 than in fp32 "
+          "at batch 256, nchw, in the reference sweep? A set of names.", _check_q2,
     hint="sweep.ratio_table(ref, model=name) for each name; below 1 is slower.",
     solution="The models whose 'amp-fp16 / fp32' ratio at batch 256 (nchw) is below 1.",
     solution_code="{m for m in ex.Q2_MODELS\n"
