@@ -14,7 +14,9 @@ each comm hook).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import inspect
 import json
 import os
 import time
@@ -149,6 +151,23 @@ def comm_hook(name: str, backend: str) -> Callable[..., Any] | None:
     return default_hooks.bf16_compress_hook if backend == "nccl" else _bf16_hook_on_gloo
 
 
+def buffer_sync_argument(flag: bool, ddp_init: Callable[..., Any]) -> dict[str, bool]:
+    """Returns the keyword that gives ``ddp_init`` (DDP's ``__init__``) the point's ``broadcast_buffers``.
+
+    torch 2.13 renamed the per-forward broadcast ``forward_sync_buffers`` and warns on the old
+    name; older releases (the H200 runs' 2.11) know only ``broadcast_buffers``. The two differ
+    only in whether buffers are also synced when DDP is built, which changes nothing here: every
+    rank builds its model from the same seed.
+    """
+    return {("forward_sync_buffers" if "forward_sync_buffers" in _parameters(ddp_init)
+             else "broadcast_buffers"): flag}
+
+
+@functools.cache
+def _parameters(fn: Callable[..., Any]) -> frozenset[str]:
+    return frozenset(inspect.signature(fn).parameters)
+
+
 def wrap(point: DistPoint, model: nn.Module, ctx: Context) -> nn.Module:
     """Returns the model wrapped in DDP or FSDP2 as the point says (unwrapped on one GPU)."""
     if ctx.world == 1:
@@ -159,7 +178,8 @@ def wrap(point: DistPoint, model: nn.Module, ctx: Context) -> nn.Module:
         ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                   bucket_cap_mb=point.bucket_cap_mb,
                   gradient_as_bucket_view=point.gradient_as_bucket_view,
-                  static_graph=point.static_graph)
+                  static_graph=point.static_graph,
+                  **buffer_sync_argument(point.broadcast_buffers, DDP.__init__))
         hook = comm_hook(point.comm_hook, ctx.backend)
         if hook is not None:
             ddp.register_comm_hook(None, hook)  # None: the default (world) process group

@@ -27,7 +27,8 @@ HANG_TIMEOUT_S = 8.0
 
 @pytest.fixture(scope="module")
 def train_and_raise():
-    points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused"),
+    points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused",
+                          broadcast_buffers=False),
               d.DistPoint(**CPU, precision="amp-bf16", fault="raise@1")]
     return points, d.measure_points(points, timeout_s=120)
 
@@ -141,6 +142,9 @@ def test_point_rejects_bad_settings_with_what_is_allowed():
         (dict(bucket_cap_mb=0), "positive number"),
         (dict(device="tpu"), "'cuda' or 'cpu'"),
         (dict(optimizer="adamw"), "one of sgd, sgd-fused"),
+        (dict(broadcast_buffers="no"), "broadcast_buffers must be True or False, got 'no'"),
+        (dict(broadcast_buffers=0), "broadcast_buffers must be True or False, got 0"),
+        (dict(broadcast_buffers=None), "broadcast_buffers must be True or False, got None"),
     ]:
         with pytest.raises(ValueError, match=words):
             d.DistPoint(**kwargs)
@@ -148,6 +152,23 @@ def test_point_rejects_bad_settings_with_what_is_allowed():
     assert d.DistPoint(model="transformer_stack").layout == "nchw"
     assert d.DistPoint(gpus=2).label() == "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB"
     assert d.DistPoint(optimizer="sgd-fused").label() == "resnet50 b256 amp-fp16 x1 opt=sgd-fused"
+    assert (d.DistPoint(gpus=2, broadcast_buffers=False, optimizer="sgd-fused").label()
+            == "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB no_broadcast opt=sgd-fused")
+    assert d.DistPoint(broadcast_buffers=False).label() == "resnet50 b256 amp-fp16 x1"  # one GPU: no DDP
+
+
+def test_ddp_gets_broadcast_buffers_under_the_name_its_torch_knows():
+    from fp16lab.distributed_worker import buffer_sync_argument
+
+    def old(self, module, broadcast_buffers=True, static_graph=False):  # torch before 2.13
+        pass
+
+    def new(self, module, broadcast_buffers=None, forward_sync_buffers=None):  # torch >= 2.13
+        pass
+
+    assert buffer_sync_argument(False, old) == {"broadcast_buffers": False}
+    assert buffer_sync_argument(False, new) == {"forward_sync_buffers": False}
+    assert buffer_sync_argument(True, new) == {"forward_sync_buffers": True}
 
 
 def test_launcher_refuses_bad_arguments_before_starting():
