@@ -379,6 +379,7 @@ def measure_point(point: DistPoint, **kwargs: Any) -> dict[str, Any]:
 CHECKS = {
     "found_inf": "GradScaler under DDP with an inf planted on rank inf_rank (optional comm_hook)",
     "allreduce": "one gradient per rank, values[r], averaged by DDP under each of hooks",
+    "buffers": "one batch per rank, values[r], through a BatchNorm under DDP with broadcast_buffers",
 }
 
 

@@ -7,8 +7,9 @@ order and reports through files: ``progress_rank<r>.json`` when it starts an ite
 
 Tasks: ``train`` (a :class:`fp16lab.distributed.DistPoint` measured: warm-up, timed steps, peak
 memory, optionally the profiler's communication split), ``found_inf`` (GradScaler under DDP with
-an inf planted on one rank) and ``allreduce`` (a chosen gradient per rank averaged by DDP with
-each comm hook).
+an inf planted on one rank), ``allreduce`` (a chosen gradient per rank averaged by DDP with
+each comm hook) and ``buffers`` (a chosen batch per rank through a BatchNorm under DDP, with or
+without ``broadcast_buffers``: each rank's running statistics at every forward).
 """
 
 from __future__ import annotations
@@ -379,7 +380,44 @@ def allreduce(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
             "backend": ctx.backend, "world_size": ctx.world, "hooks": out}
 
 
-TASKS = {"train": train, "found_inf": found_inf, "allreduce": allreduce}
+def buffers(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Trains ``BatchNorm1d -> Linear`` on batch ``values[rank]`` under DDP with the item's ``broadcast_buffers``.
+
+    The model is wrapped by :func:`wrap` (a DDP point with that setting) and trained ``steps``
+    steps by the engine's step (fp32, SGD) on the same batch. Returns, per rank, the BatchNorm's
+    ``running_mean`` and ``running_var`` as the wrapped module saw them at the start of each
+    forward (after DDP's broadcast, where there is one) and after the last step.
+    """
+    values, steps = item["values"], int(item.get("steps", 2))
+    if len(values) != ctx.world or len({(len(v), len(v[0])) for v in values}) != 1:
+        raise ValueError(f"values needs one equally shaped batch (rows of features) per rank "
+                         f"({ctx.world}), got {values!r}")
+    dev = ctx.device
+    # the point carries the DDP settings to wrap(); the model it trains is the one below
+    point = DistPoint(model="mlp", batch=len(values[0]), precision="fp32", gpus=ctx.world,
+                      device=dev.type, broadcast_buffers=item["broadcast_buffers"], steps=steps)
+    features = len(values[0][0])
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = nn.Sequential(nn.BatchNorm1d(features), nn.Linear(features, NUM_CLASSES)).to(dev)
+    bn = model[0]
+
+    def stats() -> dict[str, list[float]]:
+        return {"running_mean": bn.running_mean.tolist(), "running_var": bn.running_var.tolist()}
+
+    seen: list[dict[str, list[float]]] = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(stats()))
+    x = torch.tensor(values[ctx.rank], dtype=torch.float32, device=dev)
+    y = torch.arange(len(values[0]), device=dev) % NUM_CLASSES
+    step = make_step(point.precision, wrap(point, model, ctx), x, y)
+    for _ in range(steps):
+        step()
+    ranks = ctx.gather({"rank": ctx.rank, "at_forward": seen, "after": stats()})
+    return {"task": "buffers", "status": "ok", "error": None, "values": values, "steps": steps,
+            "broadcast_buffers": point.broadcast_buffers, "backend": ctx.backend,
+            "world_size": ctx.world, "ranks": ranks}
+
+
+TASKS = {"train": train, "found_inf": found_inf, "allreduce": allreduce, "buffers": buffers}
 
 
 def main(argv: list[str] | None = None) -> int:
