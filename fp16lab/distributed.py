@@ -7,7 +7,7 @@ gradients. fp16lab adds three things:
 - :class:`DistPoint`, one measured configuration: model, batch per GPU, precision (``fp32``,
   ``amp-fp16``, ``amp-bf16``), optimizer, number of GPUs, DDP or FSDP, and the settings that decide how
   gradients travel (comm hook, bucket size, ``gradient_as_bucket_view``, ``static_graph``, FSDP
-  ``reduce_dtype``);
+  ``reduce_dtype``) and DDP's ``broadcast_buffers``;
 - :func:`measure_points`, which launches the ranks (``fp16lab.distributed_worker`` does the
   work in each), waits at most ``timeout_s`` per point and returns one row per point; a rank that
   raises or hangs makes that point's row ``status='error'`` with the rank's message, and the
@@ -94,6 +94,9 @@ class DistPoint:
         strategy: ``ddp`` or ``fsdp``.
         comm_hook: DDP only: ``none``, ``fp16`` or ``bf16``.
         bucket_cap_mb, gradient_as_bucket_view, static_graph: DDP's own arguments.
+        broadcast_buffers: DDP's own argument: True broadcasts rank 0's buffers (BatchNorm's
+            running statistics) to every rank at the start of each forward; False lets each
+            rank keep its own.
         reduce_dtype: FSDP only: the gradients' reduce-scatter dtype.
         layout: ``channels_last`` or ``nchw`` (image models); None picks channels_last for them.
         device: ``cuda`` (NCCL, one GPU per rank) or ``cpu`` (gloo).
@@ -113,6 +116,7 @@ class DistPoint:
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
+    broadcast_buffers: bool = True
     reduce_dtype: str = "fp32"
     layout: str | None = None
     device: str = "cuda"
@@ -148,6 +152,8 @@ class DistPoint:
               "strategy 'fsdp' is offered with fp32 and amp-bf16 (no loss scaler); use ddp for amp-fp16")
         check(isinstance(self.bucket_cap_mb, (int, float)) and self.bucket_cap_mb > 0,
               f"bucket_cap_mb must be a positive number, got {self.bucket_cap_mb!r}")
+        check(isinstance(self.broadcast_buffers, bool),
+              f"broadcast_buffers must be True or False, got {self.broadcast_buffers!r}")
         check(self.device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', got {self.device!r}")
         image = self.model != "transformer_stack" and is_image_model(self.model)
         if self.layout is None:
@@ -179,6 +185,8 @@ class DistPoint:
                     parts.append("static_graph")
                 if not self.gradient_as_bucket_view:
                     parts.append("no_bucket_view")
+                if not self.broadcast_buffers:
+                    parts.append("no_broadcast")
             else:
                 parts.append(f"reduce={self.reduce_dtype}")
         if self.optimizer != "sgd":
@@ -371,6 +379,7 @@ def measure_point(point: DistPoint, **kwargs: Any) -> dict[str, Any]:
 CHECKS = {
     "found_inf": "GradScaler under DDP with an inf planted on rank inf_rank (optional comm_hook)",
     "allreduce": "one gradient per rank, values[r], averaged by DDP under each of hooks",
+    "buffers": "one batch per rank, values[r], through a BatchNorm under DDP with broadcast_buffers",
 }
 
 

@@ -7,14 +7,17 @@ order and reports through files: ``progress_rank<r>.json`` when it starts an ite
 
 Tasks: ``train`` (a :class:`fp16lab.distributed.DistPoint` measured: warm-up, timed steps, peak
 memory, optionally the profiler's communication split), ``found_inf`` (GradScaler under DDP with
-an inf planted on one rank) and ``allreduce`` (a chosen gradient per rank averaged by DDP with
-each comm hook).
+an inf planted on one rank), ``allreduce`` (a chosen gradient per rank averaged by DDP with
+each comm hook) and ``buffers`` (a chosen batch per rank through a BatchNorm under DDP, with or
+without ``broadcast_buffers``: each rank's running statistics at every forward).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import inspect
 import json
 import os
 import time
@@ -149,6 +152,23 @@ def comm_hook(name: str, backend: str) -> Callable[..., Any] | None:
     return default_hooks.bf16_compress_hook if backend == "nccl" else _bf16_hook_on_gloo
 
 
+def buffer_sync_argument(flag: bool, ddp_init: Callable[..., Any]) -> dict[str, bool]:
+    """Returns the keyword that gives ``ddp_init`` (DDP's ``__init__``) the point's ``broadcast_buffers``.
+
+    torch 2.13 renamed the per-forward broadcast ``forward_sync_buffers`` and warns on the old
+    name; older releases (the H200 runs' 2.11) know only ``broadcast_buffers``. The two differ
+    only in whether buffers are also synced when DDP is built, which changes nothing here: every
+    rank builds its model from the same seed.
+    """
+    return {("forward_sync_buffers" if "forward_sync_buffers" in _parameters(ddp_init)
+             else "broadcast_buffers"): flag}
+
+
+@functools.cache
+def _parameters(fn: Callable[..., Any]) -> frozenset[str]:
+    return frozenset(inspect.signature(fn).parameters)
+
+
 def wrap(point: DistPoint, model: nn.Module, ctx: Context) -> nn.Module:
     """Returns the model wrapped in DDP or FSDP2 as the point says (unwrapped on one GPU)."""
     if ctx.world == 1:
@@ -159,7 +179,8 @@ def wrap(point: DistPoint, model: nn.Module, ctx: Context) -> nn.Module:
         ddp = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                   bucket_cap_mb=point.bucket_cap_mb,
                   gradient_as_bucket_view=point.gradient_as_bucket_view,
-                  static_graph=point.static_graph)
+                  static_graph=point.static_graph,
+                  **buffer_sync_argument(point.broadcast_buffers, DDP.__init__))
         hook = comm_hook(point.comm_hook, ctx.backend)
         if hook is not None:
             ddp.register_comm_hook(None, hook)  # None: the default (world) process group
@@ -359,7 +380,44 @@ def allreduce(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
             "backend": ctx.backend, "world_size": ctx.world, "hooks": out}
 
 
-TASKS = {"train": train, "found_inf": found_inf, "allreduce": allreduce}
+def buffers(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Trains ``BatchNorm1d -> Linear`` on batch ``values[rank]`` under DDP with the item's ``broadcast_buffers``.
+
+    The model is wrapped by :func:`wrap` (a DDP point with that setting) and trained ``steps``
+    steps by the engine's step (fp32, SGD) on the same batch. Returns, per rank, the BatchNorm's
+    ``running_mean`` and ``running_var`` as the wrapped module saw them at the start of each
+    forward (after DDP's broadcast, where there is one) and after the last step.
+    """
+    values, steps = item["values"], int(item.get("steps", 2))
+    if len(values) != ctx.world or len({(len(v), len(v[0])) for v in values}) != 1:
+        raise ValueError(f"values needs one equally shaped batch (rows of features) per rank "
+                         f"({ctx.world}), got {values!r}")
+    dev = ctx.device
+    # the point carries the DDP settings to wrap(); the model it trains is the one below
+    point = DistPoint(model="mlp", batch=len(values[0]), precision="fp32", gpus=ctx.world,
+                      device=dev.type, broadcast_buffers=item["broadcast_buffers"], steps=steps)
+    features = len(values[0][0])
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = nn.Sequential(nn.BatchNorm1d(features), nn.Linear(features, NUM_CLASSES)).to(dev)
+    bn = model[0]
+
+    def stats() -> dict[str, list[float]]:
+        return {"running_mean": bn.running_mean.tolist(), "running_var": bn.running_var.tolist()}
+
+    seen: list[dict[str, list[float]]] = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(stats()))
+    x = torch.tensor(values[ctx.rank], dtype=torch.float32, device=dev)
+    y = torch.arange(len(values[0]), device=dev) % NUM_CLASSES
+    step = make_step(point.precision, wrap(point, model, ctx), x, y)
+    for _ in range(steps):
+        step()
+    ranks = ctx.gather({"rank": ctx.rank, "at_forward": seen, "after": stats()})
+    return {"task": "buffers", "status": "ok", "error": None, "values": values, "steps": steps,
+            "broadcast_buffers": point.broadcast_buffers, "backend": ctx.backend,
+            "world_size": ctx.world, "ranks": ranks}
+
+
+TASKS = {"train": train, "found_inf": found_inf, "allreduce": allreduce, "buffers": buffers}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,6 +105,36 @@ def test_summarize_matches_each_row_with_its_own_one_gpu_rate():
     assert out["engine_efficiency_fused"] == pytest.approx(11600 / (2 * 5990))
 
 
+def test_summarize_keeps_the_engines_no_broadcast_points_apart():
+    rows = _rows()  # their fp16lab rows predate broadcast_buffers: they broadcast
+    default, fused = (next(r for r in rows if r["kind"] == "fp16lab" and r["gpus"] == 2 and r["optimizer"] == o)
+                      for o in ("sgd", "sgd-fused"))
+    rows += [{**default, "broadcast_buffers": False, "samples_per_s": 11300.0, "label": "no_broadcast"},
+             {**fused, "broadcast_buffers": False, "samples_per_s": 11900.0, "label": "no_broadcast fused"}]
+    out = bd.summarize(rows, 2, "resnet50", 256)
+    assert out["engine_efficiency"] == pytest.approx(10500 / (2 * 5850))  # not pooled with 11300
+    assert out["engine_vs_bare"] == pytest.approx(10500 / 10600)
+    assert out["engine_efficiency_fused"] == pytest.approx(11600 / (2 * 5990))
+    assert out["engine_efficiency_no_broadcast"] == pytest.approx(11300 / (2 * 5850))
+    assert out["engine_efficiency_no_broadcast_fused"] == pytest.approx(11900 / (2 * 5990))
+    assert rows[-2]["efficiency"] == pytest.approx(11300 / (2 * 5850))  # against the one-GPU point
+    lines = bd.summary_lines(out)
+    assert "fp16lab's point with broadcast_buffers=False: 0.966" in lines
+    assert "fp16lab's point with broadcast_buffers=False: 0.993" in lines
+
+
+def test_plan_measures_the_no_broadcast_points_right_after_the_batch_256_ddp_points():
+    launches = bd.plan(2, "cuda")
+    first_two_gpu = next(points for points, _ in launches if points[0].gpus == 2)
+    assert [p.label() for p in first_two_gpu[:5]] == [
+        "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB",
+        "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB opt=sgd-fused",
+        "resnet50 b256 amp-fp16 x2 ddp hook=fp16 bucket=25MB",
+        "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB no_broadcast",
+        "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB no_broadcast opt=sgd-fused"]
+    assert sum(not p.broadcast_buffers for points, _ in launches for p in points) == 2
+
+
 def test_diagnosis_sets_the_suspects_side_by_side():
     rows = _rows()
     bd.summarize(rows, 2, "resnet50", 256)

@@ -2,7 +2,8 @@
 
 Two launches serve the CPU tests (torchrun with two ranks takes seconds to start): one runs a
 training point then a point whose rank 1 raises; the other averages chosen gradients under each
-comm hook, runs GradScaler with an inf on rank 1, then a point whose rank 1 hangs.
+comm hook, runs GradScaler with an inf on rank 1, trains a BatchNorm on a different batch per
+rank with and without DDP's buffer broadcast, then a point whose rank 1 hangs.
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ CPU = dict(device="cpu", gpus=2, model="mlp", batch=8, warmup=1, steps=3)
 # per-rank gradients chosen so that each wire format leaves its own mark: 70000 overflows fp16,
 # 1e-8 underflows fp16 (but not bf16), 1.001 rounds away in bf16 and ties-to-even in fp16.
 VALUES = [[0.1, 70000.0, 1e-8, 1.001, -2.5e-3], [0.3, 70000.0, 3e-8, 1.0, 7.7e-3]]
+# a different batch per rank (4 rows of 3 features) for the BatchNorm: their means and
+# variances differ in every feature, so a rank's running statistics tell whose batch they saw.
+BN_VALUES = [[[1.0, -2.0, 0.5], [3.0, 0.0, 0.25], [2.0, 4.0, -1.0], [6.0, 2.0, 0.25]],
+             [[-4.0, 10.0, 3.0], [0.0, 30.0, 1.0], [-2.0, 20.0, 2.0], [-6.0, 0.0, 6.0]]]
+BN_STEPS = 2
 HANG_TIMEOUT_S = 8.0
 
 
 @pytest.fixture(scope="module")
 def train_and_raise():
-    points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused"),
+    points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused",
+                          broadcast_buffers=False),
               d.DistPoint(**CPU, precision="amp-bf16", fault="raise@1")]
     return points, d.measure_points(points, timeout_s=120)
 
@@ -38,6 +45,8 @@ def checks_and_hang(tmp_path_factory):
     hang = d.DistPoint(**CPU, precision="fp32", fault="hang@1")
     items = [{"task": "allreduce", "values": VALUES},
              {"task": "found_inf", "inf_rank": 1},
+             {"task": "buffers", "values": BN_VALUES, "steps": BN_STEPS, "broadcast_buffers": True},
+             {"task": "buffers", "values": BN_VALUES, "steps": BN_STEPS, "broadcast_buffers": False},
              {"task": "train", **hang.settings()}]
     launch = d.run_ranks(2, ["-m", "fp16lab.distributed_worker"], items,
                          timeout_s=HANG_TIMEOUT_S, workdir=work)
@@ -71,11 +80,11 @@ def test_a_rank_that_raises_ends_its_point_as_error(train_and_raise):
 
 def test_a_rank_that_hangs_times_out_and_its_processes_end(checks_and_hang):
     launch, work = checks_and_hang
-    row = launch.rows[2]
+    row = launch.rows[4]
     assert row["status"] == "error"
     assert row["error"].startswith(f"timed out: the point did not finish within {HANG_TIMEOUT_S:g} s")
-    assert "rank 1 in 'timed steps' of point 2" in row["error"]
-    assert [r["status"] for r in launch.rows[:2]] == ["ok", "ok"]
+    assert "rank 1 in 'timed steps' of point 4" in row["error"]
+    assert [r["status"] for r in launch.rows[:4]] == ["ok"] * 4
     import json
 
     for p in work.glob("progress_rank*.json"):
@@ -126,6 +135,57 @@ def test_found_inf_on_one_rank_makes_every_rank_skip(checks_and_hang):
         assert r["scale_after"] == row["init_scale"] * backoff
 
 
+def _batchnorm_oracle(broadcast: bool) -> tuple[list[list[tuple]], list[tuple]]:
+    """BatchNorm's running statistics by hand, in float64: (what each rank holds at the start of
+    each forward, what it holds after the last step).
+
+    torch's BatchNorm starts at mean 0, variance 1 and moves each by momentum 0.1 towards the
+    batch's mean and unbiased variance; DDP's broadcast, at the start of every forward, replaces
+    every rank's statistics with rank 0's.
+    """
+    def update(state, batch):
+        v = np.asarray(batch, dtype=np.float64)
+        return (0.9 * state[0] + 0.1 * v.mean(axis=0), 0.9 * state[1] + 0.1 * v.var(axis=0, ddof=1))
+
+    state = [(np.zeros(3), np.ones(3)) for _ in BN_VALUES]
+    seen: list[list[tuple]] = [[] for _ in BN_VALUES]
+    for _ in range(BN_STEPS):
+        if broadcast:
+            state = [state[0]] * len(state)
+        for r, s in enumerate(state):
+            seen[r].append(s)
+        state = [update(s, batch) for s, batch in zip(state, BN_VALUES)]
+    return seen, state
+
+
+def _close(got: dict, want: tuple) -> None:
+    np.testing.assert_allclose(got["running_mean"], want[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got["running_var"], want[1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("index, broadcast", [(2, True), (3, False)])
+def test_batchnorm_statistics_per_rank_match_the_hand_computed_ones(checks_and_hang, index, broadcast):
+    row = checks_and_hang[0].rows[index]
+    assert row["status"] == "ok", row["error"]
+    assert row["broadcast_buffers"] is broadcast
+    seen, after = _batchnorm_oracle(broadcast)
+    for r, rank in enumerate(row["ranks"]):
+        assert rank["rank"] == r and len(rank["at_forward"]) == BN_STEPS
+        for got, want in zip(rank["at_forward"], seen[r]):
+            _close(got, want)
+        _close(rank["after"], after[r])
+
+
+def test_buffer_broadcast_makes_rank1_start_each_forward_with_rank0s_statistics(checks_and_hang):
+    on, off = (checks_and_hang[0].rows[i]["ranks"] for i in (2, 3))
+    # after the first step each rank has moved towards its own batch; with the broadcast, rank 1
+    # begins the second forward with rank 0's statistics, bit for bit; without it, with its own
+    assert on[1]["at_forward"][1] == on[0]["at_forward"][1]
+    assert off[1]["at_forward"][1] != off[0]["at_forward"][1]
+    # the broadcast is at the start of a forward: after a step the ranks differ again either way
+    assert on[1]["after"] != on[0]["after"] and off[1]["after"] != off[0]["after"]
+
+
 # ----------------------------------------------------------------------------- no launch
 
 def test_point_rejects_bad_settings_with_what_is_allowed():
@@ -141,6 +201,9 @@ def test_point_rejects_bad_settings_with_what_is_allowed():
         (dict(bucket_cap_mb=0), "positive number"),
         (dict(device="tpu"), "'cuda' or 'cpu'"),
         (dict(optimizer="adamw"), "one of sgd, sgd-fused"),
+        (dict(broadcast_buffers="no"), "broadcast_buffers must be True or False, got 'no'"),
+        (dict(broadcast_buffers=0), "broadcast_buffers must be True or False, got 0"),
+        (dict(broadcast_buffers=None), "broadcast_buffers must be True or False, got None"),
     ]:
         with pytest.raises(ValueError, match=words):
             d.DistPoint(**kwargs)
@@ -148,6 +211,23 @@ def test_point_rejects_bad_settings_with_what_is_allowed():
     assert d.DistPoint(model="transformer_stack").layout == "nchw"
     assert d.DistPoint(gpus=2).label() == "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB"
     assert d.DistPoint(optimizer="sgd-fused").label() == "resnet50 b256 amp-fp16 x1 opt=sgd-fused"
+    assert (d.DistPoint(gpus=2, broadcast_buffers=False, optimizer="sgd-fused").label()
+            == "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB no_broadcast opt=sgd-fused")
+    assert d.DistPoint(broadcast_buffers=False).label() == "resnet50 b256 amp-fp16 x1"  # one GPU: no DDP
+
+
+def test_ddp_gets_broadcast_buffers_under_the_name_its_torch_knows():
+    from fp16lab.distributed_worker import buffer_sync_argument
+
+    def old(self, module, broadcast_buffers=True, static_graph=False):  # torch before 2.13
+        pass
+
+    def new(self, module, broadcast_buffers=None, forward_sync_buffers=None):  # torch >= 2.13
+        pass
+
+    assert buffer_sync_argument(False, old) == {"broadcast_buffers": False}
+    assert buffer_sync_argument(False, new) == {"forward_sync_buffers": False}
+    assert buffer_sync_argument(True, new) == {"forward_sync_buffers": True}
 
 
 def test_launcher_refuses_bad_arguments_before_starting():

@@ -14,8 +14,9 @@ Measures, in one run, with torchrun launching the ranks (``fp16lab.distributed``
   parameter-heavy transformer stack (hidden 2048, ~300M parameters, batch 32 per GPU) with the
   settings that decide how gradients travel: comm hooks, bucket sizes, ``static_graph``,
   ``gradient_as_bucket_view``, FSDP2's ``reduce_dtype``, and ResNet-50 with fused SGD (the
-  engine's ``optimizer`` setting); what earlier runs measured and this one drops is in
-  :data:`DROPPED` and the meta;
+  engine's ``optimizer`` setting) and without DDP's buffer broadcast (``broadcast_buffers``,
+  the bare loop's ``ddp-no-broadcast`` as an engine setting); what earlier runs measured and
+  this one drops is in :data:`DROPPED` and the meta;
 - on 2 GPUs, the share of the step the collectives take and how much of it no compute kernel
   hides (torch.profiler's NCCL kernels, :func:`fp16lab.distributed.comm_overlap`).
 
@@ -165,14 +166,17 @@ def plan(gpus: int, device: str) -> list[tuple[list[dist_lab.DistPoint], dict[st
     """Returns the launches in order: each a list of points sharing ``gpus``, and NCCL variables.
 
     The ones that answer the questions come first (the time budget cuts from the end): the
-    one-GPU baselines, then on ``gpus``: ResNet-50 at batch 256 (with each optimizer) and 64,
-    the transformer stack with each DDP setting, FSDP2's reduce dtypes; then the other
-    precisions and settings. What was dropped, and why, is in :data:`DROPPED`.
+    one-GPU baselines, then on ``gpus``: ResNet-50 at batch 256 (with each optimizer, also
+    without the buffer broadcast) and 64, the transformer stack with each DDP setting, FSDP2's
+    reduce dtypes; then the other precisions and settings. What was dropped, and why, is in
+    :data:`DROPPED`. On the CPU (``--quick``) a few small points stand in for them.
     """
     if device == "cpu":
         small = dict(device="cpu", warmup=1, steps=3)
         cnn = lambda **kw: dist_lab.DistPoint(model="small_cnn", batch=16, precision="amp-fp16", **small, **kw)
-        return [([cnn(gpus=1)], {}), ([cnn(gpus=gpus, comm_hook=h) for h in ("none", "fp16")], {}),
+        return [([cnn(gpus=1)], {}),
+                ([cnn(gpus=gpus, comm_hook=h) for h in ("none", "fp16")]
+                 + [cnn(gpus=gpus, broadcast_buffers=False)], {}),
                 ([dist_lab.DistPoint(model="mlp", batch=16, precision="amp-bf16", gpus=gpus, strategy="fsdp",
                                      reduce_dtype="bf16", **small)], {})]
     r50 = lambda batch, prec, **kw: dist_lab.DistPoint(model="resnet50", batch=batch, precision=prec,
@@ -184,6 +188,8 @@ def plan(gpus: int, device: str) -> list[tuple[list[dist_lab.DistPoint], dict[st
          r50(64, "amp-fp16", gpus=1), tx("amp-bf16", gpus=1)],
         [r50(256, "amp-fp16", **n), r50(256, "amp-fp16", optimizer="sgd-fused", **n),
          r50(256, "amp-fp16", comm_hook="fp16", **n),
+         r50(256, "amp-fp16", broadcast_buffers=False, **n),
+         r50(256, "amp-fp16", optimizer="sgd-fused", broadcast_buffers=False, **n),
          r50(64, "amp-fp16", **n), r50(64, "amp-fp16", comm_hook="fp16", **n),
          tx("amp-bf16", **n), tx("amp-bf16", comm_hook="bf16", **n), tx("amp-bf16", bucket_cap_mb=100, **n),
          tx("amp-bf16", static_graph=True, **n), tx("amp-bf16", bucket_cap_mb=400, **n)],
@@ -221,15 +227,19 @@ def summarize(rows: list[dict[str, Any]], gpus: int, model: str, batch: int) -> 
     """Returns efficiencies per 2-GPU row, the engine against the bare loop, and the gap recovered.
 
     A row's efficiency is its rate over ``gpus`` times the one-GPU rate of the same kind, model,
-    batch, precision and optimizer (for the bare loop: trained on GPU 0, mode ``gpu0``).
+    batch, precision and optimizer (for the bare loop: trained on GPU 0, mode ``gpu0``). The
+    engine's figures are those of its DDP defaults; ``engine_efficiency_no_broadcast`` (and
+    ``_fused``) those of its points with ``broadcast_buffers=False``.
     """
     ok = [r for r in rows if r["status"] == "ok"]
 
     def rate(kind: str, n: int, precision: str, optimizer: str = "sgd", mode: str | None = None,
-             model: str = model, batch: int = batch, **match: Any) -> float | None:
+             model: str = model, batch: int = batch, broadcast: bool = True, **match: Any) -> float | None:
+        # a row without broadcast_buffers (written before it was a setting) broadcast: DDP's default
         xs = [r["samples_per_s"] for r in ok if r.get("kind") == kind and r["gpus"] == n
               and r["model"] == model and r["batch"] == batch and r["precision"] == precision
               and r.get("optimizer", "sgd") == optimizer and r.get("mode") in (mode, None)
+              and r.get("broadcast_buffers", True) == broadcast
               and all(r.get(k) == v for k, v in match.items())]
         return statistics.median(xs) if xs else None
 
@@ -250,6 +260,9 @@ def summarize(rows: list[dict[str, Any]], gpus: int, model: str, batch: int) -> 
         lab_1 = rate("fp16lab", 1, "amp-fp16", opt)
         if lab and lab_1:
             out["engine_efficiency" + suffix] = dist_lab.scaling_efficiency(lab, lab_1, gpus)
+        lab_own = rate("fp16lab", gpus, "amp-fp16", opt, comm_hook="none", broadcast=False)
+        if lab_own and lab_1:  # each rank kept its own BatchNorm statistics
+            out["engine_efficiency_no_broadcast" + suffix] = dist_lab.scaling_efficiency(lab_own, lab_1, gpus)
     tx = [r for r in ok if r["gpus"] > 1 and r["model"] == TRANSFORMER["model"] and r["precision"] == "amp-bf16"
           and r.get("efficiency")]
     default = next((r for r in tx if setting(r) == "ddp hook=none bucket=25MB"), None)
@@ -383,6 +396,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             vs = summary.get("engine_vs_bare" + suffix)
             lines.append(f"fp16lab's point, same setting: {summary['engine_efficiency' + suffix]:.3f}"
                          + (f" ({vs:.2f}x the hand-written loop's samples/s)" if vs else ""))
+        if "engine_efficiency_no_broadcast" + suffix in summary:
+            lines.append(f"fp16lab's point with broadcast_buffers=False: "
+                         f"{summary['engine_efficiency_no_broadcast' + suffix]:.3f}")
     if "transformer_default_efficiency" in summary:
         best = summary.get("transformer_best") or {}
         lines.append(f"transformer stack, amp-bf16, DDP defaults: {summary['transformer_default_efficiency']:.3f}; "
