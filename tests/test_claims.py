@@ -454,3 +454,47 @@ def test_every_claim_names_the_practice_it_comes_from():
         assert len(c.origin.split()) >= 8, f"claim {c.id} does not say where it comes from"
         assert ".txt" not in c.origin and "_" not in c.origin, c.origin
         assert f"where it comes from: {c.origin}" in c.report()
+
+
+def test_write_claims_gives_each_row_its_own_measured_at(tmp_path, monkeypatch):
+    """A run that checks only claim 3 at T1 over an earlier file measured at T0: row 3 gets T1,
+    the kept rows T0 (the earlier file's time, as their rows carry none), and a kept row that
+    carries its own time keeps it."""
+    from dataclasses import replace
+
+    import fp16lab.device
+
+    t0, t1, t_own = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00", "2025-12-31T09:00:00+00:00"
+    slug = claims.device_slug(torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    earlier = [{"id": i, "verdict": HOLDS, "reason": f"earlier {i}", "figures": {"x": i}}
+               for i in range(1, 13)]
+    earlier[5]["measured_at"] = t_own                      # claim 6 carries its own time
+    bench.write_result(f"claims_{slug}", earlier, meta={"measured_at": t0}, data_dir=tmp_path)
+
+    real = fp16lab.device.metadata
+    monkeypatch.setattr(fp16lab.device, "metadata", lambda: {**real(), "measured_at": t1})
+    c3 = replace(claims.get_claim(3), verdict=FAILS, reason="now", figures={"y": 1})
+    _, js = claims.write_claims([c3], tmp_path)
+    payload = json.loads(js.read_text())
+    at = {r["id"]: r["measured_at"] for r in payload["rows"]}
+    assert payload["meta"]["measured_at"] == t1 and payload["meta"]["checked_now"] == [3]
+    assert at[3] == t1 and at[6] == t_own
+    assert all(at[i] == t0 for i in range(1, 13) if i not in (3, 6))
+    md = js.with_suffix(".md").read_text()
+    assert t1 in md
+
+
+@NO_GPU
+def test_recorded_claims_name_each_rows_date(tmp_path):
+    t0, t1 = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00"
+    figures = {"n": 8192, "fp16_tflops": 720.0, "fp32_tflops": 50.0, "tf32_tflops": 380.0,
+               "ratio_fp16_fp32": 14.4, "ratio_fp16_tf32": 1.9}
+    bench.write_result("claims_h200", [{"id": 11, "figures": figures, "verdict": FAILS},
+                                       {"id": 1, "figures": {"error": "x"}, "verdict": UNTESTABLE,
+                                        "measured_at": t0}],
+                       meta={"gpu_name": "NVIDIA H200", "measured_at": t1}, data_dir=tmp_path)
+    by_id = {c.id: c for c in claims.recorded_claims(tmp_path)}
+    assert by_id[11].measured_at == t1 and t1 in by_id[11].source
+    assert by_id[1].measured_at == t0 and t0 in by_id[1].source and t1 not in by_id[1].source
+    c = claims.check(11, data_dir=tmp_path)
+    assert c.measured_at == t1 and t1 in c.source

@@ -60,6 +60,8 @@ class Claim:
         verdict: one of ``VERDICTS`` (None until checked).
         reason: the measured figures that decided the verdict, in words.
         source: where the figures were measured (here, or recorded on which GPU).
+        measured_at: when this claim's figures were measured (ISO time; empty until written to
+            or read from a claims file, whose rows each carry their own).
     """
 
     id: int
@@ -74,6 +76,7 @@ class Claim:
     verdict: str | None = None
     reason: str = ""
     source: str = ""
+    measured_at: str = ""
 
     def report(self) -> str:
         """Returns the claim, its key figures, the rule and the verdict as a few lines of text."""
@@ -91,7 +94,7 @@ class Claim:
         return {"id": self.id, "short": self.short, "text": self.text, "origin": self.origin,
                 "rule": self.rule,
                 "needs_gpu": self.needs_gpu, "verdict": self.verdict, "reason": self.reason,
-                "source": self.source, "figures": self.figures}
+                "source": self.source, "measured_at": self.measured_at, "figures": self.figures}
 
 
 def _torch():

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from .run import device_slug, get_claim, recorded_gpu_result, _judge_recorded
+from .run import device_slug, get_claim, recorded_gpu_result, row_measured_at, _judge_recorded
 from .core import VERDICTS, Claim
 
 
@@ -27,17 +27,19 @@ def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
     rec = recorded_gpu_result(data_dir)
     if rec is None:
         return []
-    source = "recorded elsewhere: " + describe_source(rec["meta"])
     out = []
     for row in rec["rows"]:
         c = get_claim(row["id"])
         f = row.get("figures") or {}
+        at = row_measured_at(row, rec["meta"])
+        source = "recorded elsewhere: " + describe_source({**rec["meta"], "measured_at": at})
         if not f or "error" in f:
             out.append(replace(c, figures=f, verdict=row.get("verdict"),
-                               reason=row.get("reason", ""), source=source))
+                               reason=row.get("reason", ""), source=source, measured_at=at))
         else:
             verdict, reason = _judge_recorded(c, f)
-            out.append(replace(c, figures=f, verdict=verdict, reason=reason, source=source))
+            out.append(replace(c, figures=f, verdict=verdict, reason=reason, source=source,
+                               measured_at=at))
     return out
 
 
@@ -104,7 +106,8 @@ def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
 
     if not path.exists():
         return []
-    rows = read_result(path, rows_need=("id", "verdict"))["rows"]
+    earlier = read_result(path, rows_need=("id", "verdict"))
+    rows = earlier["rows"]
     out = []
     for i, row in enumerate(rows):
         try:
@@ -113,7 +116,8 @@ def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
             raise ValueError(f"{path}: row {i}: {e}") from None
         if c.id not in checked_now:
             out.append(replace(c, figures=row.get("figures") or {}, verdict=row["verdict"],
-                               reason=row.get("reason", ""), source=row.get("source", "")))
+                               reason=row.get("reason", ""), source=row.get("source", ""),
+                               measured_at=row_measured_at(row, earlier["meta"])))
     return out
 
 
@@ -125,17 +129,23 @@ def write_claims(claims: Iterable[Claim], out_dir: Path | None = None, *,
     run did not check keep what an earlier file there measured (figures, verdict, reason and
     source), described by the claim as it is written now, so ``--only 3`` replaces claim 3 and
     keeps the other eleven; ``meta["checked_now"]`` lists the claims of this run.
+
+    Every row carries its own ``measured_at``: the claims of this run get the run's time (the
+    file's ``meta["measured_at"]``); a kept claim keeps its row's time, or, where that earlier
+    row has none, the earlier file's ``meta["measured_at"]``.
     """
     from ..bench import read_result, write_result
-    from ..device import device_info
+    from ..device import device_info, metadata
 
     claims = list(claims)
     folder = claims_folder(out_dir)
     name = f"claims_{device_slug(device_info().gpu_name)}"
+    run_at = metadata()["measured_at"]
     now = {c.id for c in claims}
-    merged = sorted(claims + _earlier_claims(folder / f"{name}.json", now), key=lambda c: c.id)
+    merged = sorted([replace(c, measured_at=run_at) for c in claims]
+                    + _earlier_claims(folder / f"{name}.json", now), key=lambda c: c.id)
     json_path = write_result(name, [c.as_row() for c in merged],
-                             meta={"quick": quick, "elapsed_s": elapsed_s,
+                             meta={"measured_at": run_at, "quick": quick, "elapsed_s": elapsed_s,
                                    "checked_now": sorted(now),
                                    "verdicts": {c.id: c.verdict for c in merged}},
                              data_dir=folder)
