@@ -498,3 +498,21 @@ def test_recorded_claims_name_each_rows_date(tmp_path):
     assert by_id[1].measured_at == t0 and t0 in by_id[1].source and t1 not in by_id[1].source
     c = claims.check(11, data_dir=tmp_path)
     assert c.measured_at == t1 and t1 in c.source
+
+
+def test_report_figures_round_numbers_and_print_a_shared_note_once():
+    from dataclasses import replace
+
+    note = "GPM metrics read: sm_util_pct, sm_occupancy_pct, tensor_util_pct, dram_bw_util_pct"
+    figures = {"fp32_gpm_note": note, "fp32_sm_util_pct": 46.8812, "amp-fp16_gpm_note": note,
+               "amp-fp16_sm_util_pct": 36.6412, "ratio": 1.00612, "batch": 128,
+               "telemetry": "nvml", "trace": [1, 2]}
+    c = replace(claims.get_claim(5), figures=figures, verdict=FAILS, reason="r")
+    text = c.report()
+    assert text.count(note) == 1
+    assert f"gpm_note (fp32, amp-fp16): {note}" in text
+    assert "fp32_sm_util_pct=46.9" in text and "amp-fp16_sm_util_pct=36.6" in text
+    assert "ratio=1.006" in text and "batch=128" in text and "telemetry=nvml" in text
+    assert "trace" not in text
+    # the file keeps every figure as measured
+    assert c.as_row()["figures"] == figures
