@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -53,14 +54,49 @@ def _cell(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_table(claims: Iterable[Claim], *, rules: bool = True) -> str:
-    """Returns the verdict table in markdown: claim, verdict, measured figures, rule, source."""
-    head = ["#", "claim", "verdict", "measured"] + (["rule"] if rules else []) + ["source"]
+_AT = re.compile(r" at \d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?")
+
+
+def _when(c: Claim) -> str:
+    """Returns the claim's measurement time as ``YYYY-MM-DD HH:MM UTC`` (or as recorded)."""
+    at = c.measured_at or next(iter(_AT.findall(c.source)), "")[4:]
+    m = re.match(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)[\d:.]*(\+00:00|Z)?$", at)
+    if m:
+        return f"{m[1]} {m[2]}" + (" UTC" if m[3] else "")
+    return at or "-"
+
+
+def markdown_table(claims: Iterable[Claim], *, rules: bool = True,
+                   sources: str = "column") -> str:
+    """Returns the verdict table in markdown: claim, verdict, measured figures, rule, source.
+
+    ``sources="column"`` gives each row its full source. ``sources="notes"`` (for reading)
+    gives each row a short label (``here``, ``recorded elsewhere``, ...) and its measurement
+    time, and says once, under the table, what each label stands for.
+    """
+    if sources not in ("column", "notes"):
+        raise ValueError(f"sources is 'column' or 'notes', not {sources!r}")
+    claims = list(claims)
+    tail = ["source"] if sources == "column" else ["source", "measured at"]
+    head = ["#", "claim", "verdict", "measured"] + (["rule"] if rules else []) + tail
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    labels: dict[str, str] = {}   # full source without its time -> short label
     for c in claims:
         cells = [c.id, c.text, f"**{c.verdict}**", c.reason] + ([c.rule] if rules else [])
-        lines.append("| " + " | ".join(_cell(v) for v in cells + [c.source]) + " |")
-    return "\n".join(lines) + "\n"
+        if sources == "column":
+            cells.append(c.source)
+        else:
+            full = _AT.sub("", c.source)
+            if full not in labels:
+                base = full.split(":", 1)[0] if ":" in full else full
+                taken = sum(v == base or v.startswith(base + " (") for v in labels.values())
+                labels[full] = base if not taken else f"{base} ({taken + 1})"
+            cells += [labels[full], _when(c)]
+        lines.append("| " + " | ".join(_cell(v) for v in cells) + " |")
+    out = "\n".join(lines) + "\n"
+    notes = [f"- **{label}**: {full.split(':', 1)[1].strip()}"
+             for full, label in labels.items() if ":" in full]
+    return out + ("\nSources:\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
