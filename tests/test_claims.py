@@ -539,3 +539,42 @@ def test_markdown_table_can_name_each_source_once():
     assert "| here | 2026-11-30 20:00 UTC |" in md
     full = claims.markdown_table(rows, rules=False)     # the files keep the full column
     assert full.count("NVIDIA H200") == 2 and "Sources:" not in full
+
+
+def test_clipping_runs_says_which_part_differs():
+    from dataclasses import replace
+
+    from fp16lab.claims.scaling import clipping_runs
+
+    def run(none, one, mean_abs, share, norm, steps):
+        f = {"loss_none": none, "loss_clip1": one, "loss_mean_abs": mean_abs, "clip1_share": share,
+             "median_grad_norm": norm, "epochs": steps // 8, "steps": steps,
+             "mean_abs_threshold_last": 0.002, "mean_abs_share": 0.9,
+             "loss_clip1_before_unscale": 2.3}
+        return replace(claims.get_claim(9), figures=f, verdict=claims.judge_clipping(f)[0])
+    here, gpu = run(0.892, 0.905, 2.07, 1 / 6, 0.69, 24), run(0.115, 0.245, 1.83, 0.57, 1.16, 192)
+    assert (here.verdict, gpu.verdict) == (PARTLY, FAILS)
+    text = clipping_runs({"this machine": here, "the GPU run": gpu})
+    assert "the clip-1.0 part held on this machine only" in text
+    assert "+1% against no clipping (within" in text and "+113% against no clipping (outside" in text
+    assert "17% of steps on this machine" in text and "57% on the GPU run" in text
+    assert "differ" not in clipping_runs({"a": here, "b": here})
+
+
+def test_recorded_summary_lists_each_date_with_its_claims(tmp_path):
+    t0, t1 = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00"
+    rows = [{"id": i, "verdict": HOLDS, "measured_at": t1 if i in (2, 3, 4, 5) else t0}
+            for i in range(1, 13)]
+    bench.write_result("claims_h200", rows, meta={"gpu_name": "NVIDIA H200", "measured_at": t1},
+                       data_dir=tmp_path)
+    text = claims.recorded_summary(tmp_path)
+    assert f"claims 1, 6-12 measured at {t0}" in text and f"claims 2-5 measured at {t1}" in text
+    assert text.count(t1) == 1          # the file's own time is not given as every claim's
+
+
+def test_precision_spelling_names_the_api_from_the_values():
+    from fp16lab.claims.autocast import precision_spelling
+    assert precision_spelling({"precision_flag_off": "ieee", "precision_flag_on": "tf32"}) \
+        == "torch.backends.cuda.matmul.fp32_precision"
+    assert precision_spelling({"precision_flag_off": "highest", "precision_flag_on": "high"}) \
+        == "torch.get_float32_matmul_precision()"

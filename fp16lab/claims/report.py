@@ -44,6 +44,34 @@ def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
     return out
 
 
+def _ranges(ids: list[int]) -> str:
+    """Returns claim numbers as ranges: [1, 6, 7, 8] -> '1, 6-8'."""
+    out: list[str] = []
+    for i in sorted(ids):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = out[-1].split("-")[0] + f"-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
+
+
+def recorded_summary(data_dir: Path | None = None) -> str:
+    """Returns where the recorded GPU run was measured, and when each of its claims was (claims
+    kept from an earlier run carry that run's date), as a few lines; or says there is none."""
+    from ..bench import describe_source
+
+    rec = recorded_gpu_result(data_dir)
+    if rec is None:
+        return "recorded GPU run: none in data/"
+    dates: dict[str, list[int]] = {}
+    for row in rec["rows"]:
+        dates.setdefault(row_measured_at(row, rec["meta"]), []).append(row["id"])
+    lines = ["recorded GPU run: " + _AT.sub("", describe_source(rec["meta"]))]
+    for at, ids in sorted(dates.items()):
+        lines.append(f"  claim{'s' if len(ids) > 1 else ''} {_ranges(ids)} measured at {at}")
+    return "\n".join(lines)
+
+
 def recorded_table(data_dir: Path | None = None):
     """Returns the verdict table of the recorded GPU run as a DataFrame, or None without one."""
     checked = recorded_claims(data_dir)
