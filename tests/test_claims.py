@@ -454,3 +454,127 @@ def test_every_claim_names_the_practice_it_comes_from():
         assert len(c.origin.split()) >= 8, f"claim {c.id} does not say where it comes from"
         assert ".txt" not in c.origin and "_" not in c.origin, c.origin
         assert f"where it comes from: {c.origin}" in c.report()
+
+
+def test_write_claims_gives_each_row_its_own_measured_at(tmp_path, monkeypatch):
+    """A run that checks only claim 3 at T1 over an earlier file measured at T0: row 3 gets T1,
+    the kept rows T0 (the earlier file's time, as their rows carry none), and a kept row that
+    carries its own time keeps it."""
+    from dataclasses import replace
+
+    import fp16lab.device
+
+    t0, t1, t_own = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00", "2025-12-31T09:00:00+00:00"
+    slug = claims.device_slug(torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    earlier = [{"id": i, "verdict": HOLDS, "reason": f"earlier {i}", "figures": {"x": i}}
+               for i in range(1, 13)]
+    earlier[5]["measured_at"] = t_own                      # claim 6 carries its own time
+    bench.write_result(f"claims_{slug}", earlier, meta={"measured_at": t0}, data_dir=tmp_path)
+
+    real = fp16lab.device.metadata
+    monkeypatch.setattr(fp16lab.device, "metadata", lambda: {**real(), "measured_at": t1})
+    c3 = replace(claims.get_claim(3), verdict=FAILS, reason="now", figures={"y": 1})
+    _, js = claims.write_claims([c3], tmp_path)
+    payload = json.loads(js.read_text())
+    at = {r["id"]: r["measured_at"] for r in payload["rows"]}
+    assert payload["meta"]["measured_at"] == t1 and payload["meta"]["checked_now"] == [3]
+    assert at[3] == t1 and at[6] == t_own
+    assert all(at[i] == t0 for i in range(1, 13) if i not in (3, 6))
+    md = js.with_suffix(".md").read_text()
+    assert t1 in md
+
+
+@NO_GPU
+def test_recorded_claims_name_each_rows_date(tmp_path):
+    t0, t1 = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00"
+    figures = {"n": 8192, "fp16_tflops": 720.0, "fp32_tflops": 50.0, "tf32_tflops": 380.0,
+               "ratio_fp16_fp32": 14.4, "ratio_fp16_tf32": 1.9}
+    bench.write_result("claims_h200", [{"id": 11, "figures": figures, "verdict": FAILS},
+                                       {"id": 1, "figures": {"error": "x"}, "verdict": UNTESTABLE,
+                                        "measured_at": t0}],
+                       meta={"gpu_name": "NVIDIA H200", "measured_at": t1}, data_dir=tmp_path)
+    by_id = {c.id: c for c in claims.recorded_claims(tmp_path)}
+    assert by_id[11].measured_at == t1 and t1 in by_id[11].source
+    assert by_id[1].measured_at == t0 and t0 in by_id[1].source and t1 not in by_id[1].source
+    c = claims.check(11, data_dir=tmp_path)
+    assert c.measured_at == t1 and t1 in c.source
+
+
+def test_report_figures_round_numbers_and_print_a_shared_note_once():
+    from dataclasses import replace
+
+    note = "GPM metrics read: sm_util_pct, sm_occupancy_pct, tensor_util_pct, dram_bw_util_pct"
+    figures = {"fp32_gpm_note": note, "fp32_sm_util_pct": 46.8812, "amp-fp16_gpm_note": note,
+               "amp-fp16_sm_util_pct": 36.6412, "ratio": 1.00612, "batch": 128,
+               "telemetry": "nvml", "trace": [1, 2]}
+    c = replace(claims.get_claim(5), figures=figures, verdict=FAILS, reason="r")
+    text = c.report()
+    assert text.count(note) == 1
+    assert f"gpm_note (fp32, amp-fp16): {note}" in text
+    assert "fp32_sm_util_pct=46.9" in text and "amp-fp16_sm_util_pct=36.6" in text
+    assert "ratio=1.006" in text and "batch=128" in text and "telemetry=nvml" in text
+    assert "trace" not in text
+    # the file keeps every figure as measured
+    assert c.as_row()["figures"] == figures
+
+
+def test_markdown_table_can_name_each_source_once():
+    from dataclasses import replace
+
+    gpu = ("recorded elsewhere: measured on NVIDIA H200 (driver 580, torch 2.11, CuPy 14.2) at "
+           "{}; file claims_h200.json (committed)")
+    rows = [replace(claims.get_claim(1), verdict=HOLDS, reason="a",
+                    source=gpu.format("2026-11-29T15:11:52+00:00"),
+                    measured_at="2026-11-29T15:11:52+00:00"),
+            replace(claims.get_claim(2), verdict=FAILS, reason="b",
+                    source=gpu.format("2026-11-30T19:59:48+00:00"),
+                    measured_at="2026-11-30T19:59:48+00:00"),
+            replace(claims.get_claim(6), verdict=FAILS, reason="c",
+                    source="here: measured on CPU (driver n/a, torch 2.13, CuPy n/a) at "
+                           "2026-11-30T20:00:01+00:00")]
+    md = claims.markdown_table(rows, rules=False, sources="notes")
+    assert md.count("NVIDIA H200") == 1 and md.count("measured on CPU") == 1
+    assert "| recorded elsewhere | 2026-11-29 15:11 UTC |" in md
+    assert "| recorded elsewhere | 2026-11-30 19:59 UTC |" in md
+    assert "| here | 2026-11-30 20:00 UTC |" in md
+    full = claims.markdown_table(rows, rules=False)     # the files keep the full column
+    assert full.count("NVIDIA H200") == 2 and "Sources:" not in full
+
+
+def test_clipping_runs_says_which_part_differs():
+    from dataclasses import replace
+
+    from fp16lab.claims.scaling import clipping_runs
+
+    def run(none, one, mean_abs, share, norm, steps):
+        f = {"loss_none": none, "loss_clip1": one, "loss_mean_abs": mean_abs, "clip1_share": share,
+             "median_grad_norm": norm, "epochs": steps // 8, "steps": steps,
+             "mean_abs_threshold_last": 0.002, "mean_abs_share": 0.9,
+             "loss_clip1_before_unscale": 2.3}
+        return replace(claims.get_claim(9), figures=f, verdict=claims.judge_clipping(f)[0])
+    here, gpu = run(0.892, 0.905, 2.07, 1 / 6, 0.69, 24), run(0.115, 0.245, 1.83, 0.57, 1.16, 192)
+    assert (here.verdict, gpu.verdict) == (PARTLY, FAILS)
+    text = clipping_runs({"this machine": here, "the GPU run": gpu})
+    assert "the clip-1.0 part held on this machine only" in text
+    assert "+1% against no clipping (within" in text and "+113% against no clipping (outside" in text
+    assert "17% of steps on this machine" in text and "57% on the GPU run" in text
+    assert "differ" not in clipping_runs({"a": here, "b": here})
+
+
+def test_recorded_summary_lists_each_date_with_its_claims(tmp_path):
+    t0, t1 = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00"
+    rows = [{"id": i, "verdict": HOLDS, "measured_at": t1 if i in (2, 3, 4, 5) else t0}
+            for i in range(1, 13)]
+    bench.write_result("claims_h200", rows, meta={"gpu_name": "NVIDIA H200", "measured_at": t1},
+                       data_dir=tmp_path)
+    text = claims.recorded_summary(tmp_path)
+    assert f"claims 1, 6-12 measured at {t0}" in text and f"claims 2-5 measured at {t1}" in text
+    assert text.count(t1) == 1          # the file's own time is not given as every claim's
+
+
+def test_precision_spelling_names_the_api_from_the_values():
+    from fp16lab.claims.autocast import precision_spelling
+    assert precision_spelling({"precision_flag_off": "ieee", "precision_flag_on": "tf32"}) \
+        == "torch.backends.cuda.matmul.fp32_precision"
+    assert precision_spelling({"precision_flag_off": "highest", "precision_flag_on": "high"}) \
+        == "torch.get_float32_matmul_precision()"

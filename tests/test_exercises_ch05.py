@@ -56,6 +56,13 @@ def test_q3_clipping_before_unscale():
     assert not ex.q3.check("small")
 
 
+def test_q3_prompt_states_its_numbers_not_internal_names():
+    # the learner reads the prompt: it gives the scale, the true norm and the threshold as numbers
+    assert "Q3_" not in ex.q3.question
+    for number in ("65536", "norm 0.5", "clip_grad_norm_(params, 1.0)"):
+        assert number in ex.q3.question
+
+
 def test_solutions_only_on_request():
     for q in (ex.q1, ex.q2, ex.q3):
         assert q.solution().kind == "solution" and q.check().kind == "missing"

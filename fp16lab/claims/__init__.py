@@ -15,8 +15,8 @@ from .core import (FAILS, HOLDS, NONEXISTENT, PARTLY, RECORDED_GPU_RESULT, UNTES
                    Claim, Figures, Judgement, saved_activation_bytes)
 from .gemm import (experiment_alignment, experiment_fp16_vs_fp32, judge_alignment,
                    judge_fp16_vs_fp32)
-from .report import (markdown_table, recorded_claims, recorded_table, to_markdown, verdict_table,
-                     write_claims)
+from .report import (markdown_table, recorded_claims, recorded_summary, recorded_table,
+                     to_markdown, verdict_table, write_claims)
 from .run import CLAIMS, check, check_all, device_slug, get_claim, recorded_gpu_result
 from .scaling import (experiment_clipping, experiment_gradscaler, judge_clipping,
                       judge_gradscaler)
@@ -35,5 +35,5 @@ __all__ = ["CLAIMS", "FAILS", "HOLDS", "NONEXISTENT", "PARTLY", "RECORDED_GPU_RE
            "judge_amp_vs_fp32", "judge_autocast_disable", "judge_bf16_memory",
            "judge_channels_last", "judge_clipping", "judge_fp16_vs_fp32", "judge_gradscaler",
            "judge_profiling_executor", "judge_utilisation", "markdown_table", "recorded_claims",
-           "recorded_gpu_result", "recorded_table", "saved_activation_bytes", "to_markdown",
+           "recorded_gpu_result", "recorded_summary", "recorded_table", "saved_activation_bytes", "to_markdown",
            "train_step_figures", "verdict_table", "write_claims"]

@@ -80,6 +80,18 @@ def _matmul_precision() -> str:
     return m.fp32_precision if _has(m, "fp32_precision") else torch.get_float32_matmul_precision()
 
 
+def precision_spelling(figures: Figures) -> str:
+    """Returns which torch API a claim-7 run read its fp32 matmul precision from, judged by the
+    values it recorded: 'ieee'/'tf32' come from ``torch.backends.cuda.matmul.fp32_precision``,
+    'highest'/'high'/'medium' from ``torch.get_float32_matmul_precision()``."""
+    values = {figures.get("precision_flag_off"), figures.get("precision_flag_on")}
+    if values <= {"ieee", "tf32"}:
+        return "torch.backends.cuda.matmul.fp32_precision"
+    if values <= {"highest", "high", "medium"}:
+        return "torch.get_float32_matmul_precision()"
+    return "an API this notebook does not know"
+
+
 def _has(obj: Any, name: str) -> bool:
     try:
         getattr(obj, name)

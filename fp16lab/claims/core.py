@@ -60,6 +60,8 @@ class Claim:
         verdict: one of ``VERDICTS`` (None until checked).
         reason: the measured figures that decided the verdict, in words.
         source: where the figures were measured (here, or recorded on which GPU).
+        measured_at: when this claim's figures were measured (ISO time; empty until written to
+            or read from a claims file, whose rows each carry their own).
     """
 
     id: int
@@ -74,6 +76,7 @@ class Claim:
     verdict: str | None = None
     reason: str = ""
     source: str = ""
+    measured_at: str = ""
 
     def report(self) -> str:
         """Returns the claim, its key figures, the rule and the verdict as a few lines of text."""
@@ -91,7 +94,7 @@ class Claim:
         return {"id": self.id, "short": self.short, "text": self.text, "origin": self.origin,
                 "rule": self.rule,
                 "needs_gpu": self.needs_gpu, "verdict": self.verdict, "reason": self.reason,
-                "source": self.source, "figures": self.figures}
+                "source": self.source, "measured_at": self.measured_at, "figures": self.figures}
 
 
 def _torch():
@@ -118,16 +121,50 @@ def _timer(device: str) -> Callable[..., Any]:
     return time_cuda if device == "cuda" else time_cpu
 
 
+def _number(v: float) -> str:
+    """Returns a float for a reader: 4 significant digits below 10, one decimal up to 10,000."""
+    if math.isfinite(v) and 10 <= abs(v) < 1e4:
+        return f"{v:.1f}"
+    return f"{v:.4g}"
+
+
+#: A string figure longer than this is a note: printed once, on its own line, not in the list.
+_NOTE_CHARS = 40
+
+
 def _brief(figures: Figures, limit: int = 600) -> str:
-    """Returns the scalar figures as ``key=value`` pairs (lists and dicts are left to the file)."""
-    parts = []
+    """Returns the scalar figures as ``key=value`` pairs (lists and dicts are left to the file).
+
+    Floats are rounded for reading (:func:`_number`). A long string (a note) goes on a line of
+    its own after the pairs, once for all the keys that hold the same text: ``fp32_gpm_note`` and
+    ``amp-fp16_gpm_note`` with one text read ``gpm_note (fp32, amp-fp16): <text>``.
+    """
+    parts: list[str] = []
+    notes: dict[str, list[str]] = {}
     for k, v in figures.items():
-        if isinstance(v, float):
-            parts.append(f"{k}={v:.4g}")
-        elif isinstance(v, (int, str, bool)) or v is None:
+        if isinstance(v, bool) or v is None or isinstance(v, int):
+            parts.append(f"{k}={v}")
+        elif isinstance(v, float):
+            parts.append(f"{k}={_number(v)}")
+        elif isinstance(v, str) and len(v) > _NOTE_CHARS:
+            notes.setdefault(v, []).append(k)
+        elif isinstance(v, str):
             parts.append(f"{k}={v}")
     s = ", ".join(parts)
-    return s if len(s) <= limit else s[:limit] + " ..."
+    s = s if len(s) <= limit else s[:limit] + " ..."
+    for text, keys in notes.items():
+        s += f"\n  {_note_label(keys)}: {text}"
+    return s
+
+
+def _note_label(keys: list[str]) -> str:
+    """Returns ``suffix (prefix, prefix)`` for keys ``prefix_suffix`` sharing a suffix, else the
+    keys joined by commas."""
+    if len(keys) > 1 and all("_" in k for k in keys):
+        suffix = keys[0].split("_", 1)[1]
+        if all(k.endswith("_" + suffix) for k in keys):
+            return f"{suffix} ({', '.join(k[:-len(suffix) - 1] for k in keys)})"
+    return ", ".join(keys)
 
 
 def verdict_of_parts(parts: dict[str, bool], facts: str) -> Judgement:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from .run import device_slug, get_claim, recorded_gpu_result, _judge_recorded
+from .run import device_slug, get_claim, recorded_gpu_result, row_measured_at, _judge_recorded
 from .core import VERDICTS, Claim
 
 
@@ -27,18 +28,48 @@ def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
     rec = recorded_gpu_result(data_dir)
     if rec is None:
         return []
-    source = "recorded elsewhere: " + describe_source(rec["meta"])
     out = []
     for row in rec["rows"]:
         c = get_claim(row["id"])
         f = row.get("figures") or {}
+        at = row_measured_at(row, rec["meta"])
+        source = "recorded elsewhere: " + describe_source({**rec["meta"], "measured_at": at})
         if not f or "error" in f:
             out.append(replace(c, figures=f, verdict=row.get("verdict"),
-                               reason=row.get("reason", ""), source=source))
+                               reason=row.get("reason", ""), source=source, measured_at=at))
         else:
             verdict, reason = _judge_recorded(c, f)
-            out.append(replace(c, figures=f, verdict=verdict, reason=reason, source=source))
+            out.append(replace(c, figures=f, verdict=verdict, reason=reason, source=source,
+                               measured_at=at))
     return out
+
+
+def _ranges(ids: list[int]) -> str:
+    """Returns claim numbers as ranges: [1, 6, 7, 8] -> '1, 6-8'."""
+    out: list[str] = []
+    for i in sorted(ids):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = out[-1].split("-")[0] + f"-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
+
+
+def recorded_summary(data_dir: Path | None = None) -> str:
+    """Returns where the recorded GPU run was measured, and when each of its claims was (claims
+    kept from an earlier run carry that run's date), as a few lines; or says there is none."""
+    from ..bench import describe_source
+
+    rec = recorded_gpu_result(data_dir)
+    if rec is None:
+        return "recorded GPU run: none in data/"
+    dates: dict[str, list[int]] = {}
+    for row in rec["rows"]:
+        dates.setdefault(row_measured_at(row, rec["meta"]), []).append(row["id"])
+    lines = ["recorded GPU run: " + _AT.sub("", describe_source(rec["meta"]))]
+    for at, ids in sorted(dates.items()):
+        lines.append(f"  claim{'s' if len(ids) > 1 else ''} {_ranges(ids)} measured at {at}")
+    return "\n".join(lines)
 
 
 def recorded_table(data_dir: Path | None = None):
@@ -51,14 +82,49 @@ def _cell(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_table(claims: Iterable[Claim], *, rules: bool = True) -> str:
-    """Returns the verdict table in markdown: claim, verdict, measured figures, rule, source."""
-    head = ["#", "claim", "verdict", "measured"] + (["rule"] if rules else []) + ["source"]
+_AT = re.compile(r" at \d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?")
+
+
+def _when(c: Claim) -> str:
+    """Returns the claim's measurement time as ``YYYY-MM-DD HH:MM UTC`` (or as recorded)."""
+    at = c.measured_at or next(iter(_AT.findall(c.source)), "")[4:]
+    m = re.match(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)[\d:.]*(\+00:00|Z)?$", at)
+    if m:
+        return f"{m[1]} {m[2]}" + (" UTC" if m[3] else "")
+    return at or "-"
+
+
+def markdown_table(claims: Iterable[Claim], *, rules: bool = True,
+                   sources: str = "column") -> str:
+    """Returns the verdict table in markdown: claim, verdict, measured figures, rule, source.
+
+    ``sources="column"`` gives each row its full source. ``sources="notes"`` (for reading)
+    gives each row a short label (``here``, ``recorded elsewhere``, ...) and its measurement
+    time, and says once, under the table, what each label stands for.
+    """
+    if sources not in ("column", "notes"):
+        raise ValueError(f"sources is 'column' or 'notes', not {sources!r}")
+    claims = list(claims)
+    tail = ["source"] if sources == "column" else ["source", "measured at"]
+    head = ["#", "claim", "verdict", "measured"] + (["rule"] if rules else []) + tail
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    labels: dict[str, str] = {}   # full source without its time -> short label
     for c in claims:
         cells = [c.id, c.text, f"**{c.verdict}**", c.reason] + ([c.rule] if rules else [])
-        lines.append("| " + " | ".join(_cell(v) for v in cells + [c.source]) + " |")
-    return "\n".join(lines) + "\n"
+        if sources == "column":
+            cells.append(c.source)
+        else:
+            full = _AT.sub("", c.source)
+            if full not in labels:
+                base = full.split(":", 1)[0] if ":" in full else full
+                taken = sum(v == base or v.startswith(base + " (") for v in labels.values())
+                labels[full] = base if not taken else f"{base} ({taken + 1})"
+            cells += [labels[full], _when(c)]
+        lines.append("| " + " | ".join(_cell(v) for v in cells) + " |")
+    out = "\n".join(lines) + "\n"
+    notes = [f"- **{label}**: {full.split(':', 1)[1].strip()}"
+             for full, label in labels.items() if ":" in full]
+    return out + ("\nSources:\n" + "\n".join(notes) + "\n" if notes else "")
 
 
 def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
@@ -104,7 +170,8 @@ def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
 
     if not path.exists():
         return []
-    rows = read_result(path, rows_need=("id", "verdict"))["rows"]
+    earlier = read_result(path, rows_need=("id", "verdict"))
+    rows = earlier["rows"]
     out = []
     for i, row in enumerate(rows):
         try:
@@ -113,7 +180,8 @@ def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
             raise ValueError(f"{path}: row {i}: {e}") from None
         if c.id not in checked_now:
             out.append(replace(c, figures=row.get("figures") or {}, verdict=row["verdict"],
-                               reason=row.get("reason", ""), source=row.get("source", "")))
+                               reason=row.get("reason", ""), source=row.get("source", ""),
+                               measured_at=row_measured_at(row, earlier["meta"])))
     return out
 
 
@@ -125,17 +193,23 @@ def write_claims(claims: Iterable[Claim], out_dir: Path | None = None, *,
     run did not check keep what an earlier file there measured (figures, verdict, reason and
     source), described by the claim as it is written now, so ``--only 3`` replaces claim 3 and
     keeps the other eleven; ``meta["checked_now"]`` lists the claims of this run.
+
+    Every row carries its own ``measured_at``: the claims of this run get the run's time (the
+    file's ``meta["measured_at"]``); a kept claim keeps its row's time, or, where that earlier
+    row has none, the earlier file's ``meta["measured_at"]``.
     """
     from ..bench import read_result, write_result
-    from ..device import device_info
+    from ..device import device_info, metadata
 
     claims = list(claims)
     folder = claims_folder(out_dir)
     name = f"claims_{device_slug(device_info().gpu_name)}"
+    run_at = metadata()["measured_at"]
     now = {c.id for c in claims}
-    merged = sorted(claims + _earlier_claims(folder / f"{name}.json", now), key=lambda c: c.id)
+    merged = sorted([replace(c, measured_at=run_at) for c in claims]
+                    + _earlier_claims(folder / f"{name}.json", now), key=lambda c: c.id)
     json_path = write_result(name, [c.as_row() for c in merged],
-                             meta={"quick": quick, "elapsed_s": elapsed_s,
+                             meta={"measured_at": run_at, "quick": quick, "elapsed_s": elapsed_s,
                                    "checked_now": sorted(now),
                                    "verdicts": {c.id: c.verdict for c in merged}},
                              data_dir=folder)

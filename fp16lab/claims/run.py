@@ -56,6 +56,12 @@ def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
     return None
 
 
+def row_measured_at(row: dict[str, Any], meta: dict[str, Any]) -> str:
+    """Returns when a claims file's row was measured: its own ``measured_at``, else (a file
+    written before rows carried one) the file's ``meta["measured_at"]``."""
+    return row.get("measured_at") or meta.get("measured_at") or ""
+
+
 def _judge_recorded(c: Claim, figures: Figures) -> Judgement:
     """Returns the rule's verdict on recorded figures, or says they do not fit the rule."""
     try:
@@ -93,20 +99,25 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
                            reason="no GPU here and no recorded GPU result for it in data/ "
                                   "(run `fp16lab bench claims` on a GPU)")
         verdict, reason = _judge_recorded(c, row["figures"])
+        at = row_measured_at(row, rec["meta"])
         return replace(c, figures=row["figures"], verdict=verdict, reason=reason,
-                       source="recorded elsewhere: " + describe_source(rec["meta"]))
+                       source="recorded elsewhere: "
+                              + describe_source({**rec["meta"], "measured_at": at}),
+                       measured_at=at)
     t0 = time.perf_counter()
     try:
         figures = c.experiment(quick)
     except Exception as e:
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        meta = metadata()
         return replace(c, figures={"error": detail}, verdict=UNTESTABLE,
                        reason=f"the experiment failed here: {detail}",
-                       source="here: " + describe_source(metadata()))
+                       source="here: " + describe_source(meta), measured_at=meta["measured_at"])
     figures["elapsed_s"] = round(time.perf_counter() - t0, 3)
     verdict, reason = c.judge(figures)
+    meta = metadata()
     return replace(c, figures=figures, verdict=verdict, reason=reason,
-                   source="here: " + describe_source(metadata()))
+                   source="here: " + describe_source(meta), measured_at=meta["measured_at"])
 
 
 def check_all(ids: Iterable[int] | None = None, *, quick: bool | None = None,

@@ -187,6 +187,40 @@ def judge_clipping(f: Figures) -> Judgement:
     return FAILS, facts
 
 
+def clipping_runs(runs: dict[str, Claim]) -> str:
+    """Returns, for claim-9 runs (label -> checked claim), one line each on the two parts of the
+    rule, and where two runs' verdicts differ, which part differs and the figures that moved."""
+    lines, parts = [], {}
+    for label, c in runs.items():
+        f = c.figures
+        if "loss_clip1" not in f:
+            continue
+        no_harm = f["loss_clip1"] <= f["loss_none"] * NO_HARM
+        better = f["loss_mean_abs"] < f["loss_clip1"] * BETTER
+        parts[label] = (c.verdict, no_harm, better, f)
+        lines.append(
+            f"{label}: {c.verdict}. {f['epochs']} epochs ({f['steps']} steps); clip 1.0 clipped "
+            f"{f['clip1_share']:.0%} of steps (median unscaled norm {f['median_grad_norm']:.2f}) "
+            f"and ended {f['loss_clip1'] / f['loss_none'] - 1:+.0%} against no clipping "
+            f"({'within' if no_harm else 'outside'} the rule's {NO_HARM - 1:.0%}); the mean-|g| "
+            f"rule ended {f['loss_mean_abs'] / f['loss_clip1'] - 1:+.0%} against clip 1.0 "
+            f"({'better' if better else 'not better'} by the rule's {1 - BETTER:.0%}).")
+    if len(parts) == 2:
+        (a, (va, ha, ba, fa)), (b, (vb, hb, bb, fb)) = parts.items()
+        if va != vb:
+            which = [f"{name} held on {a if x else b} only"
+                     for name, x, y in (("the clip-1.0 part", ha, hb),
+                                        ("the mean-|g| part", ba, bb)) if x != y]
+            lines.append(
+                f"The verdicts differ because {' and '.join(which)}. Clip 1.0 clipped "
+                f"{fa['clip1_share']:.0%} of steps on {a} (median norm {fa['median_grad_norm']:.2f}, "
+                f"{fa['steps']} steps) and {fb['clip1_share']:.0%} on {b} (median norm "
+                f"{fb['median_grad_norm']:.2f}, {fb['steps']} steps).")
+        else:
+            lines.append(f"Both runs give the same verdict: {va}.")
+    return "\n".join(lines)
+
+
 CLAIM_6 = Claim(
     6, "growth_interval = NaN check",
     "GradScaler's growth_interval is the interval at which NaNs are checked; the scale "

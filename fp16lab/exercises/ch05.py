@@ -123,9 +123,9 @@ def _check_q3(answer: object) -> str:
 
 
 q3 = Exercise(
-    "q3", "Under a GradScaler at scale Q3_SCALE (65536), gradients of true norm 0.5 are clipped "
-          "with clip_grad_norm_(params, 1.0) BEFORE scaler.unscale_. What norm does the optimizer "
-          "then see? A number.", _check_q3,
+    "q3", f"Under a GradScaler whose loss scale is {Q3_SCALE:g}, gradients of true norm "
+          f"{Q3_GRAD_NORM:g} are clipped with clip_grad_norm_(params, {Q3_MAX_NORM}) BEFORE "
+          "scaler.unscale_. What norm does the optimizer then see? A number.", _check_q3,
     hint="Before unscale_, the gradients are the true ones times the scale. Clip that norm to "
          "1.0, then divide by the scale.",
     solution="1.0 / 65536 = 1.53e-05: the scaled norm 32768 is cut to 1.0, then divided by 65536.",
