@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated parts to run, of: {', '.join(PARTS)}")
     args = parser.parse_args(argv)
+    args.started_at = _utc_now()
     parts = args.parts.split(",")
     if not parts or set(parts) - set(PARTS):
         parser.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}")
@@ -230,14 +231,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _part_of(row: dict[str, Any]) -> str:
+    """The --parts name a row belongs to (the recipes part writes rows of part 'training')."""
+    return "recipes" if row.get("part") == "training" else row.get("part", "")
+
+
+def _utc_now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> Path:
+    """Writes this run's rows, keeping the rows of the parts this run does not measure from the
+    file already there (as ``--parts speed`` next to an earlier full run); ``meta.parts_measured_at``
+    says when each part was measured."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    folder = Path(args.out) if args.out is not None else (bench.data_dir() if args.replace else bench.local_dir())
+    now = getattr(args, "started_at", None) or _utc_now()
+    run_parts = set(args.parts.split(","))
+    kept, when = [], {}
+    try:
+        earlier = bench.read_result(folder / f"{name}.json")
+    except (FileNotFoundError, ValueError):
+        earlier = None
+    if earlier is not None and bool(earlier["meta"].get("quick")) == bool(args.quick):
+        kept = [r for r in earlier["rows"] if _part_of(r) not in run_parts]
+        old = earlier["meta"].get("parts_measured_at") or {}
+        when = {r["part"]: old.get(r["part"], earlier["meta"].get("measured_at")) for r in kept}
+    when.update({r["part"]: now for r in rows})
     meta = {"benchmark": "fp8", "protocol": f"GEMM: time_cuda_interleaved rounds={ROUNDS} "
             f"warmup={WARMUP} repeat={REPEAT}; training: median host-clock step after "
             f"{WARMUP_STEPS} warm-up steps (compile included there), synchronized; accumulation: "
             f"normwise error against float64", "quick": args.quick,
-            "scaled_mm": fp8.scaled_mm_available(device)}
-    return bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
+            "scaled_mm": fp8.scaled_mm_available(device), "parts_measured_at": when}
+    return bench.write_result(name, kept + rows, meta=meta, data_dir=folder)
 
 
 if __name__ == "__main__":
