@@ -265,7 +265,8 @@ def input_label(row: dict[str, Any]) -> str:
 def training_label(row: dict[str, Any]) -> str:
     """Returns how a training row's precision is named in tables: the precision, plus the
     optimizer where it is not plain ``sgd`` (``amp-fp16 sgd-fused``)."""
-    opt = row.get("optimizer") or "sgd"
+    opt = row.get("optimizer")
+    opt = opt if isinstance(opt, str) and opt else "sgd"  # rows from before the axis: NaN in a table
     return row.get("precision") if opt == "sgd" else f"{row.get('precision')} {opt}"
 
 

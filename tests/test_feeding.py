@@ -68,6 +68,9 @@ def test_an_optimizer_other_than_sgd_is_a_column_of_its_own():
     assert ("amp-fp16 sgd-fused: the model alone trains at 3300 images/s; the fastest real input, "
             "gpu-decode, reaches 3135 (95% of it)") in summary_lines(FUSED)
     plot_training(FUSED)
+    older = {k: v for k, v in _train("dataloader", "amp-bf16", 1234.0, "gpu").items() if k != "optimizer"}
+    t = training_table(FUSED + [older])  # a row from before the optimizer field counts as sgd
+    assert t.loc["dataloader uint8", "amp-bf16"] == 1234.0 and not any("nan" in str(c) for c in t.columns)
 
 
 def test_speedup_table():
