@@ -190,6 +190,7 @@ def test_wait_shares_take_each_from_the_rank_where_it_shows():
     alone = {k: v for k, v in row.items() if k != "per_rank"}  # no per-rank profile: the row's own
     assert bd.wait_shares(alone) == pytest.approx({"compute_share": 0.7, "exposed_comm_share": 0.01, "idle_share": 0.29})
     assert bd.wait_shares({"per_rank": None}) == {"compute_share": None, "exposed_comm_share": None, "idle_share": None}
+    assert bd.wait_shares({**alone, "per_rank": float("nan")}) == bd.wait_shares(alone)  # a table's missing cell
 
 
 def test_setting_effects_compare_with_the_defaults_of_the_same_kind():

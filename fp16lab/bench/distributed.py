@@ -317,7 +317,9 @@ def wait_shares(row: dict[str, Any]) -> dict[str, float | None]:
     (NCCL running with no compute beside it) and ``idle_share`` (no kernel running) the largest
     over the ranks. Without per-rank profiles, the row's own shares; None where not profiled.
     """
-    ranks = [p for p in (row.get("per_rank") or []) if p.get("span_us")] or [row]
+    per_rank = row.get("per_rank")
+    per_rank = per_rank if isinstance(per_rank, list) else []  # NaN where a table row lacks it
+    ranks = [p for p in per_rank if isinstance(p, dict) and p.get("span_us")] or [row]
     def pick(key: str, f: Any) -> float | None:
         xs = [p.get(key) for p in ranks if p.get(key) is not None]
         return f(xs) if xs else None
