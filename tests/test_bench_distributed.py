@@ -208,6 +208,8 @@ def test_setting_effects_compare_with_the_defaults_of_the_same_kind():
     assert t["setting"].tolist() == ["ddp hook=none bucket=5MB", "ddp hook=bf16 bucket=25MB"]
     assert t["defaults"].tolist() == [0.55, 0.55]  # the median of the two default runs
     assert t["change"].tolist() == pytest.approx([0.25, -0.10])
+    older = [{**r, "optimizer": float("nan")} for r in rows]  # read back from a table without the field
+    assert bd.setting_effects(older)["change"].tolist() == pytest.approx([0.25, -0.10])
 
 
 def pd_isna(x):

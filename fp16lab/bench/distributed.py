@@ -336,7 +336,9 @@ def setting_effects(rows: list[dict[str, Any]]) -> Any:
 
     ok = [r for r in rows if r.get("status") == "ok" and r.get("kind", "fp16lab") == "fp16lab"
           and r.get("gpus", 1) > 1 and r.get("efficiency") is not None]
-    key = lambda r: (r["model"], r["batch"], r["precision"], r.get("optimizer", "sgd"))  # noqa: E731
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        opt = r.get("optimizer")
+        return r["model"], r["batch"], r["precision"], opt if isinstance(opt, str) else "sgd"  # NaN: older rows
     defaults: dict[Any, list[float]] = {}
     for r in ok:
         if setting(r) == "ddp hook=none bucket=25MB":
