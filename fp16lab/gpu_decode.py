@@ -117,7 +117,8 @@ def gpu_decode_pipeline(
         s: InputSettings, root: Path, device: str, *,
         decode: Callable[[list[torch.Tensor], list[Path], str], list[torch.Tensor]] = decode_batch,
         cpu_decode: Callable[[torch.Tensor, Path], torch.Tensor] = decode_on_cpu,
-        producers: int = GPU_DECODE_PRODUCERS, depth: int = GPU_DECODE_DEPTH) -> InputPipeline:
+        producers: int = GPU_DECODE_PRODUCERS, depth: int = GPU_DECODE_DEPTH,
+        decoder: str = "nvJPEG (torchvision.io.decode_jpeg)") -> InputPipeline:
     """Returns the gpu-decode :class:`InputPipeline` of ``s`` over the image folder ``root``
     (use :func:`fp16lab.inputs.make_input`, which checks the settings and folder first).
 
@@ -130,7 +131,8 @@ def gpu_decode_pipeline(
     last share of each batch's files is decoded by ``cpu_decode`` in the reader threads while
     nvJPEG decodes the rest, and copied over (more decoders at work when nvJPEG is what caps
     the rate). ``decode`` and ``cpu_decode`` turn bytes into pictures (tests on a CPU swap in
-    PIL). The pipeline's ``stage_seconds()`` adds up, over threads,
+    PIL; the hw-decode backend passes nvImageCodec's hardware decoder, :mod:`fp16lab.hw_decode`),
+    and ``decoder`` names ``decode`` in the pipeline's ``implementation``. The pipeline's ``stage_seconds()`` adds up, over threads,
     the host seconds spent waiting for the reads, in the decode call (which returns when the
     batch is decoded, and includes waiting while the other thread's batch is: torchvision
     decodes one batch at a time), waiting after it for the CPU's share, and in the augmentation
@@ -215,6 +217,6 @@ def gpu_decode_pipeline(
             reader.shutdown(wait=True, cancel_futures=True)
 
     cpu_part = f", {s.cpu_decode_share:.0%} decoded on the CPU" if s.cpu_decode_share else ""
-    return InputPipeline(s, device, f"nvJPEG (torchvision.io.decode_jpeg){cpu_part}, {producers} "
+    return InputPipeline(s, device, f"{decoder}{cpu_part}, {producers} "
                          f"producer threads on side streams, {workers} reader threads",
                          forever(), close, lambda: dict(stages))
