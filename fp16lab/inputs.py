@@ -1,6 +1,6 @@
 """Input pipelines behind one interface: where a training batch comes from, and what it costs.
 
-Four backends (``BACKENDS``) each yield ``(images, labels)`` batches on the training device,
+Five backends (``BACKENDS``) each yield ``(images, labels)`` batches on the training device,
 images float32 (N, 3, size, size) normalised by ImageNet's mean and std, labels int64:
 
 - ``synthetic``: one random batch made on the device once and returned every time. Free; the
@@ -16,6 +16,10 @@ images float32 (N, 3, size, size) normalised by ImageNet's mean and std, labels 
   (``torchvision.io.decode_jpeg(device="cuda")``) and the crop, flip and normalisation run
   there as tensor operations; two producer threads each make whole batches, handed over in
   order (:mod:`fp16lab.gpu_decode`).
+- ``hw-decode``: gpu-decode's pipeline with the JPEGs decoded by the GPU's hardware JPEG
+  engines (NVJPG, on A100, H100, H200 and later) through NVIDIA nvImageCodec, leaving the SMs
+  to training; nvImageCodec's ``HW_GPU_ONLY`` backend alone, never a fall-back to the SMs or
+  the CPU (:mod:`fp16lab.hw_decode`).
 - ``dali``: an NVIDIA DALI pipeline (decoding with nvJPEG, augmentation on the GPU), where the
   ``nvidia-dali`` package imports; elsewhere :func:`unavailable_reason` says why not.
 
@@ -44,6 +48,8 @@ BACKENDS = {
     "synthetic": "one random batch made on the device once (no files, no decoding)",
     "dataloader": "DataLoader: decode, crop, flip, normalise on CPU worker processes, copy to GPU",
     "gpu-decode": "bytes read on the CPU, nvJPEG decode and augmentation on the GPU",
+    "hw-decode": "bytes read on the CPU, decode on the GPU's hardware JPEG engines "
+                 "(nvImageCodec), augmentation on the GPU",
     "dali": "NVIDIA DALI: nvJPEG decode and augmentation on the GPU in DALI's own pipeline",
 }
 
@@ -73,7 +79,8 @@ class InputSettings:
     Attributes:
         backend: one of ``BACKENDS``.
         batch: images per batch. image_size: side of the square crops.
-        num_workers: worker processes (dataloader), reader/decoder threads (gpu-decode, dali);
+        num_workers: worker processes (dataloader), reader/decoder threads (gpu-decode,
+            hw-decode, dali);
             None means :func:`default_workers`.
         pin_memory, non_blocking: dataloader only: page-locked batches; an asynchronous copy
             (and normalisation) one batch ahead on a side stream, instead of on the training
@@ -116,6 +123,10 @@ def unavailable_reason(backend: str, device: str) -> str | None:
             from torchvision.io import decode_jpeg  # noqa: F401
         except ImportError:
             return "gpu-decode needs torchvision (torchvision.io.decode_jpeg); it is not installed"
+    if backend == "hw-decode":
+        from .hw_decode import hw_decode_unavailable
+
+        return hw_decode_unavailable(device)
     if backend == "dali":
         if not cuda:
             return "dali runs its GPU pipeline on a CUDA GPU; the device here is " + str(device)
@@ -139,7 +150,7 @@ def _check(settings: InputSettings, root: str | Path | None, device: str) -> Non
     w = s.num_workers
     if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
         problems.append(f"num_workers must be None (75% of the cores) or an integer >= 0, got {w!r}")
-    if w == 0 and s.backend in ("gpu-decode", "dali"):
+    if w == 0 and s.backend in ("gpu-decode", "hw-decode", "dali"):
         problems.append(f"{s.backend} needs num_workers >= 1 (its reader threads), got 0")
     for name in ("pin_memory", "non_blocking", "channels_last"):
         if not isinstance(getattr(s, name), bool):
@@ -185,7 +196,7 @@ class InputPipeline:
 
     def stage_seconds(self) -> dict[str, float]:
         """Returns the host seconds spent so far in each stage of making batches, with the
-        batch count (``batches``), for backends that keep them (gpu-decode); else {}."""
+        batch count (``batches``), for backends that keep them (gpu-decode, hw-decode); else {}."""
         return self._stages()
 
     def __iter__(self) -> "InputPipeline":
@@ -225,6 +236,10 @@ def make_input(settings: InputSettings, root: str | Path | None = None, *,
         from .gpu_decode import gpu_decode_pipeline  # it builds on this module's types
 
         return gpu_decode_pipeline(settings, Path(root), device)
+    if settings.backend == "hw-decode":
+        from .hw_decode import hw_decode_pipeline
+
+        return hw_decode_pipeline(settings, Path(root), device)
     return _dali(settings, Path(root), device)
 
 

@@ -265,6 +265,167 @@ def test_gpu_decode_close_leaves_no_threads(folder, corrupt):
     assert _gpu_decode_threads() == []
 
 
+# ------------------------------------------- hw-decode, with a PIL stand-in for nvImageCodec
+
+
+class _FakeNvImgCodec:
+    """The part of ``nvidia.nvimgcodec`` that hw-decode uses, decoding with PIL on the CPU.
+
+    ``Decoder.decode`` returns, like nvImageCodec's, one object per code stream (None where it
+    cannot decode) exposing an (H, W, 3) uint8 buffer through DLPack, with rows padded (a
+    strided view) as nvImageCodec's may be. It records each Decoder's backends and calls."""
+
+    class BackendKind:
+        HW_GPU_ONLY, GPU_ONLY = "HW_GPU_ONLY", "GPU_ONLY"
+
+    class ColorSpec:
+        SRGB = "SRGB"
+
+    class SampleFormat:
+        I_RGB, P_RGB = "I_RGB", "P_RGB"
+
+    class Backend:
+        def __init__(self, kind):
+            self.backend_kind = kind
+
+    class DecodeParams:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    class CodeStream:
+        def __init__(self, array):
+            self.data = np.asarray(array, dtype=np.uint8).tobytes()
+
+    def __init__(self):
+        self.decoders, self.calls = [], []
+        fake = self
+
+        class Decoder:
+            def __init__(self, device_id, backends):
+                self.device_id, self.backends = device_id, backends
+                fake.decoders.append(self)
+
+            def decode(self, streams, params=None, cuda_stream=0):
+                fake.calls.append((threading.current_thread().name, len(streams), params.kw))
+                return [fake.picture(cs.data) for cs in streams]
+
+        self.Decoder = Decoder
+
+    @staticmethod
+    def picture(data):
+        import io
+        try:
+            rgb = np.array(Image.open(io.BytesIO(data)).convert("RGB"))
+        except Exception:
+            return None
+        padded = np.zeros((rgb.shape[0], rgb.shape[1] + 5, 3), np.uint8)  # rows padded
+        padded[:, :rgb.shape[1]] = rgb
+        return padded[:, :rgb.shape[1]]
+
+
+@pytest.fixture
+def fake_nvimgcodec(monkeypatch):
+    from fp16lab import hw_decode
+
+    fake = _FakeNvImgCodec()
+    monkeypatch.setattr(hw_decode, "nvimgcodec", lambda: fake)
+    return fake
+
+
+def test_hw_decode_plumbing_with_a_pil_decoder_equals_the_per_picture_augmentation(
+        folder, fake_nvimgcodec):
+    """hw-decode's batches with PIL standing in for the hardware decoder: equal to the
+    gpu-decode pipeline fed the same pictures (the shared crop, flip and normalisation), and
+    to torch's per-picture augmentation of the files; one HW_GPU_ONLY Decoder per producer
+    thread, asked for interleaved RGB without EXIF rotation."""
+    from fp16lab.hw_decode import HW_DECODER, hw_decode_pipeline
+
+    s = InputSettings("hw-decode", batch=8, image_size=24, num_workers=2, seed=6)
+    with hw_decode_pipeline(s, folder, "cpu", producers=2, depth=3) as p:
+        batches = [next(p) for _ in range(4)]
+        assert p.implementation.startswith(HW_DECODER) and "2 reader threads" in p.implementation
+    given = []
+
+    def decode(blobs, paths, device):
+        given.append(list(paths))
+        return _pil_decode(blobs, paths, device)
+
+    with gpu_decode_pipeline(replace(s, backend="gpu-decode"), folder, "cpu", decode=decode,
+                             producers=1, depth=1) as p:
+        same = [next(p) for _ in range(4)]
+    for (x, y), (x0, y0) in zip(batches, same):
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+    for k, (x, y) in enumerate(batches):
+        pics = [torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
+                for f in given[k]]
+        crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
+                                  batch_generator(s.seed, k))
+        ref = normalize(torch.stack([augment_tensor(q, 24, tuple(c), bool(f))
+                                     for q, c, f in zip(pics, crops, flips)]))
+        torch.testing.assert_close(x, ref, rtol=0, atol=5e-4)
+    fake = fake_nvimgcodec
+    assert 1 <= len(fake.decoders) <= 2  # one per producer thread that decoded
+    assert all([b.backend_kind for b in d.backends] == ["HW_GPU_ONLY"] for d in fake.decoders)
+    assert all(n == 8 and kw == dict(apply_exif_orientation=False, color_spec="SRGB",
+                                     sample_format="I_RGB") for _, n, kw in fake.calls)
+    assert len({name for name, _, _ in fake.calls}) == len(fake.decoders)
+
+
+def test_hw_decode_names_a_file_it_cannot_decode(folder, corrupt, fake_nvimgcodec, tmp_path):
+    """A file that passes the readers' marker check but does not decode is named: as corrupt
+    where PIL cannot decode it either, as unsupported by the hardware (no fall-back) where it
+    can."""
+    from fp16lab.hw_decode import HwDecoder, hw_decode_pipeline
+
+    root, victim = corrupt
+    victim.write_bytes(b"\xff\xd8\xff\xd9")  # start and end markers, no picture
+    s = InputSettings("hw-decode", batch=8, image_size=16, num_workers=2)
+    with hw_decode_pipeline(s, root, "cpu") as p, \
+            pytest.raises(CorruptImageError, match=f"cannot decode image file {victim}"):
+        next(p)
+    assert _gpu_decode_threads() == []
+    good = sorted(folder.rglob("*.jpg"))[0]
+    blob = torch.frombuffer(bytearray(good.read_bytes()), dtype=torch.uint8)
+    fake_nvimgcodec.picture = lambda data: None  # the hardware refuses a file PIL decodes
+    with pytest.raises(RuntimeError, match=f"hardware JPEG decoder cannot decode image file {good}"):
+        HwDecoder()([blob], [good], "cpu")
+
+
+def test_hw_decode_unavailable_reasons(monkeypatch):
+    from fp16lab import hw_decode
+
+    assert "CUDA GPU" in unavailable_reason("hw-decode", "cpu")
+
+    def missing():
+        raise ImportError("No module named 'nvidia.nvimgcodec'")
+
+    monkeypatch.setattr(hw_decode, "nvimgcodec", missing)
+    reason = hw_decode.hw_decode_unavailable("cuda")
+    assert "nvidia-nvimgcodec-cu13" in reason and "nvidia-nvimgcodec-cu12" in reason
+
+
+def test_hw_decode_probe_says_when_the_gpu_has_no_jpeg_engines(monkeypatch, fake_nvimgcodec):
+    """The probe decodes one small JPEG on the hardware backend: a GPU without the engines
+    (the backend decodes nothing) or a decoder that fails to start is named as the reason."""
+    from fp16lab import hw_decode
+
+    monkeypatch.setattr(hw_decode, "_hw_probe", hw_decode._hw_probe.__wrapped__)  # no cache
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "GeForce RTX 4090")
+    assert hw_decode.hw_decode_unavailable("cuda:0") is None  # PIL decodes the probe
+    fake_nvimgcodec.picture = lambda data: None
+    reason = hw_decode.hw_decode_unavailable("cuda:0")
+    assert "RTX 4090" in reason and "no hardware JPEG decoder" in reason
+
+    def broken(device_index):
+        raise RuntimeError("nvjpegCreateEx failed")
+
+    monkeypatch.setattr(hw_decode, "new_decoder", broken)
+    assert "failed to start on GPU 0: RuntimeError: nvjpegCreateEx failed" in \
+        hw_decode.hw_decode_unavailable("cuda:0")
+
+
 @pytest.mark.parametrize("change, error, match", [
     (dict(backend="dvd"), ValueError, "backend must be one of synthetic, dataloader"),
     (dict(batch=0), ValueError, "batch must be an integer >= 1"),
@@ -274,6 +435,8 @@ def test_gpu_decode_close_leaves_no_threads(folder, corrupt):
     (dict(batch=17), ValueError, "has 16 images, fewer than one batch of 17"),
     (dict(backend="gpu-decode"), RuntimeError, "gpu-decode decodes with nvJPEG on a CUDA GPU"),
     (dict(backend="dali", num_workers=0), ValueError, "dali needs num_workers >= 1"),
+    (dict(backend="hw-decode", num_workers=0), ValueError, "hw-decode needs num_workers >= 1"),
+    (dict(backend="hw-decode"), RuntimeError, "hw-decode decodes on the hardware JPEG engines"),
     (dict(backend="gpu-decode", cpu_decode_share=1.0), ValueError, r"cpu_decode_share must be a number in \[0, 1\)"),
     (dict(backend="gpu-decode", cpu_decode_share="half"), ValueError, "cpu_decode_share must be a number"),
     (dict(cpu_decode_share=0.25), ValueError, "cpu_decode_share applies to the gpu-decode backend only"),
@@ -328,11 +491,11 @@ def test_a_sweep_records_error_and_goes_on(corrupt, folder):
 
 def test_unavailable_reasons():
     assert unavailable_reason("synthetic", "cpu") is None and unavailable_reason("dataloader", "cpu") is None
-    for b in ("gpu-decode", "dali"):
+    for b in ("gpu-decode", "hw-decode", "dali"):
         assert "CUDA GPU" in unavailable_reason(b, "cpu")
     with pytest.raises(ValueError, match="unknown input backend"):
         unavailable_reason("tape", "cpu")
-    assert set(BACKENDS) == {"synthetic", "dataloader", "gpu-decode", "dali"}
+    assert set(BACKENDS) == {"synthetic", "dataloader", "gpu-decode", "hw-decode", "dali"}
 
 
 def test_train_step_fp32_is_one_sgd_step_with_momentum():

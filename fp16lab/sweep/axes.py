@@ -119,7 +119,7 @@ def check_input_axis(input: str, *, model: str, device: str, images_dir: Any,
            f"num_workers must be None (75% of the cores) or an integer >= {low} for input "
            f"{input!r}, got {w!r}")
     kept.update(num_workers=w, images_dir=str(images_dir))
-    if input != "dataloader":  # gpu-decode and dali copy and normalise on the GPU themselves
+    if input != "dataloader":  # gpu-decode, hw-decode and dali normalise on the GPU themselves
         return kept
     for name, value in (("pin_memory", pin_memory), ("non_blocking", non_blocking)):
         value = True if value is None else value
