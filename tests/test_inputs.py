@@ -1,7 +1,8 @@
 """Input backends end to end on small data sets, their checks, and the loader and training meters.
 
 GPU tests (marker ``gpu``): nvJPEG decoding against PIL's libjpeg decoding of the same files,
-and every backend feeding real training steps. The decode comparison is made in YCbCr (the
+the hardware JPEG engines (hw-decode) against nvJPEG, and every backend feeding real training
+steps. The decode comparison is made in YCbCr (the
 JFIF colour space a JPEG is coded in), because the JPEG standard (ITU-T T.81) and JFIF fix the
 inverse DCT's accuracy and the colour conversion, but not how a decoder upsamples the 4:2:0
 chroma planes (libjpeg interpolates, others repeat samples):
@@ -714,6 +715,96 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
     diff = ((x.cpu() - ref).abs() * std255)
     _record("gpu_decode_vs_per_picture_augmentation", {"max": float(diff.max()), "mean": float(diff.mean())})
     assert float(diff.max()) <= 0.5, float(diff.max())
+
+
+def _hw_decode_ready():
+    pytest.importorskip("torchvision", reason="the comparison decodes with nvJPEG (torchvision)")
+    pytest.importorskip("nvidia.nvimgcodec", reason="hw-decode needs nvImageCodec (pip install "
+                        "nvidia-nvimgcodec-cu13, or -cu12 for CUDA 12)")
+    reason = unavailable_reason("hw-decode", "cuda")
+    assert reason is None, reason  # these tests are for GPUs with JPEG engines (A100, H100, H200)
+
+
+@pytest.mark.gpu
+def test_hw_decode_matches_nvjpeg_and_names_a_corrupt_file(tmp_path):
+    """The hardware engines against nvJPEG's CUDA decoder on the same files, by the decode
+    check of the module docstring (any two JPEG decoders: luma within rounding and the IDCT's
+    +-1, chroma within its upsampling envelope), and within the IDCT's and rounding's 4 levels
+    (mean 0.5) where there is no chroma subsampling; then a corrupt file is named."""
+    _hw_decode_ready()
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from fp16lab.hw_decode import HwDecoder
+
+    info = make_image_folder(tmp_path / "imgs", images=16, classes=2, workers=4)
+    full = []
+    for i in range(6):
+        p = tmp_path / f"full_{i}.jpg"
+        Image.fromarray(synthetic_photo(9, i)).save(p, format="JPEG", quality=90, subsampling=0)
+        full.append(p)
+    stats = {}
+    for name, paths in (("4:2:0", sorted(info.root.rglob("*.jpg"))), ("4:4:4", full)):
+        blobs = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
+        hw = HwDecoder()(blobs, paths, "cuda")
+        ref = decode_jpeg(blobs, mode=ImageReadMode.RGB, device="cuda")
+        torch.cuda.synchronize()
+        for h, r in zip(hw, ref):
+            assert h.is_cuda and h.dtype == torch.uint8 and h.shape == r.shape
+        stats[name] = [_decode_agreement(r.cpu(), h.cpu()) for h, r in zip(hw, ref)]
+    _record("hw_decode_vs_nvjpeg", stats)
+    assert max(d["rgb_max"] for d in stats["4:4:4"]) <= 4, stats["4:4:4"]
+    assert max(d["rgb_mean"] for d in stats["4:4:4"]) <= 0.5, stats["4:4:4"]
+    bad = [(i, d) for i, d in enumerate(stats["4:2:0"] + stats["4:4:4"]) if not _same_picture(d)]
+    assert not bad, f"decodes that differ beyond chroma upsampling: {bad}"
+    victim = tmp_path / "empty.jpg"
+    victim.write_bytes(b"\xff\xd8\xff\xd9")
+    blob = torch.frombuffer(bytearray(victim.read_bytes()), dtype=torch.uint8)
+    with pytest.raises(CorruptImageError, match=f"cannot decode image file {victim}"):
+        HwDecoder()([blobs[0], blob], [paths[0], victim], "cuda")
+
+
+@pytest.mark.gpu
+def test_hw_decode_batches_equal_gpu_decode_batches_within_the_decoders_difference(folder):
+    """hw-decode and gpu-decode batches of the same files and seed: the same crops and flips of
+    pictures that differ by at most D, the largest RGB difference of the two decoders over the
+    folder's files; the antialiased bilinear resample is a convex combination of pixels
+    (weights >= 0, summing to 1), so a batch pixel differs by at most D, plus 0.5 for each
+    fp16 resample: at most D + 1 levels on the 0-255 scale; labels equal."""
+    _hw_decode_ready()
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    from fp16lab.hw_decode import HwDecoder
+
+    paths = sorted(folder.rglob("*.jpg"))
+    blobs = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in paths]
+    hw = HwDecoder()(blobs, paths, "cuda")
+    ref = decode_jpeg(blobs, mode=ImageReadMode.RGB, device="cuda")
+    d = max(float((h.int() - r.int()).abs().max()) for h, r in zip(hw, ref))
+    out = {}
+    for backend in ("hw-decode", "gpu-decode"):
+        s = InputSettings(backend, batch=8, image_size=32, num_workers=2, seed=3)
+        with make_input(s, folder, device="cuda") as p:
+            out[backend] = [tuple(t.cpu() for t in next(p)) for _ in range(3)]
+            if backend == "hw-decode":
+                assert p.implementation.startswith("nvImageCodec hardware JPEG decoder")
+    std255 = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
+    diffs = [float(((x - x0).abs() * std255).max())
+             for (x, _), (x0, _) in zip(out["hw-decode"], out["gpu-decode"])]
+    _record("hw_decode_vs_gpu_decode_batches", {"decode_max": d, "batch_max": diffs})
+    assert max(diffs) <= d + 1.0, (diffs, d)
+    for (_, y), (_, y0) in zip(out["hw-decode"], out["gpu-decode"]):
+        assert torch.equal(y, y0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["sgd", "sgd-fused"])
+def test_hw_decode_feeds_amp_training_on_the_gpu(folder, optimizer):
+    _hw_decode_ready()
+    s = InputSettings("hw-decode", batch=8, image_size=64, num_workers=2)
+    row = measure_training("small_cnn", "amp-fp16", s, folder, device="cuda", warmup=1, steps=3,
+                           optimizer=optimizer)
+    assert row["status"] == "ok", row["error"]
+    assert row["images_per_s"] > 0 and row["implementation"].startswith("nvImageCodec")
 
 
 @pytest.mark.gpu
