@@ -8,11 +8,12 @@ import pytest
 
 from fp16lab.bench import input_pipeline as bench
 
-WANTED = ["loader synthetic", "loader gpu-decode", "loader dataloader 12 workers",
-          "loader dataloader uint8"] + [
+WANTED = ["loader synthetic", "loader gpu-decode", "loader hw-decode",
+          "loader dataloader 12 workers", "loader dataloader uint8"] + [
     f"train {p} {b}" for p in ("amp-fp16", "amp-bf16")
     for b in ("synthetic", "gpu-decode", "dataloader", "dataloader uint8")] + [
-    f"train amp-fp16 {b} sgd-fused" for b in ("synthetic", "gpu-decode", "dataloader", "dataloader uint8")]
+    f"train amp-fp16 {b} sgd-fused" for b in ("synthetic", "gpu-decode", "dataloader", "dataloader uint8")] + [
+    "train amp-fp16 hw-decode sgd-fused", "train amp-fp16 hw-decode", "train amp-bf16 hw-decode"]
 
 
 @pytest.fixture
@@ -35,8 +36,8 @@ def _args(quick=False):
 
 def test_the_wanted_rows_come_first_then_hybrid_dali_fp32_and_the_worker_sweep(calls):
     labels = [label for label, _ in bench.plan(_args(), "cuda")]
-    assert labels[:16] == WANTED
-    assert labels[16:] == ["loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
+    assert labels[:20] == WANTED
+    assert labels[20:] == ["loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
                            "train amp-bf16 gpu-decode + 25% CPU", "loader dali", "train amp-fp16 dali", "train amp-bf16 dali",
                            "train fp32 synthetic", "train fp32 gpu-decode", "train fp32 dataloader",
                            "train fp32 dali", "loader dataloader 4 workers",
@@ -52,6 +53,9 @@ def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):
         uint8 = "uint8" in label
         assert (s.normalize_on == "gpu") == uint8, label
         assert s.cpu_decode_share == (0.25 if "25% CPU" in label else 0.0), label
+        want = next(b for b in ("synthetic", "gpu-decode", "hw-decode", "dataloader", "dali")
+                    if b in label)
+        assert s.backend == want, label
         assert s.batch == 256 and s.image_size == 224
         if label == "loader synthetic":
             assert kw.get("min_seconds", 0.0) == 0.0 and kw["steps"] == 12

@@ -3,7 +3,8 @@
 One run measures, on a JPEG data set made by ``fp16lab.data.make_image_folder`` (500x375,
 quality 90, about 105 kB a file):
 
-1. **loader only**: images/s of each input backend (``fp16lab.inputs.BACKENDS``) with no
+1. **loader only**: images/s of each input backend (``fp16lab.inputs.BACKENDS``; hw-decode
+   skipped with the reason where nvImageCodec or the GPU's JPEG engines are missing) with no
    training, and the CPU its processes and threads used; the ``dataloader`` backend at 25%, 50%,
    75% and 100% of the cores as workers (the "75% of cores" rule checked), and once with uint8
    batches normalised on the GPU; ``gpu-decode`` also with a quarter of each batch decoded on
@@ -16,8 +17,8 @@ Protocol (the same in ``fp16lab.feeding`` and notebook 07): ``cudnn.benchmark`` 
 batches or steps first (workers + 2 of them, so that the first wave of batches the workers
 finish together is used up); then at least 12 batches or 20 steps and at least
 ``MIN_SECONDS`` (5 s), timed on the host clock between two ``torch.cuda.synchronize()`` calls.
-The gpu-decode rows also record the host milliseconds per batch its producer threads spent
-reading, decoding and augmenting. Ratios are taken within this one run.
+The gpu-decode and hw-decode rows also record the host milliseconds per batch their producer
+threads spent reading, decoding and augmenting. Ratios are taken within this one run.
 
 A row that cannot run here is recorded as ``skipped`` with the reason (e.g. DALI not installed),
 one that fails as ``error`` with the message; rows are written to the result file as they are
@@ -79,7 +80,8 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     with float32 batches normalised on the CPU and with uint8 batches normalised on the GPU),
     then training fed by synthetic, gpu-decode, dataloader and dataloader uint8 input in
     amp-fp16 and amp-bf16, and in amp-fp16 with the fused SGD (GradScaler's step without a
-    host sync); then gpu-decode with ``HYBRID_SHARE`` of each batch decoded on the
+    host sync); then training fed by hw-decode (the GPU's hardware JPEG engines; its loader
+    row follows gpu-decode's) with the fused SGD, and in amp-fp16 and amp-bf16; then gpu-decode with ``HYBRID_SHARE`` of each batch decoded on the
     CPU (alone, and feeding both AMP precisions); then DALI (skipped at once where it is not installed); then fp32
     (its first step pays about a minute of cuDNN's algorithm search on an H200); then the
     worker sweep (the "75% of cores" rule). What the budget leaves out is recorded as skipped.
@@ -115,6 +117,7 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
 
     rows = [("loader synthetic", loader("synthetic", rule)),
             ("loader gpu-decode", loader("gpu-decode", rule)),
+            ("loader hw-decode", loader("hw-decode", rule)),
             (f"loader dataloader {rule} workers", loader("dataloader", rule)),
             ("loader dataloader uint8", loader("dataloader", rule, "gpu"))]
     for precision in ("amp-fp16", "amp-bf16"):
@@ -123,6 +126,12 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     # step, which keeps the host from queueing the next batch's work while the GPU trains
     rows += [(f"train amp-fp16 {label(b, n)} sgd-fused", train("amp-fp16", b, n, optimizer="sgd-fused"))
              for b, n in inputs]
+    # issue #14: decoding on the GPU's hardware JPEG engines leaves the SMs to training
+    # (gpu-decode's nvJPEG kernels share them: 82% of synthetic with fused SGD on an H200)
+    rows += [("train amp-fp16 hw-decode sgd-fused",
+              train("amp-fp16", "hw-decode", optimizer="sgd-fused")),
+             ("train amp-fp16 hw-decode", train("amp-fp16", "hw-decode")),
+             ("train amp-bf16 hw-decode", train("amp-bf16", "hw-decode"))]
     hybrid = f"gpu-decode + {HYBRID_SHARE:.0%} CPU"
     rows += [(f"loader {hybrid}", loader("gpu-decode", rule, cpu_share=HYBRID_SHARE))]
     rows += [(f"train {p} {hybrid}", train(p, "gpu-decode", cpu_share=HYBRID_SHARE))
