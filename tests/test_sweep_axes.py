@@ -40,11 +40,14 @@ def images(tmp_path_factory):
     (dict(executions=("compile",), compile_modes=("reduce-overhead",)), ["reduce-overhead",
                                                                          "CUDA"]),
     (dict(executions=("compile",), precisions=("fp16-o2",)), ["fp16-o2"]),
-    (dict(inputs=("ffcv",)), ["unknown input 'ffcv'", "synthetic, dataloader, gpu-decode, dali"]),
+    (dict(inputs=("ffcv",)), ["unknown input 'ffcv'",
+                                     "synthetic, dataloader, gpu-decode, hw-decode, dali"]),
     (dict(inputs=("dataloader",), images_dir="x"), ["'mlp' takes no images"]),
     (dict(models=("small_cnn",), inputs=("dataloader",)), ["give images_dir"]),
     (dict(models=("small_cnn",), inputs=("gpu-decode",), images_dir="x"), ["cannot run here",
                                                                            "CUDA"]),
+    (dict(models=("small_cnn",), inputs=("hw-decode",), images_dir="x"), ["cannot run here",
+                                                                          "hardware JPEG"]),
     (dict(models=("small_cnn",), inputs=("dataloader",), images_dir="x", num_workers=(-1,)),
      ["num_workers", ">= 0"]),
     (dict(gpus=(2,)), ["gpus=2", "allowed here: 1"]),
@@ -313,7 +316,7 @@ def test_panel_offers_the_axes_and_refuses_an_input_that_cannot_run_here():
     assert list(panel.gpus.options) == [1]
     labels = dict((value, label) for label, value in panel.inputs.options)
     assert labels["synthetic"] == "synthetic" and labels["dataloader"] == "dataloader"
-    assert "unavailable" in labels["gpu-decode"] and "unavailable" in labels["dali"]
+    assert all("unavailable" in labels[b] for b in ("gpu-decode", "hw-decode", "dali"))
     panel.model.value = "small_cnn"
     panel.inputs.value = ("gpu-decode",)
     assert panel.run() is False and "cannot run here" in panel.error
@@ -353,7 +356,8 @@ def test_gpu_execution_modes_each_give_an_ok_row():
 def test_gpu_inputs_feed_training(images):
     from fp16lab.inputs import unavailable_reason
 
-    inputs = tuple(b for b in ("dataloader", "gpu-decode") if unavailable_reason(b, "cuda") is None)
+    inputs = tuple(b for b in ("dataloader", "gpu-decode", "hw-decode")
+                   if unavailable_reason(b, "cuda") is None)
     df = sweep.run_sweep(gpu_spec(models=("small_cnn",), layouts=("channels_last",),
                                   inputs=("synthetic", *inputs), num_workers=(2,),
                                   images_dir=images))
@@ -388,3 +392,20 @@ def test_gpus_two_ranks_give_a_row_with_both_gpus_samples():
     two = df[df["gpus"] == 2].iloc[0]
     assert len(json.loads(two["per_rank"])) == 2
     assert two["samples_per_s"] == pytest.approx(2 * 64 / (two["step_ms_median"] / 1e3))
+
+
+def test_hw_decode_is_an_input_like_gpu_decode_where_it_can_run(monkeypatch):
+    """Where hw-decode can run (here pretended), the input axis keeps its reader threads and
+    drops the dataloader-only settings, as for gpu-decode; 0 reader threads are refused."""
+    from fp16lab import inputs
+    from fp16lab.sweep.axes import check_input_axis
+
+    monkeypatch.setattr(inputs, "unavailable_reason", lambda backend, device: None)
+    kw = dict(model="small_cnn", device="cuda", images_dir="imgs", pin_memory=False,
+              non_blocking=None, normalize_on="gpu")
+    for backend in ("gpu-decode", "hw-decode"):
+        kept = check_input_axis(backend, num_workers=3, **kw)
+        assert kept == dict(num_workers=3, pin_memory=None, non_blocking=None,
+                            normalize_on=None, images_dir="imgs"), backend
+        with pytest.raises(ValueError, match=">= 1"):
+            check_input_axis(backend, num_workers=0, **kw)
