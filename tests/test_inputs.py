@@ -139,6 +139,15 @@ def test_dataloader_runs_epochs_back_to_back(folder):
         assert sorted(ys[16 * e:16 * (e + 1)]) == sorted(list(range(4)) * 4)
 
 
+def _per_picture_reference(files, seed, k):
+    """Batch k of files, augmented one picture at a time with PIL pixels (the oracle)."""
+    pics = [torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1) for f in files]
+    crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
+                              batch_generator(seed, k))
+    return normalize(torch.stack([augment_tensor(q, 24, tuple(c), bool(f))
+                                  for q, c, f in zip(pics, crops, flips)]))
+
+
 def _pil_decode(blobs, paths, device):
     import io
     return [torch.from_numpy(np.array(load_rgb(io.BytesIO(b.numpy().tobytes())))).permute(2, 0, 1)
@@ -236,14 +245,8 @@ def test_gpu_decode_batch_is_the_per_picture_augmentation_of_its_files(folder):
         batches = [next(p) for _ in range(4)]
     classes = sorted(d.name for d in folder.iterdir() if d.is_dir())
     for k, (x, y) in enumerate(batches):
-        pics = [torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
-                for f in given[k]]
-        crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
-                                  batch_generator(s.seed, k))
-        ref = normalize(torch.stack([augment_tensor(q, 24, tuple(c), bool(f))
-                                     for q, c, f in zip(pics, crops, flips)]))
         assert x.is_contiguous(memory_format=torch.channels_last)
-        torch.testing.assert_close(x, ref, rtol=0, atol=5e-4)
+        torch.testing.assert_close(x, _per_picture_reference(given[k], s.seed, k), rtol=0, atol=5e-4)
         assert y.tolist() == [classes.index(f.parent.name) for f in given[k]]
     epochs = [given[0] + given[1], given[2] + given[3]]
     assert all(len(set(e)) == 16 for e in epochs)  # every file once per epoch
@@ -357,13 +360,7 @@ def test_hw_decode_plumbing_with_a_pil_decoder_equals_the_per_picture_augmentati
     for (x, y), (x0, y0) in zip(batches, same):
         assert torch.equal(x, x0) and torch.equal(y, y0)
     for k, (x, y) in enumerate(batches):
-        pics = [torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1)
-                for f in given[k]]
-        crops, flips = draw_crops([q.shape[1] for q in pics], [q.shape[2] for q in pics],
-                                  batch_generator(s.seed, k))
-        ref = normalize(torch.stack([augment_tensor(q, 24, tuple(c), bool(f))
-                                     for q, c, f in zip(pics, crops, flips)]))
-        torch.testing.assert_close(x, ref, rtol=0, atol=5e-4)
+        torch.testing.assert_close(x, _per_picture_reference(given[k], s.seed, k), rtol=0, atol=5e-4)
     fake = fake_nvimgcodec
     assert 1 <= len(fake.decoders) <= 2  # one per producer thread that decoded
     assert all([b.backend_kind for b in d.backends] == ["HW_GPU_ONLY"] for d in fake.decoders)
