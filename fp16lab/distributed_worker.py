@@ -224,17 +224,9 @@ def _timed_ms(step: Callable[[], Any], steps: int, device: torch.device) -> list
 
 def _profiled(step: Callable[[], Any], steps: int, device: torch.device) -> dict[str, float]:
     """Returns :func:`comm_overlap` of ``steps`` steps read from torch.profiler's GPU kernels."""
-    from torch.profiler import ProfilerActivity
+    from fp16lab.profile import gpu_kernels
 
-    from fp16lab.profile import torch_profiler
-
-    _sync(device)
-    with torch_profiler([ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        _sync(device)
-    kernels = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
-               if "CUDA" in str(getattr(e, "device_type", ""))]
+    kernels = gpu_kernels(step, steps, lambda: _sync(device))
     return {**comm_overlap(kernels, steps=steps), "profiled_kernels": len(kernels)}
 
 

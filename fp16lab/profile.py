@@ -314,6 +314,21 @@ def torch_profiler(activities: list[Any]) -> Iterator[Any]:
             yield prof
 
 
+def gpu_kernels(step: Callable[[], Any], steps: int,
+                sync: Callable[[], Any]) -> list[tuple[str, float, float]]:
+    """Returns every GPU kernel of ``steps`` calls of ``step``, recorded by :func:`torch_profiler`,
+    as ``(name, start_us, end_us)``; ``sync`` waits for the device, before and after the calls."""
+    from torch.profiler import ProfilerActivity
+
+    sync()
+    with torch_profiler([ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+            if "CUDA" in str(getattr(e, "device_type", ""))]
+
+
 def profile_steps(step: Callable[[], Any], *, steps: int = 3, warmup: int = 2,
                   trace_path: str | Path | None = None, cuda: bool | None = None) -> StepProfile:
     """Returns the profile of ``steps`` calls of ``step`` after ``warmup`` unprofiled ones.

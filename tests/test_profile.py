@@ -295,3 +295,29 @@ def test_every_recording_in_the_package_goes_through_torch_profiler():
     offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
                  if p.name != "profile.py" and bare.search(p.read_text())]
     assert offenders == []
+
+
+def test_gpu_kernels_returns_the_cuda_events_of_the_recorded_calls(monkeypatch):
+    """The one recording of a step's kernels the distributed engine and its bare loop share."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from fp16lab import profile as prof_mod
+
+    calls = []
+    ev = lambda name, kind, a, b: SimpleNamespace(name=name, device_type=kind,  # noqa: E731
+                                                  time_range=SimpleNamespace(start=a, end=b))
+    fake = SimpleNamespace(events=lambda: [ev("ncclAllReduce", "DeviceType.CUDA", 5, 9),
+                                           ev("aten::mm", "DeviceType.CPU", 1, 2),
+                                           ev("gemm", "DeviceType.CUDA", 1, 4)])
+
+    @contextlib.contextmanager
+    def recorder(activities):
+        calls.append(("record", [str(a) for a in activities]))
+        yield fake
+        calls.append("stop")
+
+    monkeypatch.setattr(prof_mod, "torch_profiler", recorder)
+    got = prof_mod.gpu_kernels(lambda: calls.append("step"), 2, lambda: calls.append("sync"))
+    assert got == [("ncclAllReduce", 5.0, 9.0), ("gemm", 1.0, 4.0)]
+    assert calls == ["sync", ("record", ["ProfilerActivity.CUDA"]), "step", "step", "sync", "stop"]

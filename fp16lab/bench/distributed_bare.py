@@ -137,19 +137,11 @@ def _step_times_ms(step: Callable[[], None], steps: int, cuda: bool) -> list[flo
 def _profile_split(step: Callable[[], None], steps: int) -> dict[str, float]:
     """Returns :func:`fp16lab.distributed.comm_overlap` of ``steps`` steps' GPU kernels."""
     import torch
-    from torch.profiler import ProfilerActivity
 
     from fp16lab.distributed import comm_overlap
-    from fp16lab.profile import torch_profiler
+    from fp16lab.profile import gpu_kernels
 
-    torch.cuda.synchronize()
-    with torch_profiler([ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    kernels = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
-               if "CUDA" in str(getattr(e, "device_type", ""))]
-    return comm_overlap(kernels, steps=steps)
+    return comm_overlap(gpu_kernels(step, steps, torch.cuda.synchronize), steps=steps)
 
 
 def _loop(item: dict[str, Any], rank: int, local: int, control: Any) -> dict[str, Any]:
