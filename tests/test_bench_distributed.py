@@ -121,6 +121,26 @@ def test_summarize_keeps_the_engines_no_broadcast_points_apart():
     lines = bd.summary_lines(out)
     assert "fp16lab's point with broadcast_buffers=False: 0.966" in lines
     assert "fp16lab's point with broadcast_buffers=False: 0.993" in lines
+    assert out["engine_best"] == {"setting": "-", "efficiency": pytest.approx(11900 / (2 * 5990))}
+
+
+def test_summarize_keeps_other_bucket_sizes_and_static_graph_out_of_the_defaults():
+    rows = _rows()
+    fused = next(r for r in rows if r["kind"] == "fp16lab" and r["gpus"] == 2 and r["optimizer"] == "sgd-fused")
+    label = "resnet50 b256 amp-fp16 x2 ddp hook=none bucket={} no_broadcast opt=sgd-fused"
+    rows += [{**fused, "broadcast_buffers": False, "samples_per_s": 11700.0, "bucket_cap_mb": 25,
+              "static_graph": False, "label": label.format("25MB")},
+             {**fused, "broadcast_buffers": False, "samples_per_s": 11950.0, "bucket_cap_mb": 100,
+              "label": label.format("100MB")},
+             {**fused, "broadcast_buffers": False, "samples_per_s": 11000.0, "static_graph": True,
+              "label": label.format("25MB static_graph")}]
+    out = bd.summarize(rows, 2, "resnet50", 256)
+    assert out["engine_efficiency_no_broadcast_fused"] == pytest.approx(11700 / (2 * 5990))
+    assert out["engine_efficiency_fused"] == pytest.approx(11600 / (2 * 5990))
+    assert out["engine_best"] == {"setting": "ddp hook=none bucket=100MB no_broadcast opt=sgd-fused",
+                                  "efficiency": pytest.approx(11950 / (2 * 5990))}
+    assert ("fp16lab's best amp-fp16 setting at this batch: ddp hook=none bucket=100MB no_broadcast "
+            "opt=sgd-fused, 0.997") in bd.summary_lines(out)
 
 
 def test_plan_measures_the_no_broadcast_points_right_after_the_batch_256_ddp_points():
@@ -132,7 +152,10 @@ def test_plan_measures_the_no_broadcast_points_right_after_the_batch_256_ddp_poi
         "resnet50 b256 amp-fp16 x2 ddp hook=fp16 bucket=25MB",
         "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB no_broadcast",
         "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB no_broadcast opt=sgd-fused"]
-    assert sum(not p.broadcast_buffers for points, _ in launches for p in points) == 2
+    assert [p.label() for p in first_two_gpu[5:7]] == [
+        "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=100MB no_broadcast opt=sgd-fused",
+        "resnet50 b256 amp-fp16 x2 ddp hook=none bucket=25MB static_graph no_broadcast opt=sgd-fused"]
+    assert sum(not p.broadcast_buffers for points, _ in launches for p in points) == 4
 
 
 def test_diagnosis_sets_the_suspects_side_by_side():
