@@ -20,8 +20,8 @@ eager and with its blocks compiled (``train_curve(compile=True)``: amax, scale a
 neighbouring kernels). Each rate is against amp-bf16 run the same way (eager or compiled). The
 result file is rewritten after each part, so a run cut short keeps what it measured.
 
-Part 4, recipes: ``fp16lab.fp8.training.TinyGPT`` at d_model 2048 (4 blocks, 16 heads, 1024 tokens
-per sequence, batch 8), the same seed and batches for ``amp-bf16`` and each FP8 recipe, eager.
+Part 4, recipes: ``fp16lab.fp8.training.TinyGPT`` at d_model 2048 (4 blocks, 16 heads, 128 tokens
+per sequence, batch 64: short enough sequences for the rule to be learned), the same seed and batches for ``amp-bf16`` and each FP8 recipe, eager.
 Reported per recipe: the median step time after the warm-up steps (host clock, synchronized), the
 step rate against amp-bf16, and the final loss (mean of the last 10 steps) against amp-bf16's.
 Blockwise, and any case ``torch._scaled_mm`` rejects, runs emulated (fp32 matmuls): its speed is
@@ -48,8 +48,9 @@ from fp16lab.fp8.training import GPTConfig, train_curve
 SIZES = (1024, 2048, 4096, 8192)
 QUICK_SIZES = (256, 512)
 WARMUP, REPEAT, ROUNDS = 5, 20, 4
-GPU_MODEL = GPTConfig(d_model=2048, n_layers=4, n_heads=16, seq_len=1024, vocab=256, batch=8)
-# the same 8 x 1024 tokens per step; a wider model gives the matmuls a larger share of the step
+GPU_MODEL = GPTConfig(d_model=2048, n_layers=4, n_heads=16, seq_len=128, vocab=256, batch=64)
+# 8 x 1024 tokens per step (as many as the recipes' 64 x 128); a wider model gives the matmuls a
+# larger share of the step
 SPEED_MODELS = (GPTConfig(d_model=4096, n_layers=4, n_heads=32, seq_len=1024, vocab=256, batch=8),
                 GPTConfig(d_model=8192, n_layers=2, n_heads=64, seq_len=1024, vocab=256, batch=8))
 SPEED_STEPS = 30
@@ -59,7 +60,10 @@ STEPS, QUICK_STEPS, WARMUP_STEPS = 50, 8, 10
 GPU_LR = 3e-4
 # The recipes' run on a GPU must learn the rule for its loss comparison to mean anything: at 50
 # steps and 3e-4 the H200 runs of 2026-11-30 ended at 5.56, above ln 256 = 5.545 (a uniform
-# guess). A d_model 256 model on a CPU got from 5.69 to 4.56 in 200 steps at 1e-3 (5.51 in 100).
+# guess), and so did 200 steps at 1e-3. The rule needs each position to find the one before it
+# through learned position embeddings: with 1024 positions and 8 sequences a step, each position
+# sees too few examples. On a CPU, d_model 128 at 1e-3 for 200 steps stayed at 5.55 with 8 x 1024
+# tokens a step and fell from 5.67 to 1.02 with 64 x 128 (the same tokens): the GPU run uses 64 x 128.
 GPU_RECIPE_STEPS, GPU_RECIPE_LR = 200, 1e-3
 PARTS = ("gemm", "accumulation", "speed", "recipes")
 LAST = 10  # the final loss is the mean of the last LAST steps
