@@ -254,11 +254,11 @@ def measure_training(model_name: str, precision: str, settings: InputSettings,
 
 def input_label(row: dict[str, Any]) -> str:
     """Returns how a row's input is named in tables: the backend, plus ``uint8`` where the
-    dataloader's batches were normalised on the GPU, or ``+ 25% CPU`` where gpu-decode had the
-    CPU decode a share of each batch."""
+    dataloader's batches were normalised on the GPU, or ``+ 25% CPU`` where gpu-decode or
+    hw-decode had the CPU decode a share of each batch."""
     uint8 = row.get("backend") == "dataloader" and row.get("normalize_on") == "gpu"
     share = row.get("cpu_decode_share") or 0.0
-    hybrid = row.get("backend") == "gpu-decode" and share > 0
+    hybrid = row.get("backend") in ("gpu-decode", "hw-decode") and share > 0
     return f"{row.get('backend')}{' uint8' if uint8 else ''}{f' + {share:.0%} CPU' if hybrid else ''}"
 
 

@@ -90,9 +90,10 @@ class InputSettings:
             (uint8 crosses, 4x fewer bytes, and is normalised there); dataloader only.
         seed: the order of the files and the random crops follow it (except the crops of a
             dataloader with ``num_workers=0``, which draw from torch's global RNG).
-        cpu_decode_share: gpu-decode only: the share of each batch that the reader threads
-            decode on the CPU (libjpeg-turbo, through torchvision) while nvJPEG decodes the
-            rest; 0 (the default) decodes everything on the GPU.
+        cpu_decode_share: gpu-decode and hw-decode only: the share of each batch that the
+            reader threads decode on the CPU (libjpeg-turbo, through torchvision) while the GPU
+            (nvJPEG, or the JPEG engines) decodes the rest; 0 (the default) decodes everything
+            on the GPU.
     """
 
     backend: str
@@ -160,8 +161,9 @@ def _check(settings: InputSettings, root: str | Path | None, device: str) -> Non
     share = s.cpu_decode_share
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
         problems.append(f"cpu_decode_share must be a number in [0, 1), got {share!r}")
-    elif share and s.backend != "gpu-decode":
-        problems.append(f"cpu_decode_share applies to the gpu-decode backend only, not {s.backend!r}")
+    elif share and s.backend not in ("gpu-decode", "hw-decode"):
+        problems.append(f"cpu_decode_share applies to the gpu-decode and hw-decode backends only, "
+                        f"not {s.backend!r}")
     if problems:
         raise ValueError("bad input settings: " + "; ".join(problems))
     if s.backend == "synthetic":

@@ -34,10 +34,11 @@ def _args(quick=False):
     return a
 
 
-def test_the_wanted_rows_come_first_then_hybrid_dali_fp32_and_the_worker_sweep(calls):
+def test_the_wanted_rows_come_first_then_hybrids_dali_fp32_and_the_worker_sweep(calls):
     labels = [label for label, _ in bench.plan(_args(), "cuda")]
     assert labels[:20] == WANTED
-    assert labels[20:] == ["loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
+    assert labels[20:] == ["loader hw-decode + 25% CPU", "train amp-fp16 hw-decode + 25% CPU sgd-fused",
+                           "loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU",
                            "train amp-bf16 gpu-decode + 25% CPU", "loader dali", "train amp-fp16 dali", "train amp-bf16 dali",
                            "train fp32 synthetic", "train fp32 gpu-decode", "train fp32 dataloader",
                            "train fp32 dali", "loader dataloader 4 workers",

@@ -38,6 +38,7 @@ def test_input_label():
     assert input_label(_train("gpu-decode", "fp32", 1, "gpu")) == "gpu-decode"
     assert input_label({**_train("gpu-decode", "fp32", 1), "cpu_decode_share": 0.25}) == "gpu-decode + 25% CPU"
     assert input_label({**_train("dataloader", "fp32", 1), "cpu_decode_share": 0.25}) == "dataloader"
+    assert input_label({**_train("hw-decode", "fp32", 1), "cpu_decode_share": 0.25}) == "hw-decode + 25% CPU"
 
 
 def test_training_table_pivots_ok_rows_and_shares():

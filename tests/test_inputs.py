@@ -369,6 +369,31 @@ def test_hw_decode_plumbing_with_a_pil_decoder_equals_the_per_picture_augmentati
     assert len({name for name, _, _ in fake.calls}) == len(fake.decoders)
 
 
+def test_hw_decode_with_a_cpu_share_sends_only_the_rest_to_the_engines(folder, fake_nvimgcodec):
+    """hw-decode with half of each batch decoded on the CPU: the engines get the first half of
+    each batch's files, the CPU the rest, and the batches equal an all-engine decode's."""
+    from fp16lab.hw_decode import hw_decode_pipeline
+
+    s = InputSettings("hw-decode", batch=8, image_size=24, num_workers=2, seed=5)
+    on_cpu = []
+
+    def one(blob, path):
+        on_cpu.append(path)
+        return _pil_one(blob, path)
+
+    with hw_decode_pipeline(s, folder, "cpu", producers=1, depth=1) as p:
+        whole = [next(p) for _ in range(3)]
+    calls_whole = len(fake_nvimgcodec.calls)
+    with hw_decode_pipeline(replace(s, cpu_decode_share=0.5), folder, "cpu", cpu_decode=one,
+                            producers=1, depth=1) as p:
+        halves = [next(p) for _ in range(3)]
+        assert "50% decoded on the CPU" in p.implementation
+    sizes = [n for _, n, _ in fake_nvimgcodec.calls[calls_whole:]]
+    assert sizes[:3] == [4, 4, 4] and len(on_cpu) >= 12
+    for (x0, y0), (x, y) in zip(whole, halves):
+        assert torch.equal(x0, x) and torch.equal(y0, y)
+
+
 def test_hw_decode_names_a_file_it_cannot_decode(folder, corrupt, fake_nvimgcodec, tmp_path):
     """A file that passes the readers' marker check but does not decode is named: as corrupt
     where PIL cannot decode it either, as unsupported by the hardware (no fall-back) where it
@@ -437,7 +462,10 @@ def test_hw_decode_probe_says_when_the_gpu_has_no_jpeg_engines(monkeypatch, fake
     (dict(backend="hw-decode"), RuntimeError, "hw-decode decodes on the hardware JPEG engines"),
     (dict(backend="gpu-decode", cpu_decode_share=1.0), ValueError, r"cpu_decode_share must be a number in \[0, 1\)"),
     (dict(backend="gpu-decode", cpu_decode_share="half"), ValueError, "cpu_decode_share must be a number"),
-    (dict(cpu_decode_share=0.25), ValueError, "cpu_decode_share applies to the gpu-decode backend only"),
+    (dict(cpu_decode_share=0.25), ValueError, "cpu_decode_share applies to the gpu-decode and hw-decode backends only"),
+    (dict(backend="dali", cpu_decode_share=0.25), ValueError, "cpu_decode_share applies to the gpu-decode and hw-decode"),
+    # a share is valid for hw-decode: the check goes on to the missing engines
+    (dict(backend="hw-decode", cpu_decode_share=0.25), RuntimeError, "hw-decode decodes on the hardware JPEG engines"),
 ])
 def test_bad_settings_fail_before_any_work(folder, change, error, match):
     s = InputSettings(**{**dict(backend="dataloader", batch=4), **change})
