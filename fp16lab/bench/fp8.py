@@ -13,10 +13,12 @@ accumulation cuBLAS promotes the partial sums to fp32 every few MMAs, so the err
 flat in K (1.28e-4 at K = 512 and 2048 in the first H200 run), and grow with K without it.
 
 Part 3, speed (GPU only): the model at d_model 4096 (4 blocks, 32 heads) and 8192 (2 blocks, 64
-heads), 8 x 1024 tokens per step, where the matmuls are most of the step (torchao's float8 docs
-report end-to-end speedups up to 1.25x for Llama3-8B, d_model 4096, on 8 GPUs, and 1.5x for the
-405B model, d_model 16384): ``amp-bf16`` and ``fp8-tensorwise``, each
-eager and with its blocks compiled (``train_curve(compile=True)``: amax, scale and cast fuse into the
+heads), 64 x 128 tokens per step for 200 steps at a learning rate of 1e-3 x 2048 / d_model (so
+the runs learn, and one run gives both the speed and the loss), where the matmuls are most of
+the step (torchao's float8 docs report end-to-end speedups up to 1.25x for Llama3-8B, d_model
+4096, on 8 GPUs, and 1.5x for the 405B model, d_model 16384): ``amp-bf16`` and
+``fp8-tensorwise``, each eager and with its blocks compiled (``train_curve(compile=True)``:
+amax, scale and cast fuse into the
 neighbouring kernels). Each rate is against amp-bf16 run the same way (eager or compiled). The
 result file is rewritten after each part, so a run cut short keeps what it measured.
 
@@ -49,15 +51,24 @@ SIZES = (1024, 2048, 4096, 8192)
 QUICK_SIZES = (256, 512)
 WARMUP, REPEAT, ROUNDS = 5, 20, 4
 GPU_MODEL = GPTConfig(d_model=2048, n_layers=4, n_heads=16, seq_len=128, vocab=256, batch=64)
-# 8 x 1024 tokens per step (as many as the recipes' 64 x 128); a wider model gives the matmuls a
-# larger share of the step
-SPEED_MODELS = (GPTConfig(d_model=4096, n_layers=4, n_heads=32, seq_len=1024, vocab=256, batch=8),
-                GPTConfig(d_model=8192, n_layers=2, n_heads=64, seq_len=1024, vocab=256, batch=8))
-SPEED_STEPS = 30
+# The same 64 x 128 tokens a step as the recipes' run, so the speed runs learn the rule too and
+# one run shows both the step rate and the loss against bf16 (at 8 x 1024 tokens and 30 steps
+# the H200 runs of 2026-11-30 stayed above ln 256); a wider model gives the matmuls a larger
+# share of the step. Adam's learning rate shrinks as 1 / width from the recipes' 1e-3 at d_model
+# 2048 (muP's rule for hidden layers), so the wider models' updates stay the same size.
+SPEED_MODELS = (GPTConfig(d_model=4096, n_layers=4, n_heads=32, seq_len=128, vocab=256, batch=64),
+                GPTConfig(d_model=8192, n_layers=2, n_heads=64, seq_len=128, vocab=256, batch=64))
+SPEED_STEPS = 200
+
+
+def speed_lr(cfg: GPTConfig) -> float:
+    """Returns the speed runs' learning rate: the recipes' run's, scaled by 2048 / d_model."""
+    return GPU_RECIPE_LR * GPU_MODEL.d_model / cfg.d_model
+
+
 ACCUMULATION_K = (512, 2048, 8192)
 CPU_MODEL = GPTConfig()
 STEPS, QUICK_STEPS, WARMUP_STEPS = 50, 8, 10
-GPU_LR = 3e-4
 # The recipes' run on a GPU must learn the rule for its loss comparison to mean anything: at 50
 # steps and 3e-4 the H200 runs of 2026-11-30 ended at 5.56, above ln 256 = 5.545 (a uniform
 # guess), and so did 200 steps at 1e-3. The rule needs each position to find the one before it
@@ -200,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if "speed" in parts and device == "cuda" and not args.quick:
         for model in SPEED_MODELS:
             for mode in ("eager", "compiled"):  # compiled second: its compile takes a while
-                rows += training_rows(model, SPEED_STEPS, device, GPU_LR, part="speed",
+                rows += training_rows(model, SPEED_STEPS, device, speed_lr(model), part="speed",
                                       runs=(("amp-bf16", mode), ("fp8-tensorwise", mode)))
                 path = _write(name, rows, args)
     if "recipes" in parts:
