@@ -301,6 +301,19 @@ def test_throughput_table_pivots_by_batch():
     assert t.iloc[:, 0].tolist() == pytest.approx([800.0, 1600.0])
 
 
+def test_throughput_table_leaves_out_every_non_default_scaler_setting():
+    """A point with growth_interval=1 (or any scaler field off its default) is a variant of its
+    own: it must not average into the default point's cell."""
+    default = ScalerSettings()
+    base = dict(precision="amp-fp16", **{f: getattr(default, f) for f in
+                                          ("init_scale", "growth_factor", "backoff_factor", "growth_interval")})
+    variants = [dict(), dict(growth_interval=1), dict(init_scale=2.0**24), dict(growth_factor=4.0),
+                dict(backoff_factor=0.25)]
+    rows = pd.DataFrame([{**_row(f"k{i}", 0, 10.0 * (i + 1)), **base, **v} for i, v in enumerate(variants)])
+    t = sweep.throughput_table(rows)
+    assert t.shape == (1, 1) and t.iloc[0, 0] == pytest.approx(800.0)  # the default point alone
+
+
 def test_plot_draws_a_line_per_layout_and_precision():
     rows = pd.DataFrame([_row("a", 0, 10.0, batch=8), _row("b", 0, 12.0, batch=16)])
     fig = sweep.plot_results(rows)

@@ -171,8 +171,9 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
     s = s[(s["status"] == "ok") & (pd.Series(_variants(s), index=s.index) == "")]
     if model is not None:
         s = s[s["model"] == model]
-    default = ScalerSettings().init_scale
-    s = s[s["init_scale"].isna() | (s["init_scale"] == default)]
+    default = ScalerSettings()
+    for field in ("init_scale", "growth_factor", "backoff_factor", "growth_interval"):
+        s = s[s[field].isna() | (s[field] == getattr(default, field))]
     return s.pivot_table(index=index, columns=list(columns), values="samples_per_s",
                          aggfunc="median")
 
