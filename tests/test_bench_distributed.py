@@ -200,8 +200,8 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
         "transformer stack, amp-bf16, DDP defaults: 0.500; best setting ddp hook=none bucket=5MB: "
         "0.800, 60% of the gap to 1.0 recovered",
         "fp16 + GradScaler, SGD: DDP 0.800",
-        "  under DDP rank 1 waits 12.7 ms per step in NCCL with no compute beside it, while rank 0's "
-        "GPU sits idle 17.0 ms waiting for its host (step 55.3 ms)"]
+        "  under DDP, in a profiled step, rank 1 waits 12.7 ms in NCCL with no compute beside it, while "
+        "rank 0's GPU sits idle 17.0 ms waiting for its host (a step without the profiler: 55.3 ms)"]
     assert bd.summary_lines({}) == [] and len(bd.diagnosis_table({})) == 0
 
 

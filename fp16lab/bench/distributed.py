@@ -437,9 +437,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if len(ranks) > 1 and all(p.get("exposed_nccl") is not None and p.get("idle") is not None for p in ranks):
             waits = max(ranks, key=lambda p: p["exposed_nccl"])
             other = min(ranks, key=lambda p: p["exposed_nccl"])
-            lines.append(f"  under DDP rank {waits['rank']} waits {waits['exposed_nccl']:.1f} ms per step in NCCL "
-                         f"with no compute beside it, while rank {other['rank']}'s GPU sits idle "
-                         f"{other['idle']:.1f} ms waiting for its host (step {waits['step_ms']:.1f} ms)")
+            lines.append(f"  under DDP, in a profiled step, rank {waits['rank']} waits {waits['exposed_nccl']:.1f} ms "
+                         f"in NCCL with no compute beside it, while rank {other['rank']}'s GPU sits idle "
+                         f"{other['idle']:.1f} ms waiting for its host (a step without the profiler: "
+                         f"{waits['step_ms']:.1f} ms)")
     return lines
 
 
