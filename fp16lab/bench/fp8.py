@@ -18,12 +18,13 @@ the runs learn, and one run gives both the speed and the loss), where the matmul
 the step (torchao's float8 docs report end-to-end speedups up to 1.25x for Llama3-8B, d_model
 4096, on 8 GPUs, and 1.5x for the 405B model, d_model 16384): ``amp-bf16`` and
 ``fp8-tensorwise``, each eager and with its blocks compiled (``train_curve(compile=True)``:
-amax, scale and cast fuse into the
-neighbouring kernels). Each rate is against amp-bf16 run the same way (eager or compiled). The
-result file is rewritten after each part, so a run cut short keeps what it measured.
+amax, scale and cast fuse into the neighbouring kernels). Each rate is against amp-bf16 run the
+same way (eager or compiled). The result file is rewritten after each part, so a run cut short
+keeps what it measured.
 
 Part 4, recipes: ``fp16lab.fp8.training.TinyGPT`` at d_model 2048 (4 blocks, 16 heads, 128 tokens
-per sequence, batch 64: short enough sequences for the rule to be learned), the same seed and batches for ``amp-bf16`` and each FP8 recipe, eager.
+per sequence, batch 64: sequences short enough for the rule to be learned), the same seed and
+batches for ``amp-bf16`` and each FP8 recipe, eager.
 Reported per recipe: the median step time after the warm-up steps (host clock, synchronized), the
 step rate against amp-bf16, and the final loss (mean of the last 10 steps) against amp-bf16's.
 Blockwise, and any case ``torch._scaled_mm`` rejects, runs emulated (fp32 matmuls): its speed is
