@@ -19,6 +19,7 @@ file and raise :class:`CorruptImageError` naming it when it is not a readable JP
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -217,8 +218,9 @@ def scan_image_folder(root: str | Path) -> tuple[list[Path], list[int], list[str
     return files, labels, classes
 
 
-def load_rgb(path: str | Path) -> Any:
-    """Returns the image at ``path`` as an RGB ``PIL.Image``, fully decoded.
+def load_rgb(path: str | Path, *, data: bytes | None = None) -> Any:
+    """Returns the image at ``path`` as an RGB ``PIL.Image``, fully decoded; from ``data``, the
+    file's bytes already read, where given (``path`` then only names it).
 
     Raises:
         CorruptImageError: the file cannot be decoded; the message names it.
@@ -226,7 +228,7 @@ def load_rgb(path: str | Path) -> Any:
     from PIL import Image
 
     try:
-        with Image.open(path) as img:
+        with Image.open(path if data is None else io.BytesIO(data)) as img:
             return img.convert("RGB")  # convert() decodes everything, so errors surface here
     except (OSError, SyntaxError, ValueError) as e:  # PIL's errors for bad and truncated files
         raise CorruptImageError(f"cannot decode image file {path}: {type(e).__name__}: {e}") from None

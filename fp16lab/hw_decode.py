@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .data import CorruptImageError
+from .data import CorruptImageError, load_rgb
 from .inputs import InputPipeline, InputSettings
 
 __all__ = ["HW_DECODER", "HwDecoder", "hw_decode_pipeline", "hw_decode_unavailable", "new_decoder"]
@@ -110,14 +110,13 @@ class HwDecoder:
 
 
 def _failure(blob: torch.Tensor, path: Path) -> Exception:
-    """Returns the error for a file the hardware decoder returned no picture for."""
-    from PIL import Image
-
+    """Returns the error for a file the hardware decoder returned no picture for: the
+    :class:`CorruptImageError` of :func:`fp16lab.data.load_rgb` where PIL cannot decode its
+    bytes either, else a RuntimeError saying the hardware cannot."""
     try:
-        with Image.open(io.BytesIO(blob.numpy().tobytes())) as img:
-            img.convert("RGB")
-    except Exception as e:  # PIL's errors for bad and truncated files are of several kinds
-        return CorruptImageError(f"cannot decode image file {path}: {type(e).__name__}: {e}")
+        load_rgb(path, data=blob.numpy().tobytes())
+    except CorruptImageError as e:
+        return e
     return RuntimeError(f"the GPU's hardware JPEG decoder cannot decode image file {path} (it "
                         "decodes on the CPU: perhaps a progressive or otherwise unsupported "
                         "JPEG); hw-decode does not fall back to SM or CPU decoding, use the "
