@@ -27,7 +27,8 @@ from typing import Any, Callable
 import torch
 
 from .recipes import math_flags
-from .inputs import InputPipeline, InputSettings, cpu_cores, make_input, unavailable_reason
+from .inputs import (CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores, make_input,
+                     unavailable_reason)
 
 __all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
            "make_train_step", "measure_loader", "measure_training", "plot_training",
@@ -258,7 +259,7 @@ def input_label(row: dict[str, Any]) -> str:
     hw-decode had the CPU decode a share of each batch."""
     uint8 = row.get("backend") == "dataloader" and row.get("normalize_on") == "gpu"
     share = row.get("cpu_decode_share") or 0.0
-    hybrid = row.get("backend") in ("gpu-decode", "hw-decode") and share > 0
+    hybrid = row.get("backend") in CPU_SHARE_BACKENDS and share > 0
     return f"{row.get('backend')}{' uint8' if uint8 else ''}{f' + {share:.0%} CPU' if hybrid else ''}"
 
 
@@ -274,6 +275,11 @@ def _columns(labels: Any) -> list[str]:
     """The training columns in PRECISIONS order, each precision's optimizer variants after it."""
     labels = list(labels)
     return [c for p in PRECISIONS for c in labels if c == p or str(c).startswith(p + " ")]
+
+
+def _rate_columns(table: Any) -> list[str]:
+    """The images/s columns of a :func:`training_table` (not its shares), in :func:`_columns` order."""
+    return _columns(c for c in table.columns if not str(c).endswith(" share"))
 
 
 def _ok(rows: list[dict[str, Any]], measure: str) -> Any:
@@ -311,7 +317,7 @@ def speedup_table(rows: list[dict[str, Any]], *, over: str = "fp32") -> Any:
     table = training_table(rows)
     if table.empty or over not in table.columns:
         raise ValueError(f"no ok training rows in precision {over!r} to divide by")
-    rates = table[_columns(c for c in table.columns if not str(c).endswith(" share"))]
+    rates = table[_rate_columns(table)]
     return rates.div(rates[over], axis=0).drop(columns=over).add_suffix(f" / {over}")
 
 
@@ -333,7 +339,7 @@ def plot_training(rows: list[dict[str, Any]], *, ax: Any = None) -> Any:
     table = training_table(rows)
     if table.empty:
         raise ValueError("no ok training rows to plot")
-    precisions = _columns(c for c in table.columns if not str(c).endswith(" share"))
+    precisions = _rate_columns(table)
     loaders = loader_table(rows)
     trained = _ok(rows, "training")
     if ax is None:
@@ -364,7 +370,7 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         return ["no ok training rows with synthetic input to compare with"]
     lines = []
     real = table.drop(index="synthetic")
-    for p in _columns(c for c in table.columns if not str(c).endswith(" share")):
+    for p in _rate_columns(table):
         measured = real[p].dropna()
         if measured.empty:
             continue

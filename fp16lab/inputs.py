@@ -40,8 +40,8 @@ import torch
 from .augment import augment_pil, normalize
 from .data import load_rgb, scan_image_folder
 
-__all__ = ["BACKENDS", "InputPipeline", "InputSettings", "cpu_cores", "default_workers",
-           "make_input", "unavailable_reason"]
+__all__ = ["BACKENDS", "CPU_SHARE_BACKENDS", "InputPipeline", "InputSettings", "cpu_cores",
+           "default_workers", "make_input", "unavailable_reason"]
 
 #: The input backends, with what each one does.
 BACKENDS = {
@@ -52,6 +52,10 @@ BACKENDS = {
                  "(nvImageCodec), augmentation on the GPU",
     "dali": "NVIDIA DALI: nvJPEG decode and augmentation on the GPU in DALI's own pipeline",
 }
+
+#: The backends built on gpu-decode's pipeline, whose reader threads can decode a share of each
+#: batch on the CPU (``InputSettings.cpu_decode_share``).
+CPU_SHARE_BACKENDS = ("gpu-decode", "hw-decode")
 
 #: Share of the CPU cores the default worker count uses (the "75% of cores" rule).
 WORKER_SHARE = 0.75
@@ -161,9 +165,9 @@ def _check(settings: InputSettings, root: str | Path | None, device: str) -> Non
     share = s.cpu_decode_share
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
         problems.append(f"cpu_decode_share must be a number in [0, 1), got {share!r}")
-    elif share and s.backend not in ("gpu-decode", "hw-decode"):
-        problems.append(f"cpu_decode_share applies to the gpu-decode and hw-decode backends only, "
-                        f"not {s.backend!r}")
+    elif share and s.backend not in CPU_SHARE_BACKENDS:
+        problems.append(f"cpu_decode_share applies to the {' and '.join(CPU_SHARE_BACKENDS)} "
+                        f"backends only, not {s.backend!r}")
     if problems:
         raise ValueError("bad input settings: " + "; ".join(problems))
     if s.backend == "synthetic":
