@@ -229,8 +229,12 @@ def setting(row: dict[str, Any]) -> str:
     return " ".join(words[4:]) or "-"
 
 
-#: DDP's own defaults among the settings a row records (a row without one of them has the default).
-DDP_DEFAULTS = {"bucket_cap_mb": 25, "static_graph": False}
+_DEFAULT_POINT = dist_lab.DistPoint(model="mlp", batch=1, precision="fp32", gpus=2, device="cpu")
+#: DDP's own defaults among the settings a row records (a row without one of them has the
+#: default), as :class:`fp16lab.distributed.DistPoint` has them.
+DDP_DEFAULTS = {k: getattr(_DEFAULT_POINT, k) for k in ("bucket_cap_mb", "static_graph")}
+#: How :func:`setting` names a multi-GPU row whose DDP settings are all the defaults.
+DEFAULT_SETTING = setting({"label": _DEFAULT_POINT.label()})
 
 
 def summarize(rows: list[dict[str, Any]], gpus: int, model: str, batch: int) -> dict[str, Any]:
@@ -281,7 +285,7 @@ def summarize(rows: list[dict[str, Any]], gpus: int, model: str, batch: int) -> 
         out["engine_best"] = {"setting": setting(best), "efficiency": best["efficiency"]}
     tx = [r for r in ok if r["gpus"] > 1 and r["model"] == TRANSFORMER["model"] and r["precision"] == "amp-bf16"
           and r.get("efficiency")]
-    default = next((r for r in tx if setting(r) == "ddp hook=none bucket=25MB"), None)
+    default = next((r for r in tx if setting(r) == DEFAULT_SETTING), None)
     if default and tx:
         best = max(tx, key=lambda r: r["efficiency"])
         gap = 1 - default["efficiency"]
@@ -357,12 +361,12 @@ def setting_effects(rows: list[dict[str, Any]]) -> Any:
         return r["model"], r["batch"], r["precision"], opt if isinstance(opt, str) else "sgd"  # NaN: older rows
     defaults: dict[Any, list[float]] = {}
     for r in ok:
-        if setting(r) == "ddp hook=none bucket=25MB":
+        if setting(r) == DEFAULT_SETTING:
             defaults.setdefault(key(r), []).append(r["efficiency"])
     out = []
     for r in ok:
         base = defaults.get(key(r))
-        if not base or setting(r) == "ddp hook=none bucket=25MB":
+        if not base or setting(r) == DEFAULT_SETTING:
             continue
         b = statistics.median(base)
         out.append({"model": r["model"], "batch": r["batch"], "precision": r["precision"],
