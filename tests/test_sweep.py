@@ -379,6 +379,41 @@ def test_ratio_table_divides_by_the_baseline():
         sweep.ratio_table(rows, by="batch")
 
 
+def test_throughput_table_keeps_ok_default_points_of_the_model_and_takes_their_median():
+    """Only status-ok points with the default execution, input and gpus of the chosen model
+    count; points sharing a cell (the same batch, layout and precision) give their median."""
+    def pt(key, ms, batch=8, model="small_cnn", **kw):
+        return {**_row(key, 0, ms, batch=batch), "model": model, **kw}
+
+    rows = pd.DataFrame([
+        pt("a", 10.0), pt("b", 8.0, cudnn_benchmark=True), pt("c", 4.0),  # one cell
+        pt("d", 2.0, batch=16, execution="compile", compile_mode="default"),  # a variant: left out
+        pt("e", 5.0, batch=32, status="error"),  # failed: left out
+        pt("f", 1.0, model="resnet18"),  # another model
+    ])
+    t = sweep.throughput_table(rows, model="small_cnn")
+    assert list(t.index) == [8]
+    assert t.loc[8].tolist() == pytest.approx([8 / 0.008])  # median of 800, 1000, 2000, not the mean
+    assert sweep.throughput_table(rows, model="resnet18").loc[8].tolist() == pytest.approx([8000.0])
+
+
+def test_ratio_table_per_model_per_group_with_named_columns_and_a_clear_error():
+    rows = pd.DataFrame([
+        _prow("a", 64, "nchw", "fp32", 20.0), _prow("b", 64, "nchw", "amp-fp16", 5.0, 65536.0, 2000),
+        # channels_last has no fp32 point: that group is skipped, nchw's still counts
+        _prow("d", 64, "channels_last", "amp-fp16", 4.0, 65536.0, 2000),
+        {**_prow("e", 64, "nchw", "fp32", 10.0), "model": "resnet18"},
+        {**_prow("f", 64, "nchw", "amp-fp16", 10.0, 65536.0, 2000), "model": "resnet18"},
+    ])
+    t = sweep.ratio_table(rows, model="small_cnn")
+    assert list(t.columns) == [("nchw", "amp-fp16 / fp32")]
+    assert list(t.columns.names) == ["layout", "precision"]
+    assert t.loc[64, ("nchw", "amp-fp16 / fp32")] == pytest.approx(4.0)
+    assert sweep.ratio_table(rows, model="resnet18").loc[64, ("nchw", "amp-fp16 / fp32")] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no precision 'tf32' points to compare with"):
+        sweep.ratio_table(rows, model="small_cnn", baseline="tf32")
+
+
 def test_scaler_table_lists_points_that_differ_only_in_scaler_settings():
     rows = pd.DataFrame([
         _prow("a", 64, "nchw", "amp-fp16", 5.0, 65536.0, 2000, 0, 65536.0),

@@ -91,6 +91,16 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
             "fp16lab.diagnostics.histogram.x__bin_codes*",
             "fp16lab.diagnostics.histogram.x_exponent_of_bin*")),
     Target("fp8-scales", "fp16lab/fp8/scales.py", ("tests/test_fp8.py",)),
+    Target("sweep-tables", "fp16lab/sweep/report.py",
+           tuple(f"tests/test_sweep.py::{t}" for t in (
+               "test_throughput_table_pivots_by_batch",
+               "test_throughput_table_leaves_out_every_non_default_scaler_setting",
+               "test_throughput_table_keeps_ok_default_points_of_the_model_and_takes_their_median",
+               "test_ratio_table_divides_by_the_baseline",
+               "test_ratio_table_per_model_per_group_with_named_columns_and_a_clear_error"))
+           + ("tests/test_exercises_ch04.py",),
+           ("fp16lab.sweep.report.x_throughput_table*", "fp16lab.sweep.report.x_ratio_table*"),
+           ("data",)),
 )}
 
 
