@@ -368,37 +368,44 @@ def _dataloader(s: InputSettings, root: Path, device: str) -> InputPipeline:
 
 
 def _dali(s: InputSettings, root: Path, device: str) -> InputPipeline:
-    """DALI: file reader, nvJPEG decode with a random crop, resize, flip and normalise."""
+    """DALI: file reader, JPEG decode with a random crop, resize, flip and normalise, all in
+    DALI's own pipeline. On a CUDA device the ``mixed`` decoder shares each batch between the
+    GPU's JPEG engines (DALI's default ``hw_decoder_load``, 65%) and nvJPEG; the batch leaves
+    DALI in NHWC memory, which is channels_last as an NCHW tensor, so it is handed over without
+    a copy. (On a CPU the decoder is libjpeg-turbo: ``make_input`` refuses that, and tests use
+    it to check this plumbing without a GPU.)"""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
     from .augment import IMAGENET_MEAN, IMAGENET_STD, RATIO, SCALE
 
     files, labels, _ = scan_image_folder(root)
-    device_id = torch.device(device).index or 0
+    cuda = str(device).startswith("cuda")
 
     @pipeline_def
     def pipeline():
         jpegs, y = fn.readers.file(files=[str(f) for f in files], labels=labels,
                                    random_shuffle=True, name="reader")
-        x = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB,
-                                          random_area=list(SCALE), random_aspect_ratio=list(RATIO))
+        x = fn.decoders.image_random_crop(jpegs, device="mixed" if cuda else "cpu",
+                                          output_type=types.RGB, random_area=list(SCALE),
+                                          random_aspect_ratio=list(RATIO))
         x = fn.resize(x, resize_x=s.image_size, resize_y=s.image_size)
-        x = fn.crop_mirror_normalize(x, dtype=types.FLOAT, output_layout="CHW",
+        x = fn.crop_mirror_normalize(x, dtype=types.FLOAT,
+                                     output_layout="HWC" if s.channels_last else "CHW",
                                      mean=[m * 255 for m in IMAGENET_MEAN],
                                      std=[d * 255 for d in IMAGENET_STD],
                                      mirror=fn.random.coin_flip(probability=0.5))
-        return x, y
+        return x, (y.gpu() if cuda else y)
 
-    pipe = pipeline(batch_size=s.batch, num_threads=s.resolved_workers(), device_id=device_id,
-                    seed=s.seed)
+    pipe = pipeline(batch_size=s.batch, num_threads=s.resolved_workers(),
+                    device_id=(torch.device(device).index or 0) if cuda else None, seed=s.seed)
     pipe.build()
     it = DALIGenericIterator([pipe], ["x", "y"], reader_name="reader", auto_reset=True)
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
             for out in it:
-                x, y = out[0]["x"], out[0]["y"].view(-1).long().to(device)
-                yield _to_device(x, y, replace(s, non_blocking=False), device)
+                x, y = out[0]["x"], out[0]["y"].view(-1).long()
+                yield (x.permute(0, 3, 1, 2) if s.channels_last else x), y
 
     return InputPipeline(s, device, f"NVIDIA DALI, {s.resolved_workers()} threads", forever())

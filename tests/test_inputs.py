@@ -863,6 +863,66 @@ def test_dataloader_on_the_gpu_pins_and_equals_the_cpu_batch(folder):
             assert torch.equal(y.cpu(), yc)
 
 
+#: Flat pictures, one colour per class: any crop, resize and flip of one is the same colour, so
+#: a DALI batch has a known value at every pixel, and its label says which colour it must be.
+#: Saved at quality 100 without chroma subsampling, a flat picture decodes within 1 level of its
+#: colour on libjpeg-turbo; the check allows 2.5 levels for the GPU's decoders.
+FLAT_COLOURS = [(200, 30, 90), (10, 240, 120), (128, 128, 128), (250, 250, 5)]
+
+
+@pytest.fixture(scope="module")
+def flat_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flat") / "set"
+    for k, colour in enumerate(FLAT_COLOURS):
+        (root / f"class_{k:02d}").mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (96, 72), colour).save(root / f"class_{k:02d}" / f"img_{i}.jpg",
+                                                    quality=100, subsampling=0)
+    return root
+
+
+def _check_dali_batches(make, channels_last=True):
+    """Three epochs of 16 flat pictures in batches of 8: every pixel of every picture is the
+    normalised colour of its label's class (channel order, mean, std and layout), and each
+    epoch holds every picture once (four of each label)."""
+    from fp16lab.inputs import _dali  # noqa: F401  (make builds through it)
+
+    s = InputSettings("dali", batch=8, image_size=16, num_workers=2, seed=1,
+                      channels_last=channels_last)
+    mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+    want = (torch.tensor(FLAT_COLOURS, dtype=torch.float32) / 255 - mean) / std  # (class, 3)
+    tol = (2.5 / 255 / std).view(1, 3, 1, 1)
+    with make(s) as pipe:
+        for epoch in range(3):
+            labels = []
+            for _ in range(2):
+                x, y = next(pipe)
+                assert x.shape == (8, 3, 16, 16) and x.dtype == torch.float32 and y.dtype == torch.int64
+                assert x.is_contiguous(memory_format=torch.channels_last if channels_last
+                                       else torch.contiguous_format)
+                x, y = x.cpu(), y.cpu()
+                diff = (x - want[y].view(8, 3, 1, 1)).abs()
+                assert bool((diff <= tol).all()), float((diff / tol).max())
+                labels += y.tolist()
+            assert sorted(labels) == [k for k in range(4) for _ in range(4)], (epoch, labels)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_dali_plumbing_on_its_cpu_decoder(flat_folder, channels_last):
+    """The dali backend's pipeline with DALI's CPU decoder (make_input refuses the CPU; this
+    checks the reader, labels, normalisation and layout where DALI is installed)."""
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    from fp16lab.inputs import _dali
+
+    _check_dali_batches(lambda s: _dali(s, flat_folder, "cpu"), channels_last)
+
+
+@pytest.mark.gpu
+def test_dali_on_the_gpu_hands_over_the_known_colours(flat_folder):
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    _check_dali_batches(lambda s: make_input(s, flat_folder, device="cuda"))
+
+
 @pytest.mark.gpu
 def test_dali_runs_or_says_why_not(folder):
     reason = unavailable_reason("dali", "cuda")
