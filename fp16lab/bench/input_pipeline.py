@@ -7,7 +7,7 @@ quality 90, about 105 kB a file):
    skipped with the reason where nvImageCodec or the GPU's JPEG engines are missing) with no
    training, and the CPU its processes and threads used; the ``dataloader`` backend at 25%, 50%,
    75% and 100% of the cores as workers (the "75% of cores" rule checked), and once with uint8
-   batches normalised on the GPU; ``gpu-decode`` also with a quarter of each batch decoded on
+   batches normalised on the GPU; ``gpu-decode`` and ``hw-decode`` also with a quarter of each batch decoded on
    the CPU by its reader threads;
 2. **training**: images/s of ResNet-50 training steps (channels_last, batch 256) in amp-fp16,
    amp-bf16 and fp32 (TF32 off), fed by each backend (the dataloader also with uint8
@@ -78,14 +78,11 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
 
     The question first: each backend's loader rate at the default worker count (the dataloader
     with float32 batches normalised on the CPU and with uint8 batches normalised on the GPU),
-    then training fed by synthetic, gpu-decode, dataloader and dataloader uint8 input in
-    amp-fp16 and amp-bf16, and in amp-fp16 with the fused SGD (GradScaler's step without a
-    host sync); then training fed by hw-decode (the GPU's hardware JPEG engines; its loader
-    row follows gpu-decode's) with the fused SGD, and in amp-fp16 and amp-bf16, then hw-decode with
+    then amp-fp16 training with the fused SGD (GradScaler's step without a host sync) fed by
+    each input (synthetic, dali, gpu-decode, hw-decode, dataloader, dataloader uint8); then the
+    same inputs with the plain SGD in amp-fp16 and amp-bf16; then hw-decode and gpu-decode with
     ``HYBRID_SHARE`` of each batch decoded on the CPU (loader, and amp-fp16 with the fused SGD);
-    then gpu-decode with ``HYBRID_SHARE`` of each batch decoded on the
-    CPU (alone, and feeding both AMP precisions); then DALI (skipped at once where it is not installed); then fp32
-    (its first step pays about a minute of cuDNN's algorithm search on an H200); then the
+    then fp32 (its first step pays about a minute of cuDNN's algorithm search on an H200); then the
     worker sweep (the "75% of cores" rule). What the budget leaves out is recorded as skipped.
     """
     cores = cpu_cores()
@@ -111,42 +108,34 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
                                         warmup=rule + 2, steps=steps, min_seconds=a.min_seconds,
                                         optimizer=optimizer)
 
-    inputs = [("synthetic", "cpu"), ("gpu-decode", "cpu"), ("dataloader", "cpu"),
-              ("dataloader", "gpu")]
+    inputs = [("synthetic", "cpu"), ("dali", "cpu"), ("gpu-decode", "cpu"),
+              ("hw-decode", "cpu"), ("dataloader", "cpu"), ("dataloader", "gpu")]
 
     def label(backend: str, normalize_on: str) -> str:
         return f"{backend}{' uint8' if normalize_on == 'gpu' else ''}"
 
     rows = [("loader synthetic", loader("synthetic", rule)),
+            ("loader dali", loader("dali", rule)),
             ("loader gpu-decode", loader("gpu-decode", rule)),
             ("loader hw-decode", loader("hw-decode", rule)),
             (f"loader dataloader {rule} workers", loader("dataloader", rule)),
             ("loader dataloader uint8", loader("dataloader", rule, "gpu"))]
-    for precision in ("amp-fp16", "amp-bf16"):
-        rows += [(f"train {precision} {label(b, n)}", train(precision, b, n)) for b, n in inputs]
-    # GradScaler.step reads found-inf on the host unless the optimizer is fused: a sync every
-    # step, which keeps the host from queueing the next batch's work while the GPU trains
+    # the question first: each input feeding amp-fp16 at its best. GradScaler.step reads
+    # found-inf on the host unless the optimizer is fused: a sync every step, which keeps the
+    # host from queueing the next batch's work while the GPU trains
     rows += [(f"train amp-fp16 {label(b, n)} sgd-fused", train("amp-fp16", b, n, optimizer="sgd-fused"))
              for b, n in inputs]
-    # issue #14: decoding on the GPU's hardware JPEG engines leaves the SMs to training
-    # (gpu-decode's nvJPEG kernels share them: 82% of synthetic with fused SGD on an H200)
-    rows += [("train amp-fp16 hw-decode sgd-fused",
-              train("amp-fp16", "hw-decode", optimizer="sgd-fused")),
-             ("train amp-fp16 hw-decode", train("amp-fp16", "hw-decode")),
-             ("train amp-bf16 hw-decode", train("amp-bf16", "hw-decode"))]
-    # the hw-decode loader alone delivered 4691 img/s on an H200, below the 6058 the model trains
-    # at: the CPU decodes a share beside the engines, so neither decoder takes SM time from training
-    hw_hybrid = f"hw-decode + {HYBRID_SHARE:.0%} CPU"
-    rows += [(f"loader {hw_hybrid}", loader("hw-decode", rule, cpu_share=HYBRID_SHARE)),
-             (f"train amp-fp16 {hw_hybrid} sgd-fused",
-              train("amp-fp16", "hw-decode", cpu_share=HYBRID_SHARE, optimizer="sgd-fused"))]
-    hybrid = f"gpu-decode + {HYBRID_SHARE:.0%} CPU"
-    rows += [(f"loader {hybrid}", loader("gpu-decode", rule, cpu_share=HYBRID_SHARE))]
-    rows += [(f"train {p} {hybrid}", train(p, "gpu-decode", cpu_share=HYBRID_SHARE))
-             for p in ("amp-fp16", "amp-bf16")]
-    rows += [("loader dali", loader("dali", rule))]
-    rows += [(f"train {p} dali", train(p, "dali")) for p in ("amp-fp16", "amp-bf16")]
-    rows += [(f"train fp32 {b}", train("fp32", b)) for b in ("synthetic", "gpu-decode", "dataloader", "dali")]
+    for precision in ("amp-fp16", "amp-bf16"):
+        rows += [(f"train {precision} {label(b, n)}", train(precision, b, n)) for b, n in inputs]
+    # decoders beside the GPU's: the CPU decodes a share of each batch (the hw-decode loader alone
+    # delivered 4691 img/s on an H200, below the 6058 the model trains at), so that neither GPU
+    # decoder takes all of the batch
+    for backend in ("hw-decode", "gpu-decode"):
+        hybrid = f"{backend} + {HYBRID_SHARE:.0%} CPU"
+        rows += [(f"loader {hybrid}", loader(backend, rule, cpu_share=HYBRID_SHARE)),
+                 (f"train amp-fp16 {hybrid} sgd-fused",
+                  train("amp-fp16", backend, cpu_share=HYBRID_SHARE, optimizer="sgd-fused"))]
+    rows += [(f"train fp32 {b}", train("fp32", b)) for b in ("synthetic", "dali", "gpu-decode", "dataloader")]
     rows += [(f"loader dataloader {w} workers", loader("dataloader", w)) for w in counts]
     return rows
 
@@ -163,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--images-dir", type=Path, default=None,
                    help="where the JPEG data set is made or reused (default: a folder under /tmp)")
     p.add_argument("--images", type=int, default=None, help="number of JPEG files (default 2048)")
+    p.add_argument("--host-note", default=None,
+                   help="a sentence on the host for the result's meta (e.g. what else ran on it)")
     p.add_argument("--budget-s", type=float, default=400.0,
                    help="rows not started after this many seconds are recorded as skipped (a "
                         "row takes 7-15 s, fp32's first one about a minute more)")
@@ -188,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_cores": cpu_cores(), "default_workers": default_workers(),
             "data_set": {"images": data.images, "classes": data.classes, "size": data.size,
                          "quality": data.quality, "mean_kb": data.mean_kb}}
+    if a.host_note:
+        meta["host_note"] = a.host_note
     rows: list[dict[str, Any]] = []
     path = None
     for label, measure in plan(a, device):
