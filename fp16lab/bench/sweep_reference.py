@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     print(sweep.format_report(sweep.read_results(out)))
     print()
     for t in timings:
-        print(f"{t['part']:>20}: {t['wall_s']:6.0f} s  ({t['points']} points x {t['repeats']}, "
+        took = "     -" if t.get("wall_s") is None else f"{t['wall_s']:6.0f}"  # kept parts: unknown
+        print(f"{t['part']:>20}: {took} s  ({t['points']} points x {t['repeats']}, "
               f"{t['unstable']} unstable{', resumed' if t.get('resumed') else ''})")
     print(f"{'this run':>20}: {total:6.0f} s")
     return 0
