@@ -203,6 +203,10 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
         "  under DDP, in a profiled step, rank 1 waits 12.7 ms in NCCL with no compute beside it, while "
         "rank 0's GPU sits idle 17.0 ms waiting for its host (a step without the profiler: 55.3 ms)"]
     assert bd.summary_lines({}) == [] and len(bd.diagnosis_table({})) == 0
+    defaults_best = {"transformer_default_efficiency": 0.82, "transformer_gap_recovered": 0.0,
+                     "transformer_best": {"setting": bd.DEFAULT_SETTING, "efficiency": 0.82}}
+    assert bd.summary_lines(defaults_best) == [
+        "transformer stack, amp-bf16, DDP defaults: 0.820; no other setting did better in this run"]
 
 
 def test_wait_shares_take_each_from_the_rank_where_it_shows():

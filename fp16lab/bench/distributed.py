@@ -428,10 +428,14 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                      f"{summary['engine_best']['efficiency']:.3f}")
     if "transformer_default_efficiency" in summary:
         best = summary.get("transformer_best") or {}
-        lines.append(f"transformer stack, amp-bf16, DDP defaults: {summary['transformer_default_efficiency']:.3f}; "
-                     f"best setting {best.get('setting')}: {best.get('efficiency', float('nan')):.3f}"
-                     + (f", {summary['transformer_gap_recovered']:.0%} of the gap to 1.0 recovered"
-                        if summary.get("transformer_gap_recovered") is not None else ""))
+        if best.get("setting") == DEFAULT_SETTING:  # no setting beat the defaults
+            lines.append(f"transformer stack, amp-bf16, DDP defaults: {summary['transformer_default_efficiency']:.3f}; "
+                         "no other setting did better in this run")
+        else:
+            lines.append(f"transformer stack, amp-bf16, DDP defaults: {summary['transformer_default_efficiency']:.3f}; "
+                         f"best setting {best.get('setting')}: {best.get('efficiency', float('nan')):.3f}"
+                         + (f", {summary['transformer_gap_recovered']:.0%} of the gap to 1.0 recovered"
+                            if summary.get("transformer_gap_recovered") is not None else ""))
     for variant, v in summary.get("diagnosis", {}).items():
         eff = v.get("efficiency", {})
         parts = [f"{MODE_NAMES[m]} {eff[m]:.3f}" for m in ("no-ddp", "ddp", "ddp-no-broadcast") if m in eff]
