@@ -400,12 +400,17 @@ def _dali(s: InputSettings, root: Path, device: str) -> InputPipeline:
     pipe = pipeline(batch_size=s.batch, num_threads=s.resolved_workers(),
                     device_id=(torch.device(device).index or 0) if cuda else None, seed=s.seed)
     pipe.build()
-    it = DALIGenericIterator([pipe], ["x", "y"], reader_name="reader", auto_reset=True)
+    # the only reference to the pipeline: close() drops it, and DALI frees its threads and buffers
+    held = {"it": DALIGenericIterator([pipe], ["x", "y"], reader_name="reader", auto_reset=True)}
+    del pipe
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            for out in it:
+        while held:
+            for out in held["it"]:
                 x, y = out[0]["x"], out[0]["y"].view(-1).long()
                 yield (x.permute(0, 3, 1, 2) if s.channels_last else x), y
+                if not held:
+                    return
 
-    return InputPipeline(s, device, f"NVIDIA DALI, {s.resolved_workers()} threads", forever())
+    return InputPipeline(s, device, f"NVIDIA DALI, {s.resolved_workers()} threads", forever(),
+                         held.clear)

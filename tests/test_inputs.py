@@ -905,6 +905,8 @@ def _check_dali_batches(make, channels_last=True):
                 assert bool((diff <= tol).all()), float((diff / tol).max())
                 labels += y.tolist()
             assert sorted(labels) == [k for k in range(4) for _ in range(4)], (epoch, labels)
+    with pytest.raises(StopIteration):  # closed: the pipeline is released, no batch comes
+        next(pipe)
 
 
 @pytest.mark.parametrize("channels_last", [True, False])
