@@ -31,7 +31,7 @@ naming the file, from the batch that meets it.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -370,7 +370,7 @@ def _dataloader(s: InputSettings, root: Path, device: str) -> InputPipeline:
 def _dali(s: InputSettings, root: Path, device: str) -> InputPipeline:
     """DALI: file reader, JPEG decode with a random crop, resize, flip and normalise, all in
     DALI's own pipeline. On a CUDA device the ``mixed`` decoder shares each batch between the
-    GPU's JPEG engines (DALI's default ``hw_decoder_load``, 65%) and nvJPEG; the batch leaves
+    GPU's JPEG engines (DALI's default ``hw_decoder_load`` share) and nvJPEG; the batch leaves
     DALI in NHWC memory, which is channels_last as an NCHW tensor, so it is handed over without
     a copy. (On a CPU the decoder is libjpeg-turbo: ``make_input`` refuses that, and tests use
     it to check this plumbing without a GPU.)"""

@@ -7,8 +7,8 @@ quality 90, about 105 kB a file):
    skipped with the reason where nvImageCodec or the GPU's JPEG engines are missing) with no
    training, and the CPU its processes and threads used; the ``dataloader`` backend at 25%, 50%,
    75% and 100% of the cores as workers (the "75% of cores" rule checked), and once with uint8
-   batches normalised on the GPU; ``gpu-decode`` and ``hw-decode`` also with a quarter of each batch decoded on
-   the CPU by its reader threads;
+   batches normalised on the GPU; ``gpu-decode`` and ``hw-decode`` also with a quarter of each
+   batch decoded on the CPU by their reader threads;
 2. **training**: images/s of ResNet-50 training steps (channels_last, batch 256) in amp-fp16,
    amp-bf16 and fp32 (TF32 off), fed by each backend (the dataloader also with uint8
    batches); ``synthetic`` (one batch already on the GPU) is the model's own ceiling.
