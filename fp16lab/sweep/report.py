@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -13,9 +14,10 @@ from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, read_results
 from .spec import check_tolerance
 
-_POINT_COLUMNS = ("model", "batch", "layout", "precision", "init_scale", "growth_factor",
-                  "backoff_factor", "growth_interval", "cudnn_benchmark", "device",
-                  *AXIS_DEFAULTS)
+#: The loss-scaler settings a point records, named as :class:`ScalerSettings` names them.
+_SCALER_FIELDS = tuple(f.name for f in dataclasses.fields(ScalerSettings))
+_POINT_COLUMNS = ("model", "batch", "layout", "precision", *_SCALER_FIELDS, "cudnn_benchmark",
+                  "device", *AXIS_DEFAULTS)
 
 
 #: Telemetry averaged over a point's repeats: NVML's counters, and Hopper's GPM counters where
@@ -172,7 +174,7 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
     if model is not None:
         s = s[s["model"] == model]
     default = ScalerSettings()
-    for field in ("init_scale", "growth_factor", "backoff_factor", "growth_interval"):
+    for field in _SCALER_FIELDS:
         s = s[s[field].isna() | (s[field] == getattr(default, field))]
     return s.pivot_table(index=index, columns=list(columns), values="samples_per_s",
                          aggfunc="median")
@@ -215,8 +217,7 @@ def scaler_table(rows: pd.DataFrame) -> pd.DataFrame:
     s = summarize_results(rows)
     s = s[s["precision"].isin(SCALED_PRECISIONS) & (s["status"] == "ok")]
     group = ["model", "batch", "layout", "precision"]
-    scaler_cols = ["init_scale", "growth_factor", "backoff_factor", "growth_interval"]
-    n = s.groupby(group)[scaler_cols].transform(lambda c: c.nunique()).max(axis=1) if len(s) else []
+    n = s.groupby(group)[list(_SCALER_FIELDS)].transform(lambda c: c.nunique()).max(axis=1) if len(s) else []
     s = s[pd.Series(n, index=s.index) > 1] if len(s) else s
     steps = rows.groupby("key")[["warmup", "steps"]].first().sum(axis=1).rename("steps_per_repeat")
     s = s.join(steps, on="key")
