@@ -127,9 +127,8 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
              for b, n in inputs]
     for precision in ("amp-fp16", "amp-bf16"):
         rows += [(f"train {precision} {label(b, n)}", train(precision, b, n)) for b, n in inputs]
-    # decoders beside the GPU's: the CPU decodes a share of each batch (the hw-decode loader alone
-    # delivered 4691 img/s on an H200, below the 6058 the model trains at), so that neither GPU
-    # decoder takes all of the batch
+    # decoders beside the GPU's: the CPU decodes a share of each batch, so that a GPU decoder
+    # slower than the model alone (hw-decode's engines, on an H200) does not take all of it
     for backend in ("hw-decode", "gpu-decode"):
         hybrid = f"{backend} + {HYBRID_SHARE:.0%} CPU"
         rows += [(f"loader {hybrid}", loader(backend, rule, cpu_share=HYBRID_SHARE)),
