@@ -1,0 +1,163 @@
+"""Checks for values that enter fp16lab from a user: one function per kind of value.
+
+Every public function, CLI flag and settings object that takes a number, a flag, a name or a
+path checks it here, before any work starts, so that bad input gets the same clear message
+everywhere: what was given, what was wrong, what is allowed. Each check returns the value
+(normalised where that is its job: an ``int`` for a count, a ``Path`` for a path), so a caller
+writes ``steps = validate.count("steps", steps)``.
+
+Booleans are not numbers here, although Python says ``True == 1``: ``init_scale=True`` is a
+mistake, never a scale of 1.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["boolean", "choice", "count", "existing_dir", "existing_file", "number",
+           "output_dir", "output_file"]
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def number(name: str, value: Any, *, low: float | None = None, high: float | None = None,
+           low_open: bool = False, high_open: bool = False, integer: bool = False) -> float | int:
+    """Returns ``value`` if it is a finite real number (not a bool) within the bounds.
+
+    Args:
+        name: what the value is, as the caller's user knows it (``"init_scale"``, ``"--lr"``).
+        low, high: the bounds; ``None`` leaves that side open to infinity.
+        low_open, high_open: whether the bound itself is excluded (``low=0, low_open=True``
+            asks for a positive number).
+        integer: the value must be a whole number; it is returned as an ``int``.
+
+    Raises:
+        TypeError: not a real number (a string, a bool, ``None``, a complex number).
+        ValueError: NaN, infinite, fractional where ``integer``, or out of bounds.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        kind = "a whole number" if integer else "a number"
+        raise TypeError(f"{name} must be {kind}, got {_shown(value)} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if integer:
+        if value != int(value):
+            raise ValueError(f"{name} must be a whole number, got {value}")
+        value = int(value)
+    below = low is not None and (value <= low if low_open else value < low)
+    above = high is not None and (value >= high if high_open else value > high)
+    if below or above:
+        left = "any" if low is None else f"{'>' if low_open else '>='} {low:g}"
+        right = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+        allowed = " and ".join(s for s in (left if low is not None else "", right) if s)
+        raise ValueError(f"{name} must be {allowed}, got {value:g}")
+    return value
+
+
+def count(name: str, value: Any, *, low: int = 1, high: int | None = None) -> int:
+    """Returns ``value`` as an ``int`` if it is a whole number from ``low`` (default 1) to ``high``."""
+    return number(name, value, low=low, high=high, integer=True)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """Returns ``value`` if it is ``True`` or ``False`` (numpy's bool too); 0, 1 and "yes" are refused."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {_shown(value)} ({type(value).__name__})")
+
+
+def choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """Returns ``value`` if it is one of ``allowed``; the message lists what is allowed."""
+    allowed = list(allowed)
+    try:
+        ok = any(isinstance(a, bool) == isinstance(value, bool) and bool(a == value) for a in allowed)
+    except (TypeError, ValueError):  # an incomparable value (an array, say) is simply not allowed
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {_shown(value)}")
+    return value
+
+
+def _as_path(name: str, value: Any) -> Path:
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (a str or pathlib.Path), got {_shown(value)}")
+    text = os.fspath(value)
+    if isinstance(text, bytes) or not text or "\x00" in text:
+        raise ValueError(f"{name} must be a non-empty path without NUL characters, got {_shown(value)}")
+    return Path(text).expanduser()
+
+
+def existing_file(name: str, value: Any) -> Path:
+    """Returns ``value`` as a ``Path`` if it names a readable file."""
+    path = _as_path(name, value)
+    if not path.exists():
+        raise FileNotFoundError(f"{name}: {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{name}: {path} is not a file")
+    if not os.access(path, os.R_OK):
+        raise PermissionError(f"{name}: {path} cannot be read")
+    return path
+
+
+def existing_dir(name: str, value: Any) -> Path:
+    """Returns ``value`` as a ``Path`` if it names a readable folder."""
+    path = _as_path(name, value)
+    if not path.exists():
+        raise FileNotFoundError(f"{name}: {path} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"{name}: {path} is a file, not a folder")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise PermissionError(f"{name}: the folder {path} cannot be read")
+    return path
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def output_dir(name: str, value: Any) -> Path:
+    """Returns ``value`` as a ``Path`` if it is a folder that exists or can be made, and is writable.
+
+    Nothing is created: the check only proves that writing there will work, so that a
+    benchmark can refuse a bad ``--out`` before minutes of measuring.
+    """
+    path = _as_path(name, value)
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(f"{name}: {path} is a file, not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(f"{name}: the folder {path} is not writable")
+        return path
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise NotADirectoryError(f"{name}: {path} cannot be made: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise PermissionError(f"{name}: {path} cannot be made: the folder {base} is not writable")
+    return path
+
+
+def output_file(name: str, value: Any) -> Path:
+    """Returns ``value`` as a ``Path`` if a file can be written there (made, or replaced)."""
+    path = _as_path(name, value)
+    if path.exists():
+        if path.is_dir():
+            raise IsADirectoryError(f"{name}: {path} is a folder, not a file")
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{name}: the file {path} is not writable")
+        return path
+    output_dir(f"{name}'s folder", path.parent if str(path.parent) else Path("."))
+    return path
