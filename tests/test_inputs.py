@@ -37,12 +37,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from fp16lab.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_tensor, batch_generator,
-                             crop_params, draw_crops, flip_draw, normalize)
-from fp16lab.data import CorruptImageError, load_rgb, make_image_folder, synthetic_photo
-from fp16lab.feeding import (ProcessCpu, make_input_train_step, make_train_step, measure_loader,
-                             measure_training)
-from fp16lab.gpu_decode import gpu_decode_pipeline
+from fp16lab.inputs.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_tensor,
+                                    batch_generator, crop_params, draw_crops, flip_draw,
+                                    normalize)
+from fp16lab.inputs.dataset import CorruptImageError, load_rgb, make_image_folder, synthetic_photo
+from fp16lab.inputs.feeding import (ProcessCpu, make_input_train_step, make_train_step,
+                                    measure_loader, measure_training)
+from fp16lab.inputs.gpu_decode import gpu_decode_pipeline
 from fp16lab.inputs import (BACKENDS, InputSettings, JpegFolder, default_workers, make_input,
                             unavailable_reason)
 
@@ -200,7 +201,7 @@ def test_gpu_decode_with_a_cpu_share_gives_the_same_batches(folder):
 
 def test_decode_on_cpu_matches_pil_and_names_a_broken_file(folder, tmp_path):
     pytest.importorskip("torchvision", reason="decode_on_cpu decodes with torchvision")
-    from fp16lab.gpu_decode import decode_on_cpu
+    from fp16lab.inputs.gpu_decode import decode_on_cpu
 
     f = sorted(folder.rglob("*.jpg"))[0]
     blob = torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8)
@@ -329,7 +330,7 @@ class _FakeNvImgCodec:
 
 @pytest.fixture
 def fake_nvimgcodec(monkeypatch):
-    from fp16lab import hw_decode
+    from fp16lab.inputs import hw_decode
 
     fake = _FakeNvImgCodec()
     monkeypatch.setattr(hw_decode, "nvimgcodec", lambda: fake)
@@ -342,7 +343,7 @@ def test_hw_decode_plumbing_with_a_pil_decoder_equals_the_per_picture_augmentati
     gpu-decode pipeline fed the same pictures (the shared crop, flip and normalisation), and
     to torch's per-picture augmentation of the files; one HW_GPU_ONLY Decoder per producer
     thread, asked for interleaved RGB without EXIF rotation."""
-    from fp16lab.hw_decode import HW_DECODER, hw_decode_pipeline
+    from fp16lab.inputs.hw_decode import HW_DECODER, hw_decode_pipeline
 
     s = InputSettings("hw-decode", batch=8, image_size=24, num_workers=2, seed=6)
     with hw_decode_pipeline(s, folder, "cpu", producers=2, depth=3) as p:
@@ -372,7 +373,7 @@ def test_hw_decode_plumbing_with_a_pil_decoder_equals_the_per_picture_augmentati
 def test_hw_decode_with_a_cpu_share_sends_only_the_rest_to_the_engines(folder, fake_nvimgcodec):
     """hw-decode with half of each batch decoded on the CPU: the engines get the first half of
     each batch's files, the CPU the rest, and the batches equal an all-engine decode's."""
-    from fp16lab.hw_decode import hw_decode_pipeline
+    from fp16lab.inputs.hw_decode import hw_decode_pipeline
 
     s = InputSettings("hw-decode", batch=8, image_size=24, num_workers=2, seed=5)
     on_cpu = []
@@ -398,7 +399,7 @@ def test_hw_decode_names_a_file_it_cannot_decode(folder, corrupt, fake_nvimgcode
     """A file that passes the readers' marker check but does not decode is named: as corrupt
     where PIL cannot decode it either, as unsupported by the hardware (no fall-back) where it
     can."""
-    from fp16lab.hw_decode import HwDecoder, hw_decode_pipeline
+    from fp16lab.inputs.hw_decode import HwDecoder, hw_decode_pipeline
 
     root, victim = corrupt
     victim.write_bytes(b"\xff\xd8\xff\xd9")  # start and end markers, no picture
@@ -415,7 +416,7 @@ def test_hw_decode_names_a_file_it_cannot_decode(folder, corrupt, fake_nvimgcode
 
 
 def test_hw_decode_unavailable_reasons(monkeypatch):
-    from fp16lab import hw_decode
+    from fp16lab.inputs import hw_decode
 
     assert "CUDA GPU" in unavailable_reason("hw-decode", "cpu")
 
@@ -430,7 +431,7 @@ def test_hw_decode_unavailable_reasons(monkeypatch):
 def test_hw_decode_probe_says_when_the_gpu_has_no_jpeg_engines(monkeypatch, fake_nvimgcodec):
     """The probe decodes one small JPEG on the hardware backend: a GPU without the engines
     (the backend decodes nothing) or a decoder that fails to start is named as the reason."""
-    from fp16lab import hw_decode
+    from fp16lab.inputs import hw_decode
 
     monkeypatch.setattr(hw_decode, "_hw_probe", hw_decode._hw_probe.__wrapped__)  # no cache
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -717,7 +718,7 @@ def test_gpu_decode_backend_matches_the_per_picture_augmentation(folder):
     pictures, crop by crop with the same draws: only the batched fp16 resample differs, by at
     most half a level on the 0-255 scale (the decoder is checked against libjpeg above)."""
     pytest.importorskip("torchvision", reason="gpu-decode needs torchvision")
-    from fp16lab.gpu_decode import decode_batch
+    from fp16lab.inputs.gpu_decode import decode_batch
 
     s = InputSettings("gpu-decode", batch=16, image_size=32, num_workers=2, seed=2)
     seen = []
@@ -759,7 +760,7 @@ def test_hw_decode_matches_nvjpeg_and_names_a_corrupt_file(tmp_path):
     _hw_decode_ready()
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from fp16lab.hw_decode import HwDecoder
+    from fp16lab.inputs.hw_decode import HwDecoder
 
     info = make_image_folder(tmp_path / "imgs", images=16, classes=2, workers=4)
     full = []
@@ -798,7 +799,7 @@ def test_hw_decode_batches_equal_gpu_decode_batches_within_the_decoders_differen
     _hw_decode_ready()
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from fp16lab.hw_decode import HwDecoder
+    from fp16lab.inputs.hw_decode import HwDecoder
 
     paths = sorted(folder.rglob("*.jpg"))
     blobs = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in paths]
@@ -885,7 +886,7 @@ def _check_dali_batches(make, channels_last=True):
     """Three epochs of 16 flat pictures in batches of 8: every pixel of every picture is the
     normalised colour of its label's class (channel order, mean, std and layout), and each
     epoch holds every picture once (four of each label)."""
-    from fp16lab.inputs import _dali  # noqa: F401  (make builds through it)
+    from fp16lab.inputs.registry import _dali  # noqa: F401  (make builds through it)
 
     s = InputSettings("dali", batch=8, image_size=16, num_workers=2, seed=1,
                       channels_last=channels_last)
@@ -914,7 +915,7 @@ def test_dali_plumbing_on_its_cpu_decoder(flat_folder, channels_last):
     """The dali backend's pipeline with DALI's CPU decoder (make_input refuses the CPU; this
     checks the reader, labels, normalisation and layout where DALI is installed)."""
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
-    from fp16lab.inputs import _dali
+    from fp16lab.inputs.registry import _dali
 
     _check_dali_batches(lambda s: _dali(s, flat_folder, "cpu"), channels_last)
 

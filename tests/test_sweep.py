@@ -672,13 +672,14 @@ def test_a_sweep_stopped_before_its_first_point_returns_an_empty_table_with_the_
 
 
 def test_file_inputs_get_their_image_folder_written_before_any_point(monkeypatch, tmp_path):
-    import fp16lab.data
+    import fp16lab.inputs.dataset
 
     calls = _stub_points(monkeypatch)
     made = []
-    monkeypatch.setattr(fp16lab.data, "make_image_folder",
+    monkeypatch.setattr(fp16lab.inputs.dataset, "make_image_folder",
                         lambda root, images: made.append((Path(root), images)))
-    monkeypatch.setattr(fp16lab.data, "scan_image_folder", lambda root: made.append(Path(root)))
+    monkeypatch.setattr(fp16lab.inputs.dataset, "scan_image_folder",
+                        lambda root: made.append(Path(root)))
     spec = tiny(models=("small_cnn",), batches=(2,), repeats=1, inputs=("dataloader",),
                 images_dir=str(tmp_path / "images"), images=6)
     sweep.run_sweep(spec)

@@ -23,7 +23,7 @@ def tiny(**kw) -> SweepSpec:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    from fp16lab.data import make_image_folder
+    from fp16lab.inputs.dataset import make_image_folder
 
     root = tmp_path_factory.mktemp("jpegs") / "set"
     make_image_folder(root, images=24, classes=3, size=(64, 48), workers=1)

@@ -40,10 +40,9 @@ from typing import Any, Callable
 import torch
 
 from fp16lab import bench
-from fp16lab.data import make_image_folder
-from fp16lab.feeding import measure_loader, measure_training, summary_lines
-from fp16lab.gpu_decode import GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS
-from fp16lab.inputs import InputSettings, cpu_cores, default_workers
+from fp16lab.inputs import (GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS, InputSettings, cpu_cores,
+                            default_workers, make_image_folder, measure_loader, measure_training,
+                            summary_lines)
 
 #: Each timed window lasts at least this long (and at least the row's steps), so that a
 #: pipeline of 12 workers building whole batches is timed over several waves of batches.

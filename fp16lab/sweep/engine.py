@@ -263,7 +263,7 @@ def _prepare_images(spec: SweepSpec, points: list[Point]) -> None:
     then checks it is an image folder: a missing or empty one fails before any point runs."""
     if all(p.input == "synthetic" for p in points):
         return
-    from ..data import make_image_folder, scan_image_folder
+    from ..inputs.dataset import make_image_folder, scan_image_folder
 
     root = Path(spec.images_dir)
     if not root.exists() or not any(root.iterdir()):

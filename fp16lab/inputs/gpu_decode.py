@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from .augment import batch_generator, draw_crops, normalize, resized_crops
-from .data import CorruptImageError, read_jpeg_bytes, scan_image_folder
-from .inputs import InputPipeline, InputSettings
+from .dataset import CorruptImageError, read_jpeg_bytes, scan_image_folder
+from .registry import InputPipeline, InputSettings
 from .producers import OrderedProducer
 
 __all__ = ["GPU_DECODE_DEPTH", "GPU_DECODE_PRODUCERS", "augment_batch", "decode_batch",

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from .data import CorruptImageError, load_rgb
-from .inputs import InputPipeline, InputSettings
+from .dataset import CorruptImageError, load_rgb
+from .registry import InputPipeline, InputSettings
 
 __all__ = ["HW_DECODER", "HwDecoder", "hw_decode_pipeline", "hw_decode_unavailable", "new_decoder"]
 

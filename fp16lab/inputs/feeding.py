@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 import torch
 
-from .recipes import math_flags
-from .inputs import (CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores, make_input,
+from ..recipes import math_flags
+from .registry import (CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores, make_input,
                      unavailable_reason)
 
 __all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
@@ -99,8 +99,8 @@ def make_train_step(model: torch.nn.Module, precision: str, device: str,
     :func:`fp16lab.recipes.make_train_step`'s, fed a new batch at every call; ``optimizer`` is
     a name from :data:`fp16lab.recipes.OPTIMIZERS` (``sgd-fused``: no host sync per step).
     """
-    from .recipes import make_train_step as recipe_step
-    from .recipes import optimizer_factory
+    from ..recipes import make_train_step as recipe_step
+    from ..recipes import optimizer_factory
 
     _check_precision_optimizer(precision, optimizer)
     step, _ = recipe_step(precision, model, None, None, device=torch.device(device).type,
@@ -109,7 +109,7 @@ def make_train_step(model: torch.nn.Module, precision: str, device: str,
 
 
 def _check_precision_optimizer(precision: str, optimizer: str) -> None:
-    from .recipes import OPTIMIZERS
+    from ..recipes import OPTIMIZERS
 
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
@@ -127,7 +127,7 @@ def make_input_train_step(model_name: str, precision: str, settings: InputSettin
     a file that cannot be decoded raises :class:`fp16lab.data.CorruptImageError` from the
     ``step()`` whose batch holds it, naming the file.
     """
-    from .models import NUM_CLASSES, build_model, is_image_model
+    from ..models import NUM_CLASSES, build_model, is_image_model
 
     _check_precision_optimizer(precision, optimizer)
     if not is_image_model(model_name):

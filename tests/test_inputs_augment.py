@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 from PIL import Image
 
-from fp16lab.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_pil, augment_tensor,
-                             batch_generator, crop_params, crops_from_uniforms, draw_crops,
-                             flip_draw, normalize, resized_crops)
-from fp16lab.data import synthetic_photo
+from fp16lab.inputs.augment import (IMAGENET_MEAN, IMAGENET_STD, augment_pil, augment_tensor,
+                                    batch_generator, crop_params, crops_from_uniforms,
+                                    draw_crops, flip_draw, normalize, resized_crops)
+from fp16lab.inputs.dataset import synthetic_photo
 
 
 @settings(max_examples=200, deadline=None)
@@ -276,7 +276,7 @@ def test_batched_crops_on_the_gpu_are_within_half_a_level_of_the_reference():
 
 
 def test_normalize_makes_its_constants_once_per_device():
-    from fp16lab.augment import _channel_stats
+    from fp16lab.inputs.augment import _channel_stats
 
     x = torch.randint(0, 256, (1, 3, 2, 2), dtype=torch.uint8)
     normalize(x)

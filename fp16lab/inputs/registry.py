@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .augment import augment_pil, normalize
-from .data import load_rgb, scan_image_folder
+from .dataset import load_rgb, scan_image_folder
 
 __all__ = ["BACKENDS", "CPU_SHARE_BACKENDS", "InputPipeline", "InputSettings", "cpu_cores",
            "default_workers", "make_input", "unavailable_reason"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fp16lab.data import (CorruptImageError, load_rgb, make_image_folder, read_jpeg_bytes,
-                          scan_image_folder, synthetic_photo)
+from fp16lab.inputs.dataset import (CorruptImageError, load_rgb, make_image_folder,
+                                    read_jpeg_bytes, scan_image_folder, synthetic_photo)
 
 
 def _sha(path) -> str:

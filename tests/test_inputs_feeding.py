@@ -8,7 +8,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from fp16lab.feeding import input_label, loader_table, plot_training, speedup_table, training_table  # noqa: E402
+from fp16lab.inputs.feeding import (input_label, loader_table, plot_training,  # noqa: E402
+                                    speedup_table, training_table)
 
 
 def _train(backend, precision, ips, normalize_on="cpu", status="ok", workers=12, optimizer="sgd"):
@@ -65,7 +66,7 @@ def test_an_optimizer_other_than_sgd_is_a_column_of_its_own():
     assert t.loc["gpu-decode", "amp-fp16 share"] == pytest.approx(2900 / 3000)
     s = speedup_table(FUSED)
     assert s.loc["synthetic", "amp-fp16 sgd-fused / fp32"] == pytest.approx(3300 / 600)
-    from fp16lab.feeding import summary_lines
+    from fp16lab.inputs.feeding import summary_lines
     assert ("amp-fp16 sgd-fused: the model alone trains at 3300 images/s; the fastest real input, "
             "gpu-decode, reaches 3135 (95% of it)") in summary_lines(FUSED)
     plot_training(FUSED)
@@ -98,7 +99,7 @@ def test_loader_table_and_plot():
 
 
 def test_summary_lines_say_what_the_rows_say():
-    from fp16lab.feeding import summary_lines
+    from fp16lab.inputs.feeding import summary_lines
 
     lines = summary_lines(ROWS)
     assert lines[0] == ("fp32: the model alone trains at 600 images/s; the fastest real input, "
@@ -117,7 +118,7 @@ def test_summary_lines_say_what_the_rows_say():
 def test_timed_window_runs_at_least_steps_and_min_seconds():
     import time
 
-    from fp16lab.feeding import _timed
+    from fp16lab.inputs.feeding import _timed
 
     calls = []
     row = {}
@@ -132,7 +133,7 @@ def test_timed_window_runs_at_least_steps_and_min_seconds():
 
 
 def test_timed_window_reports_the_producers_stages_per_batch():
-    from fp16lab.feeding import _timed
+    from fp16lab.inputs.feeding import _timed
 
     count = {"batches": 0, "read_s": 0.0, "decode_s": 0.0}
 
@@ -150,7 +151,7 @@ def test_timed_window_reports_the_producers_stages_per_batch():
                                        (dict(min_seconds=float("inf")), "min_seconds must be a finite"),
                                        (dict(steps=0), "steps >= 1")])
 def test_measure_refuses_bad_windows(kw, match):
-    from fp16lab.feeding import measure_loader
+    from fp16lab.inputs.feeding import measure_loader
     from fp16lab.inputs import InputSettings
 
     with pytest.raises(ValueError, match=match):

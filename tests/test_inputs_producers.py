@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fp16lab.producers import OrderedProducer
+from fp16lab.inputs.producers import OrderedProducer
 
 
 def _threads(prefix: str) -> list[str]:
