@@ -886,7 +886,7 @@ def _check_dali_batches(make, channels_last=True):
     """Three epochs of 16 flat pictures in batches of 8: every pixel of every picture is the
     normalised colour of its label's class (channel order, mean, std and layout), and each
     epoch holds every picture once (four of each label)."""
-    from fp16lab.inputs.registry import _dali  # noqa: F401  (make builds through it)
+    from fp16lab.inputs.dali import dali_pipeline as _dali  # noqa: F401  (make builds through it)
 
     s = InputSettings("dali", batch=8, image_size=16, num_workers=2, seed=1,
                       channels_last=channels_last)
@@ -915,7 +915,7 @@ def test_dali_plumbing_on_its_cpu_decoder(flat_folder, channels_last):
     """The dali backend's pipeline with DALI's CPU decoder (make_input refuses the CPU; this
     checks the reader, labels, normalisation and layout where DALI is installed)."""
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
-    from fp16lab.inputs.registry import _dali
+    from fp16lab.inputs.dali import dali_pipeline as _dali
 
     _check_dali_batches(lambda s: _dali(s, flat_folder, "cpu"), channels_last)
 

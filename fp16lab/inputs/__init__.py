@@ -24,21 +24,27 @@ from .feeding import (ProcessCpu, input_label, loader_table, make_input_train_st
                       measure_loader, measure_training, plot_training, speedup_table,
                       summary_lines, training_label, training_table)
 from .gpu_decode import (GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS, augment_batch, decode_batch,
-                         decode_on_cpu, gpu_decode_pipeline)
+                         decode_on_cpu, gpu_decode_pipeline, gpu_decode_unavailable)
 from .hw_decode import (HW_DECODER, HwDecoder, hw_decode_pipeline, hw_decode_unavailable,
                         new_decoder)
 from .producers import OrderedProducer
-from .registry import (BACKENDS, CPU_SHARE_BACKENDS, InputPipeline, InputSettings, JpegFolder,
-                       cpu_cores, default_workers, make_input, unavailable_reason)
+from .dali import dali_pipeline, dali_unavailable
+from .dataloader import JpegFolder, dataloader_pipeline
+from .registry import BACKENDS, REGISTRY, Backend, make_input, unavailable_reason
+from .settings import (CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores,
+                       default_workers)
+from .synthetic import synthetic_pipeline
 
 __all__ = [
     # settings and the registry
-    "BACKENDS", "CPU_SHARE_BACKENDS", "InputPipeline", "InputSettings", "cpu_cores",
-    "default_workers", "make_input", "unavailable_reason",
+    "BACKENDS", "CPU_SHARE_BACKENDS", "REGISTRY", "Backend", "InputPipeline", "InputSettings",
+    "cpu_cores", "default_workers", "make_input", "unavailable_reason",
     # the backends
-    "JpegFolder", "GPU_DECODE_DEPTH", "GPU_DECODE_PRODUCERS", "augment_batch", "decode_batch",
-    "decode_on_cpu", "gpu_decode_pipeline", "HW_DECODER", "HwDecoder", "hw_decode_pipeline",
-    "hw_decode_unavailable", "new_decoder",
+    "synthetic_pipeline", "JpegFolder", "dataloader_pipeline", "GPU_DECODE_DEPTH",
+    "GPU_DECODE_PRODUCERS", "augment_batch", "decode_batch", "decode_on_cpu",
+    "gpu_decode_pipeline", "gpu_decode_unavailable", "HW_DECODER", "HwDecoder",
+    "hw_decode_pipeline", "hw_decode_unavailable", "new_decoder", "dali_pipeline",
+    "dali_unavailable",
     # the data set
     "CorruptImageError", "IMAGE_EXTENSIONS", "ImageFolderInfo", "load_rgb", "make_image_folder",
     "read_jpeg_bytes", "scan_image_folder", "synthetic_photo",

@@ -199,7 +199,7 @@ def scan_image_folder(root: str | Path) -> tuple[list[Path], list[int], list[str
     root = Path(root).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root} does not exist (or is not a folder); make "
-                                "one with fp16lab.data.make_image_folder(path) or point at an "
+                                "one with fp16lab.inputs.make_image_folder(path) or point at an "
                                 "ImageFolder layout root/<class>/<image>.jpg")
     classes = sorted(d.name for d in root.iterdir() if d.is_dir())
     if not classes:

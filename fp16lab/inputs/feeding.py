@@ -27,8 +27,8 @@ from typing import Any, Callable
 import torch
 
 from ..recipes import math_flags
-from .registry import (CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores, make_input,
-                     unavailable_reason)
+from .registry import make_input, unavailable_reason
+from .settings import CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores
 
 __all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
            "make_train_step", "measure_loader", "measure_training", "plot_training",

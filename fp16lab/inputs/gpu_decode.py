@@ -5,10 +5,11 @@ whole batch with one ``torchvision.io.decode_jpeg(device="cuda")`` call (torchvi
 decode at a time, under a global lock, and waits for it), or, for a chosen share of each
 batch, :func:`decode_on_cpu` in the reader threads; :func:`augment_batch` draws the batch's
 crops at once and resamples them with a few batched kernels. Two producer threads
-(:class:`fp16lab.producers.OrderedProducer`) each make whole batches on a CUDA stream of their
+(:class:`fp16lab.inputs.producers.OrderedProducer`) each make whole batches on a CUDA stream of their
 own, so one thread's decode overlaps the other's Python work, and hand them over in order.
 :func:`gpu_decode_pipeline` is what :func:`fp16lab.inputs.make_input` returns for
-``backend="gpu-decode"``, after its checks.
+``backend="gpu-decode"``, after its checks. torchvision (its nvJPEG decoder) is imported only
+when a batch is decoded or the backend checked (:func:`gpu_decode_unavailable`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,23 @@ import torch
 
 from .augment import batch_generator, draw_crops, normalize, resized_crops
 from .dataset import CorruptImageError, read_jpeg_bytes, scan_image_folder
-from .registry import InputPipeline, InputSettings
 from .producers import OrderedProducer
+from .settings import InputPipeline, InputSettings
 
 __all__ = ["GPU_DECODE_DEPTH", "GPU_DECODE_PRODUCERS", "augment_batch", "decode_batch",
-           "decode_on_cpu", "gpu_decode_pipeline"]
+           "decode_on_cpu", "gpu_decode_pipeline", "gpu_decode_unavailable"]
+
+
+def gpu_decode_unavailable(device: str) -> str | None:
+    """Returns why gpu-decode cannot run on ``device`` here, or None when it can: it needs a
+    CUDA GPU and torchvision's ``decode_jpeg``."""
+    if not str(device).startswith("cuda"):
+        return "gpu-decode decodes with nvJPEG on a CUDA GPU; the device here is " + str(device)
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401  (local: torchvision is optional)
+    except ImportError:
+        return "gpu-decode needs torchvision (torchvision.io.decode_jpeg); it is not installed"
+    return None
 
 
 def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> list[torch.Tensor]:
@@ -38,7 +51,7 @@ def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> l
     nvJPEG fails a batch as a whole; the files are then decoded one by one on the CPU to find
     and name the one that is broken.
     """
-    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.io import ImageReadMode, decode_jpeg  # local: torchvision is optional
 
     try:
         return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
@@ -54,7 +67,7 @@ def decode_batch(blobs: list[torch.Tensor], paths: list[Path], device: str) -> l
 def decode_on_cpu(blob: torch.Tensor, path: Path) -> torch.Tensor:
     """Returns one JPEG decoded on the CPU (libjpeg-turbo, through torchvision) as a (3, H, W)
     uint8 tensor; raises CorruptImageError naming ``path`` when it cannot be decoded."""
-    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.io import ImageReadMode, decode_jpeg  # local: torchvision is optional
 
     try:
         return decode_jpeg(blob, mode=ImageReadMode.RGB)
@@ -131,7 +144,7 @@ def gpu_decode_pipeline(
     last share of each batch's files is decoded by ``cpu_decode`` in the reader threads while
     nvJPEG decodes the rest, and copied over (more decoders at work when nvJPEG is what caps
     the rate). ``decode`` and ``cpu_decode`` turn bytes into pictures (tests on a CPU swap in
-    PIL; the hw-decode backend passes nvImageCodec's hardware decoder, :mod:`fp16lab.hw_decode`),
+    PIL; the hw-decode backend passes nvImageCodec's hardware decoder, :mod:`fp16lab.inputs.hw_decode`),
     and ``decoder`` names ``decode`` in the pipeline's ``implementation``. The pipeline's ``stage_seconds()`` adds up, over threads,
     the host seconds spent waiting for the reads, in the decode call (which returns when the
     batch is decoded, and includes waiting while the other thread's batch is: torchvision

@@ -1,13 +1,13 @@
 """The hw-decode input backend: JPEGs decoded by the GPU's hardware JPEG engines (NVJPG).
 
-gpu-decode (:mod:`fp16lab.gpu_decode`) decodes with nvJPEG's CUDA kernels, on the same SMs the
+gpu-decode (:mod:`fp16lab.inputs.gpu_decode`) decodes with nvJPEG's CUDA kernels, on the same SMs the
 training step needs: on an H200 its best training row reached 82% of the synthetic-input rate
 (issue #14). A100, H100, H200 and later data-centre GPUs also have fixed-function JPEG decode
 engines beside the SMs; NVIDIA's nvImageCodec (``nvidia.nvimgcodec``, pip package
 ``nvidia-nvimgcodec-cu13`` or ``-cu12``) drives them through nvJPEG's hardware backend.
 
 This backend is gpu-decode's pipeline (reader threads, ordered producer threads on side
-streams, the batched augmentation of :func:`fp16lab.gpu_decode.augment_batch`) with one thing
+streams, the batched augmentation of :func:`fp16lab.inputs.gpu_decode.augment_batch`) with one thing
 changed: the batch decoder, :class:`HwDecoder`, which asks nvImageCodec for the
 ``BackendKind.HW_GPU_ONLY`` backend alone, so a file the engines cannot decode is an error
 naming the file, never a silent fall-back to decoding on the SMs or the CPU.
@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from .dataset import CorruptImageError, load_rgb
-from .registry import InputPipeline, InputSettings
+from .gpu_decode import gpu_decode_pipeline
+from .settings import InputPipeline, InputSettings
 
 __all__ = ["HW_DECODER", "HwDecoder", "hw_decode_pipeline", "hw_decode_unavailable", "new_decoder"]
 
@@ -44,7 +45,7 @@ INSTALL = "pip install nvidia-nvimgcodec-cu13 for CUDA 13, nvidia-nvimgcodec-cu1
 
 def nvimgcodec() -> Any:
     """Returns the ``nvidia.nvimgcodec`` module (ImportError where it is not installed)."""
-    from nvidia import nvimgcodec as module
+    from nvidia import nvimgcodec as module  # local: nvImageCodec is optional
 
     return module
 
@@ -111,7 +112,7 @@ class HwDecoder:
 
 def _failure(blob: torch.Tensor, path: Path) -> Exception:
     """Returns the error for a file the hardware decoder returned no picture for: the
-    :class:`CorruptImageError` of :func:`fp16lab.data.load_rgb` where PIL cannot decode its
+    :class:`CorruptImageError` of :func:`fp16lab.inputs.dataset.load_rgb` where PIL cannot decode its
     bytes either, else a RuntimeError saying the hardware cannot."""
     try:
         load_rgb(path, data=blob.numpy().tobytes())
@@ -174,7 +175,5 @@ def hw_decode_pipeline(s: InputSettings, root: Path, device: str, **kw: Any) -> 
     """Returns the hw-decode :class:`InputPipeline` of ``s`` over the image folder ``root``
     (use :func:`fp16lab.inputs.make_input`, which checks the settings and folder first): the
     gpu-decode pipeline with :class:`HwDecoder` as its batch decoder. ``kw`` goes to
-    :func:`fp16lab.gpu_decode.gpu_decode_pipeline` (``producers``, ``depth``)."""
-    from .gpu_decode import gpu_decode_pipeline
-
+    :func:`fp16lab.inputs.gpu_decode.gpu_decode_pipeline` (``producers``, ``depth``)."""
     return gpu_decode_pipeline(s, root, device, decode=HwDecoder(), decoder=HW_DECODER, **kw)

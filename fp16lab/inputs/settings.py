@@ -1,0 +1,122 @@
+"""What every input backend shares: the settings it is built from and the pipeline it returns.
+
+:class:`InputSettings` says how to build one pipeline; :class:`InputPipeline` is what every
+backend returns, an endless iterator of ``(images, labels)`` batches on the training device.
+The constants the backends share are written here once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+__all__ = ["CPU_SHARE_BACKENDS", "READER_THREAD_BACKENDS", "WORKER_SHARE", "InputPipeline",
+           "InputSettings", "cpu_cores", "default_workers"]
+
+#: The backends built on gpu-decode's pipeline, whose reader threads can decode a share of each
+#: batch on the CPU (``InputSettings.cpu_decode_share``).
+CPU_SHARE_BACKENDS = ("gpu-decode", "hw-decode")
+
+#: The backends whose ``num_workers`` are reader or decoder threads: they need at least one.
+READER_THREAD_BACKENDS = ("gpu-decode", "hw-decode", "dali")
+
+#: Share of the CPU cores the default worker count uses (the "75% of cores" rule).
+WORKER_SHARE = 0.75
+
+
+def cpu_cores() -> int:
+    """Returns the number of CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_workers(cores: int | None = None) -> int:
+    """Returns the default worker count: 75% of the cores rounded down, at least 1."""
+    return max(1, int(WORKER_SHARE * (cores or cpu_cores())))
+
+
+@dataclass(frozen=True)
+class InputSettings:
+    """How to build one input pipeline. Every field is checked by
+    :func:`fp16lab.inputs.make_input`.
+
+    Attributes:
+        backend: one of ``fp16lab.inputs.BACKENDS``.
+        batch: images per batch. image_size: side of the square crops.
+        num_workers: worker processes (dataloader), reader/decoder threads (gpu-decode,
+            hw-decode, dali);
+            None means :func:`default_workers`.
+        pin_memory, non_blocking: dataloader only: page-locked batches; an asynchronous copy
+            (and normalisation) one batch ahead on a side stream, instead of on the training
+            stream when the batch is taken.
+        channels_last: the batch is converted to channels_last on the device.
+        normalize_on: ``"cpu"`` (in the workers, float32 crosses to the GPU) or ``"gpu"``
+            (uint8 crosses, 4x fewer bytes, and is normalised there); dataloader only.
+        seed: the order of the files and the random crops follow it (except the crops of a
+            dataloader with ``num_workers=0``, which draw from torch's global RNG).
+        cpu_decode_share: gpu-decode and hw-decode only: the share of each batch that the
+            reader threads decode on the CPU (libjpeg-turbo, through torchvision) while the GPU
+            (nvJPEG, or the JPEG engines) decodes the rest; 0 (the default) decodes everything
+            on the GPU.
+    """
+
+    backend: str
+    batch: int
+    image_size: int = 224
+    num_workers: int | None = None
+    pin_memory: bool = True
+    non_blocking: bool = True
+    channels_last: bool = True
+    normalize_on: str = "cpu"
+    seed: int = 0
+    cpu_decode_share: float = 0.0
+
+    def resolved_workers(self) -> int:
+        """Returns the worker count this pipeline uses."""
+        return default_workers() if self.num_workers is None else self.num_workers
+
+
+class InputPipeline:
+    """An endless source of training batches: ``next(pipeline)`` returns (images, labels).
+
+    Attributes:
+        settings: the :class:`InputSettings` it was built from.
+        device: where the batches are.
+        implementation: which code produces them (e.g. torchvision's ImageFolder or fp16lab's).
+    """
+
+    def __init__(self, settings: InputSettings, device: str, implementation: str,
+                 batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+                 close: Callable[[], None] = lambda: None,
+                 stages: Callable[[], dict[str, float]] = dict) -> None:
+        self.settings, self.device, self.implementation = settings, device, implementation
+        self._batches, self._close, self._stages = batches, close, stages
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Returns the host seconds spent so far in each stage of making batches, with the
+        batch count (``batches``), for backends that keep them (gpu-decode, hw-decode); else {}."""
+        return self._stages()
+
+    def __iter__(self) -> "InputPipeline":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self._batches)
+
+    def close(self) -> None:
+        """Stops the workers and threads behind the pipeline."""
+        self._close()
+
+    def __enter__(self) -> "InputPipeline":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"InputPipeline({self.settings.backend}, {self.implementation}, device={self.device})"
