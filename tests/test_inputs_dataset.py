@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+import fp16lab
+from fp16lab.inputs import dataset
 from fp16lab.inputs.dataset import (CorruptImageError, load_rgb, make_image_folder,
                                     read_jpeg_bytes, scan_image_folder, synthetic_photo)
 
@@ -146,3 +154,131 @@ def test_corrupt_files_are_named(small, tmp_path):
         read_jpeg_bytes(cut)
     with pytest.raises(CorruptImageError, match=f"{text} is not a JPEG"):
         read_jpeg_bytes(text)
+
+
+SMALL = dict(images=12, classes=3, size=(120, 90), seed=7, workers=1)
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): _sha(p) for p in sorted(root.rglob("*.jpg"))}
+
+
+def test_an_interrupted_run_is_resumed_to_the_same_bytes(tmp_path, monkeypatch):
+    """A run stopped after five pictures (and a sixth half written) leaves a folder that the
+    next call takes up again; the data set is then byte for byte a run never interrupted."""
+    root, real, done = tmp_path / "set", dataset._write_one, []
+
+    def dies_after_five(task):
+        if len(done) == 5:
+            Path(task[0] + ".tmp").write_bytes(b"half a picture")
+            raise KeyboardInterrupt
+        done.append(task)
+        return real(task)
+
+    monkeypatch.setattr(dataset, "_write_one", dies_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        make_image_folder(root, **SMALL)
+    monkeypatch.undo()
+    info = make_image_folder(root, **SMALL)
+    assert not info.reused and info.images == 12 and not list(root.rglob("*.tmp"))
+    assert _digests(root) == _digests(make_image_folder(tmp_path / "fresh", **SMALL).root)
+    assert make_image_folder(root, **SMALL).reused
+
+
+def test_an_interrupted_run_with_other_settings_is_remade_but_a_strangers_file_kept(
+        tmp_path, monkeypatch):
+    root = tmp_path / "set"
+    monkeypatch.setattr(dataset, "_write_one", lambda task: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        make_image_folder(root, **SMALL)
+    monkeypatch.undo()
+    (root / "class_01").mkdir(exist_ok=True)
+    (root / "class_01" / "img_000004.jpg").write_bytes(b"written by the run, say")
+    info = make_image_folder(root, **{**SMALL, "images": 4, "classes": 2})
+    files, labels, classes = scan_image_folder(root)
+    assert info.images == 4 and len(files) == 4 and classes == ["class_00", "class_01"]
+    # a folder with the marker but also a file no run of make_image_folder writes: refused
+    other = tmp_path / "other"
+    monkeypatch.setattr(dataset, "_write_one", lambda task: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        make_image_folder(other, **SMALL)
+    monkeypatch.undo()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="files it did not write"):
+        make_image_folder(other, **SMALL)
+    assert (other / "notes.txt").read_text() == "keep me"
+
+
+def test_a_file_or_a_read_only_folder_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    for root in (a_file, a_file / "inside"):
+        with pytest.raises(NotADirectoryError, match=f"{a_file} is a file, not a folder"):
+            make_image_folder(root, images=2, classes=1)
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    real = os.access  # the tests may run as root, who may write anywhere: pretend
+
+    def access(path, mode, **kw):
+        return False if Path(path) == read_only and mode & os.W_OK else real(path, mode, **kw)
+
+    monkeypatch.setattr(os, "access", access)
+    with pytest.raises(PermissionError, match=f"{read_only} is not writable"):
+        make_image_folder(read_only, images=2, classes=1)
+    assert list(read_only.iterdir()) == []
+
+
+def _children(pid: int) -> list[int]:
+    """Returns the pids of the live (not zombie) child processes of ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError):  # the process ended while we looked
+            continue
+        if int(ppid) == pid and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
+def test_the_encoding_workers_end_when_the_caller_is_killed(tmp_path):
+    """SIGKILL of a process inside make_image_folder(workers=2) takes its two pool workers
+    with it (before, they stayed alive, blocked on a pipe, holding the caller's stdout)."""
+    root = tmp_path / "set"
+    code = ("import sys; from fp16lab.inputs.dataset import make_image_folder; "
+            "make_image_folder(sys.argv[1], images=2000, size=(500, 375), workers=2)")
+    checkout = str(Path(fp16lab.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (checkout, os.environ.get("PYTHONPATH")) if p)}
+    caller = subprocess.Popen([sys.executable, "-c", code, str(root)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and caller.poll() is None:
+            workers = _children(caller.pid)
+            if len(workers) == 2 and any(root.rglob("*.jpg")):
+                break
+            time.sleep(0.05)
+        assert len(workers) == 2 and caller.poll() is None, "the pool never started"
+        caller.send_signal(signal.SIGKILL)
+        caller.wait(30)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers), "pool workers outlived their caller"
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait(30)
+        for w in workers:  # the processes this test started, by their pid
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)

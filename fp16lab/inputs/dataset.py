@@ -18,16 +18,23 @@ file and raise :class:`CorruptImageError` naming it when it is not a readable JP
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import json
 import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from .. import validate
 
 __all__ = ["CorruptImageError", "ImageFolderInfo", "IMAGE_EXTENSIONS", "load_rgb",
            "make_image_folder", "read_jpeg_bytes", "scan_image_folder", "synthetic_photo"]
@@ -39,6 +46,11 @@ GENERATOR_VERSION = 1
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".webp")
 
 MANIFEST = "manifest.json"
+#: Written before the first picture and removed after the manifest: a folder that holds it was
+#: left by an interrupted run, which the next call resumes.
+MAKING = "making_image_folder.json"
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class CorruptImageError(ValueError):
@@ -96,6 +108,40 @@ def synthetic_photo(seed: int, index: int, size: tuple[int, int] = (500, 375)) -
     return np.clip(brightness + 48 * rgb, 0, 255).astype(np.uint8)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Pool initializer: the worker ends when the process that made the pool (``parent``) does,
+    so that a caller killed by SIGKILL does not leave its encoders running, blocked on a pipe.
+
+    On Linux the kernel kills the worker when its parent process ends
+    (``prctl(PR_SET_PDEATHSIG)``; a forkserver's workers die with the forkserver, which ends
+    with the caller); elsewhere a thread of the worker watches the caller's pid every second.
+    """
+    ppid = os.getppid()
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        threading.Thread(target=_watch_parent, args=(parent, ppid), daemon=True).start()
+    # the caller ended before the kernel was told to watch it
+    if os.getppid() != ppid or (ppid != parent and _gone(parent)):
+        os._exit(1)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone, or its pid now another user's
+        return True
+    return False
+
+
+def _watch_parent(parent: int, ppid: int) -> None:
+    while not (_gone(parent) or os.getppid() != ppid):
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def _write_one(task: tuple[str, int, int, tuple[int, int], int]) -> tuple[int, str]:
     """Writes one JPEG; returns (bytes, sha256). Runs in a worker process."""
     from PIL import Image
@@ -105,7 +151,11 @@ def _write_one(task: tuple[str, int, int, tuple[int, int], int]) -> tuple[int, s
     tmp = path + ".tmp"
     Image.fromarray(data).save(tmp, format="JPEG", quality=quality)
     os.replace(tmp, path)  # a reader never sees half a file
-    blob = Path(path).read_bytes()
+    return _digest(Path(path))
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    blob = path.read_bytes()
     return len(blob), hashlib.sha256(blob).hexdigest()
 
 
@@ -115,6 +165,58 @@ def _settings(images: int, classes: int, size: tuple[int, int], quality: int,
             "size": list(size), "quality": quality, "seed": seed}
 
 
+def _layout(settings: dict[str, Any]) -> list[str]:
+    """Returns the relative paths of the files a data set of ``settings`` holds, by index."""
+    classes = settings["classes"]
+    return [f"class_{i % classes:02d}/img_{i:06d}.jpg" for i in range(settings["images"])]
+
+
+def _not_ours(root: Path, settings: dict[str, Any]) -> list[str]:
+    """Returns what ``root`` holds that an interrupted run with ``settings`` did not write."""
+    ours = {MANIFEST, MANIFEST + ".tmp", MAKING, MAKING + ".tmp"}
+    for rel in _layout(settings):
+        ours |= {rel, rel + ".tmp", rel.split("/")[0]}
+    return sorted(rel for rel in (p.relative_to(root).as_posix() for p in root.rglob("*"))
+                  if rel not in ours)
+
+
+def _claim(root: Path, settings: dict[str, Any]) -> None:
+    """Makes ``root`` ready for a data set of ``settings`` and marks it as being made
+    (:data:`MAKING`), so that a run that is interrupted leaves a folder the next run knows.
+
+    A folder holding the marker of an interrupted run and nothing it did not write is taken
+    over: resumed with the same settings, or emptied of that run's files first. Anything else
+    that is not empty and has no manifest is refused, and nothing in it is touched.
+    """
+    marker = root / MAKING
+    if not (root / MANIFEST).exists() and marker.exists():
+        try:
+            previous = json.loads(marker.read_text())["settings"]
+            stray = _not_ours(root, previous)
+        except (ValueError, KeyError, TypeError):  # not our marker after all
+            previous, stray = None, [MAKING]
+        if stray:
+            raise ValueError(f"{root} holds the marker of an interrupted make_image_folder run but "
+                             f"also files it did not write ({', '.join(stray[:3])}"
+                             f"{', ...' if len(stray) > 3 else ''}): nothing in it will be "
+                             "overwritten. Choose an empty or new folder.")
+        if previous != settings:  # another data set was being made: take away its files only
+            for rel in _layout(previous):
+                for path in (root / rel, root / (rel + ".tmp")):
+                    path.unlink(missing_ok=True)
+            for d in {rel.split("/")[0] for rel in _layout(previous)}:
+                if (root / d).is_dir() and not any((root / d).iterdir()):
+                    (root / d).rmdir()
+    elif not (root / MANIFEST).exists() and root.exists() and any(root.iterdir()):
+        raise ValueError(f"{root} is not empty and has no {MANIFEST}: it is not a data set made "
+                         "by make_image_folder, and nothing in it will be overwritten. Choose an "
+                         "empty or new folder.")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / (MAKING + ".tmp")
+    tmp.write_text(json.dumps({"settings": settings}) + "\n")
+    tmp.replace(marker)
+
+
 def make_image_folder(root: str | Path, *, images: int = 1024, classes: int = 8,
                       size: tuple[int, int] = (500, 375), quality: int = 90, seed: int = 0,
                       workers: int | None = None) -> ImageFolderInfo:
@@ -122,15 +224,20 @@ def make_image_folder(root: str | Path, *, images: int = 1024, classes: int = 8,
 
     Args:
         root: the folder to write (created if missing). If it holds a manifest with the same
-            settings and every file is there with its recorded size, nothing is written.
+            settings and every file is there with its recorded size, nothing is written. A
+            folder left by an interrupted run (its :data:`MAKING` marker, and only its files)
+            is resumed, or remade where the settings differ.
         images: number of files, spread evenly over ``classes`` folders ``class_00``, ...
         size: (width, height) of every picture; quality: the JPEG quality (1-95).
         seed: the pictures are a deterministic function of ``seed`` and their index.
-        workers: processes that encode in parallel (default: the CPU count, at most 16).
+        workers: processes that encode in parallel (default: the CPU count, at most 16); they
+            end with the calling process, even when it is killed.
 
     Raises:
         ValueError: bad settings, or ``root`` holds other files (another data set, or anything
             without a manifest): nothing there is overwritten.
+        NotADirectoryError, PermissionError: ``root`` is a file, or a folder that cannot be
+            written (or made), when there is something to write; before anything is written.
     """
     _check_int("images", images, 1)
     _check_int("classes", classes, 1, images)
@@ -145,6 +252,7 @@ def make_image_folder(root: str | Path, *, images: int = 1024, classes: int = 8,
     root = Path(root).expanduser()
     settings = _settings(images, classes, size, quality, seed)
     manifest_path = root / MANIFEST
+    recorded: dict[str, int] = {}
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("settings") != settings:
@@ -155,27 +263,34 @@ def make_image_folder(root: str | Path, *, images: int = 1024, classes: int = 8,
         if all((root / f["path"]).is_file() and (root / f["path"]).stat().st_size == f["bytes"]
                for f in files):
             return _info(root, settings, files, reused=True)
-    elif root.exists() and any(root.iterdir()):
-        raise ValueError(f"{root} is not empty and has no {MANIFEST}: it is not a data set made "
-                         "by make_image_folder, and nothing in it will be overwritten. Choose an "
-                         "empty or new folder.")
-    tasks, rel_paths = [], []
-    for i in range(images):
-        rel = f"class_{i % classes:02d}/img_{i:06d}.jpg"
+        recorded = {f["path"]: f["bytes"] for f in files}
+    root = validate.output_dir("image folder", root)  # a file or a read-only place: refused now
+    _claim(root, settings)
+    rel_paths = _layout(settings)
+    tasks, written = [], {}
+    for i, rel in enumerate(rel_paths):
+        path = root / rel
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        tasks.append((str(root / rel), seed, i, size, quality))
-        rel_paths.append(rel)
-    n_workers = min(workers or min(os.cpu_count() or 1, 16), images)
+        # a picture under its own name is whole (written beside it, then renamed): keep it
+        if path.is_file() and recorded.get(rel, path.stat().st_size) == path.stat().st_size:
+            written[i] = _digest(path)
+        else:
+            tasks.append((i, (str(path), seed, i, size, quality)))
+    n_workers = min(workers or min(os.cpu_count() or 1, 16), max(1, len(tasks)))
     if n_workers > 1:
-        with ProcessPoolExecutor(n_workers) as pool:
-            written = list(pool.map(_write_one, tasks, chunksize=max(1, images // (4 * n_workers))))
+        with ProcessPoolExecutor(n_workers, initializer=_die_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
+            made = list(pool.map(_write_one, [t for _, t in tasks],
+                                 chunksize=max(1, len(tasks) // (4 * n_workers))))
     else:
-        written = [_write_one(t) for t in tasks]
-    files = [{"path": rel, "label": i % classes, "bytes": n, "sha256": digest}
-             for i, (rel, (n, digest)) in enumerate(zip(rel_paths, written))]
+        made = [_write_one(t) for _, t in tasks]
+    written.update({i: result for (i, _), result in zip(tasks, made)})
+    files = [{"path": rel, "label": i % classes, "bytes": written[i][0], "sha256": written[i][1]}
+             for i, rel in enumerate(rel_paths)]
     tmp = manifest_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"settings": settings, "files": files}, indent=0) + "\n")
     tmp.replace(manifest_path)
+    (root / MAKING).unlink(missing_ok=True)
     return _info(root, settings, files, reused=False)
 
 
