@@ -490,6 +490,17 @@ def test_corrupt_jpeg_raises_from_the_step_naming_the_file(corrupt, workers):
         step()
 
 
+def test_a_dataloader_worker_process_names_the_corrupt_file_as_the_main_process_does(corrupt):
+    """With worker processes the DataLoader re-raises a worker's error as "Caught
+    CorruptImageError in DataLoader worker process 0" and a traceback; the row's error is the
+    worker's own message, the same as with no worker processes."""
+    root, victim = corrupt
+    rows = [measure_loader(InputSettings("dataloader", batch=8, image_size=32, num_workers=w),
+                           root, device="cpu", warmup=0, steps=1) for w in (0, 2)]
+    assert rows[0]["error"].startswith(f"CorruptImageError: cannot decode image file {victim}")
+    assert rows[1]["status"] == "error" and rows[1]["error"] == rows[0]["error"]
+
+
 @pytest.mark.parametrize("share", [0.0, 0.5])
 def test_corrupt_jpeg_in_gpu_decode_reader_is_named(corrupt, share):
     root, victim = corrupt

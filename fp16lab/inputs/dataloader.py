@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from .augment import IMAGENET_MEAN, IMAGENET_STD, augment_pil, normalize
-from .dataset import load_rgb, scan_image_folder
+from .dataset import CorruptImageError, load_rgb, scan_image_folder
 from .settings import InputPipeline, InputSettings
 
 __all__ = ["JpegFolder", "dataloader_pipeline"]
@@ -62,6 +62,20 @@ def _prefetched(batches: Iterator[tuple[torch.Tensor, torch.Tensor]], s: InputSe
         y.record_stream(here)
         ahead = start(*next(batches))
         yield x, y
+
+
+def _from_worker(e: CorruptImageError) -> CorruptImageError:
+    """Returns the error a DataLoader worker raised, as raised there (its message names the
+    file). The DataLoader re-raises it in this process as ``CorruptImageError("Caught
+    CorruptImageError in DataLoader worker process 0. Original Traceback ...")``, the
+    worker's message only on the traceback's last line."""
+    text = str(e)
+    if not text.startswith("Caught "):  # raised here (no worker processes): already named
+        return e
+    last = [line for line in text.splitlines() if f"{CorruptImageError.__name__}: " in line]
+    if not last:
+        return e
+    return CorruptImageError(last[-1].split(f"{CorruptImageError.__name__}: ", 1)[1])
 
 
 class JpegFolder(torch.utils.data.Dataset):
@@ -113,8 +127,11 @@ def dataloader_pipeline(s: InputSettings, root: Path, device: str) -> InputPipel
         pin_memory=pin, persistent_workers=workers > 0)
 
     def on_cpu() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:  # persistent workers survive from one pass to the next
-            yield from loader
+        try:
+            while True:  # persistent workers survive from one pass to the next
+                yield from loader
+        except CorruptImageError as e:
+            raise _from_worker(e) from None
 
     def forever() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if str(device).startswith("cuda") and s.non_blocking:
