@@ -144,7 +144,8 @@ def _check_q3(answer: object) -> str:
     if value == right:
         return (f"{right} waves: {tiles} tiles on {Q3_SMS} SMs; the last wave runs "
                 f"{tiles - (right - 1) * Q3_SMS} tiles and leaves "
-                f"{right * Q3_SMS - tiles} SMs idle, yet takes as long as a full one.")
+                f"{right * Q3_SMS - tiles} SMs idle, yet in this arithmetic takes as long as a full "
+                "one (cuBLAS picks its tile per shape to avoid such waves where it can).")
     if value == tiles:
         raise Wrong(f"{value:g} is the number of tiles; how many rounds of {Q3_SMS} does that take?")
     if math.isclose(value, tiles / Q3_SMS, rel_tol=0.01):
