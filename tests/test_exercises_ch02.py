@@ -81,6 +81,16 @@ def test_q3_amp_step_right_and_each_usual_mistake():
         assert not fb and message in fb.message, (message, fb.message)
     assert "function itself" in ch02.q3.check(None).message
 
+    def no_scaler(model, optimizer, scaler, x, y, max_norm):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+    fb = ch02.q3.check(no_scaler)
+    assert not fb and "never used the scaler" in fb.message and "update()" not in fb.message.split(":")[0]
+
     def empty(model, optimizer, scaler, x, y, max_norm):
         ...
     assert "changed neither" in ch02.q3.check(empty).message

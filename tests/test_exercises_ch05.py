@@ -25,9 +25,13 @@ def test_q1_claim_11_verdict(figures):
     assert ex.q1.check(right)
     assert ex.q1.check(right.upper())
     f = ex.q1.check(wrong)
-    assert not f and "fp16_tflops / fp32_tflops" in f.message
+    assert not f and "fp16_tflops / fp32_tflops" in f.message and "6" in f.message
+    assert f"{ratio:.1f}" not in f.message        # a wrong verdict is not handed the ratio
+    f = ex.q1.check("holds in part")
+    assert not f and "no middle verdict" in f.message
     f = ex.q1.check("true")
     assert not f and "one of" in f.message
+    assert "V100" in ex.q1.check(right).message and "16x" in ex.q1.check(right).message
 
 
 def test_q2_claim_2_verdict(figures):

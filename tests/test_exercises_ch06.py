@@ -15,7 +15,12 @@ def test_q1_idle_fraction():
     assert not f and "overlapping" in f.message
     f = ex.q1.check(32.5)
     assert not f and "percentage" in f.message
-    assert not ex.q1.check(0.5)
+    f = ex.q1.check(0.5)
+    assert not f and "merge the kernels that overlap" in f.message
+    f = ex.q1.check(0.675)                   # the busy share, given for the idle one
+    assert not f and "busy" in f.message and "idle" in f.message
+    f = ex.q1.check(145 / 200)                # summed durations as a busy share
+    assert not f and "twice" in f.message
     assert not ex.q1.check("lots")
     assert ex.q1.check().kind == "missing"
 
@@ -61,6 +66,11 @@ def test_q4_capture_blockers():
     assert not f and "fused" in f.message
     f = ex.q4.check({"a", "b", "c", "e"})
     assert not f and "zero_grad" in f.message
+    assert ex.q4.check("abe") and ex.q4.check("ABE")   # the letters written together
+    f = ex.q4.check("abef")
+    assert not f and "fused" in f.message
+    f = ex.q4.check("ab")
+    assert not f and "missed e" in f.message
     f = ex.q4.check({"a", "z"})
     assert not f and "not among" in f.message
 

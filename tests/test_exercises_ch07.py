@@ -14,7 +14,13 @@ def test_q1_training_rate_function():
     assert not added and "overlap" in added.message
     faster = ch07.q1.check(lambda a, b: max(a, b))
     assert not faster and "slower one sets the pace" in faster.message
-    assert not ch07.q1.check(lambda a, b: a)  # right for some pairs only
+    only_loader = ch07.q1.check(lambda a, b: a)  # right for some pairs only
+    assert not only_loader and "faster side" in only_loader.message
+    mean = ch07.q1.check(lambda a, b: (a + b) / 2)
+    assert not mean and "Which side waits" in mean.message
+    summed = ch07.q1.check(lambda a, b: a + b)
+    assert not summed and "added the two rates" in summed.message
+    assert "ceiling" in ch07.q1.check(lambda a, b: min(a, b)).message
     assert "without calling it" in ch07.q1.check(800.0).message
     assert "two arguments" in ch07.q1.check(lambda a: a).message
     assert "return a number" in ch07.q1.check(lambda a, b: "fast").message
@@ -26,7 +32,14 @@ def test_q2_speed_up_on_real_input():
     assert ch07.q2.check(right) and ch07.q2.check(f"{right:.3f}")
     model_only = ch07.q2.check(3000 / 600)
     assert not model_only and "model's own speed-up" in model_only.message
-    assert not ch07.q2.check(1.0) and not ch07.q2.check(800 / 600 * 1.1)
+    both_at_pipeline = ch07.q2.check(1.0)
+    assert not both_at_pipeline and "slower side" in both_at_pipeline.message
+    inverse = ch07.q2.check(600 / 800)
+    assert not inverse and "fp32's rate over AMP's" in inverse.message
+    against_pipeline = ch07.q2.check(3000 / 800)
+    assert not against_pipeline and "Compare the two training loops" in against_pipeline.message
+    other = ch07.q2.check(800 / 600 * 1.1)
+    assert not other and "training_rate (q1)" in other.message
     assert "give a number" in ch07.q2.check("fast").message
 
 

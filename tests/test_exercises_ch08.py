@@ -12,7 +12,15 @@ def test_q1_scaling_efficiency():
     assert ch08.q1.check(round(ch08.Q1_TWO / (2 * ch08.Q1_ONE), 3))
     assert "speed-up" in ch08.q1.check(ch08.Q1_TWO / ch08.Q1_ONE).message
     assert "percentage" in ch08.q1.check(100 * ch08.Q1_TWO / (2 * ch08.Q1_ONE)).message
-    assert not ch08.q1.check(0.5)
+    right = ch08.Q1_TWO / (2 * ch08.Q1_ONE)
+    f = ch08.q1.check(1 - right)
+    assert not f and "missing" in f.message
+    f = ch08.q1.check(1 / right)
+    assert not f and "upside down" in f.message
+    f = ch08.q1.check((ch08.Q1_TWO - ch08.Q1_ONE) / ch08.Q1_ONE)
+    assert not f and "second GPU added" in f.message
+    f = ch08.q1.check(0.5)
+    assert not f and "twice the 1-GPU rate" in f.message
     assert "give a number" in ch08.q1.check("fast").message
     assert ch08.q1.check().kind == "missing"
 

@@ -39,11 +39,16 @@ def test_q3_current_scale_function():
     assert "give a function" in ch09.q3.check(448).message
 
 
-def test_q4_gradient_format():
-    assert ch09.q4.check("e5m2") and ch09.q4.check(" E5M2 ")
-    wrong = ch09.q4.check("e4m3")
-    assert not wrong and "binades" in wrong.message
-    assert "answer 'e4m3' or 'e5m2'" in ch09.q4.check("fp16").message
+def test_q4_gradient_format_per_granularity():
+    assert ch09.q4.check(("e5m2", "e4m3")) and ch09.q4.check([" E5M2 ", "e4m3"])
+    per_tensor_e4m3 = ch09.q4.check(("e4m3", "e4m3"))
+    assert not per_tensor_e4m3 and "binades" in per_tensor_e4m3.message
+    assert "one scale per tensor" in per_tensor_e4m3.message
+    per_row_e5m2 = ch09.q4.check(("e5m2", "e5m2"))
+    assert not per_row_e5m2 and "mantissa bit" in per_row_e5m2.message
+    assert not ch09.q4.check(("e4m3", "e5m2"))
+    assert "pair of formats" in ch09.q4.check("e5m2").message
+    assert "'e4m3' or 'e5m2'" in ch09.q4.check(("fp16", "e4m3")).message
 
 
 def test_every_exercise_has_hint_and_solution():

@@ -100,13 +100,36 @@ def _q3_setup():
     return model, batches
 
 
+class _RecordingScaler(torch.amp.GradScaler):
+    """A GradScaler that records which of its methods a step called (to tell what is missing)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.called: set[str] = set()
+
+    def scale(self, outputs):
+        self.called.add("scale")
+        return super().scale(outputs)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.called.add("step")
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        self.called.add("update")
+        return super().update(new_scale)
+
+
 def _q3_run(step, *, autocast=True, unscale=True, clip=True, update=True, scaler_step=True):
-    """Runs ``step`` (the learner's) or the reference with some parts left out, on 5 batches."""
+    """Runs ``step`` (the learner's) or the reference with some parts left out, on 5 batches.
+
+    Returns (the weights, the scale after each step, the scaler methods the step called).
+    """
     model, batches = _q3_setup()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     # starts far too high, so the first steps overflow and must be skipped
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, backoff_factor=2.0**-10,
-                                  growth_interval=2)
+    scaler = _RecordingScaler("cpu", init_scale=2.0**40, backoff_factor=2.0**-10,
+                              growth_interval=2)
     scales = []
     for x, y in batches:
         if step is not None:
@@ -127,7 +150,7 @@ def _q3_run(step, *, autocast=True, unscale=True, clip=True, update=True, scaler
             if update:
                 scaler.update()
         scales.append(scaler.get_scale())
-    return [p.detach().clone() for p in model.parameters()], scales
+    return [p.detach().clone() for p in model.parameters()], scales, scaler.called
 
 
 def _same(a, b) -> bool:
@@ -153,6 +176,15 @@ def _check_q3(answer: object) -> str:
         raise Wrong("amp_step changed neither the weights nor the scale: write its body in place "
                     "of the ... (zero_grad, forward under autocast, backward through the scaler, "
                     "unscale_, clip, step, update).")
+    if "scale" not in got[2]:
+        raise Wrong("your step never used the scaler: the loss went backward unscaled, so small "
+                    "FP16 gradients can underflow and nothing checks for inf. Backward through "
+                    "scaler.scale(loss).backward(), then scaler.unscale_(optimizer), clip, "
+                    "scaler.step(optimizer) and scaler.update().")
+    if "step" not in got[2]:
+        raise Wrong("your step never called scaler.step: call scaler.step(optimizer) instead of "
+                    "optimizer.step(). It unscales the gradients and skips the step when they hold "
+                    "inf/NaN (the first steps here overflow).")
     if _same(got, _q3_run(None)):
         return ("your step matches the reference bit for bit over 5 steps, the first ones "
                 "overflowing: they were skipped and the scale backed off, then clipping saw the "

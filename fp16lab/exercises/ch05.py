@@ -39,10 +39,19 @@ def _check_q1(answer: object) -> str:
     right = "holds" if abs(ratio / 8 - 1) <= 0.25 else "does not hold"
     if given == right:
         return (f"{right}: {f['fp16_tflops']:.0f} / {f['fp32_tflops']:.0f} TFLOP/s = {ratio:.1f}x "
-                f"({where}); the rule wants 6 to 10. 8x was a V100/A100 figure; against TF32 the "
-                f"ratio is {f['fp16_tflops'] / f['tf32_tflops']:.1f}x.")
-    raise Wrong(f"compute fp16_tflops / fp32_tflops from the figures ({ratio:.1f}?) and compare "
-                "it with 8 +- 25%.")
+                f"({where}); the rule wants 6 to 10. 8x is the V100's ratio (125 TFLOPS of FP16 "
+                "tensor-core math against 15.7 of FP32 in NVIDIA's V100 datasheet); the A100's is "
+                "16x (312 against 19.5, NVIDIA's A100 datasheet). Against TF32 this run's ratio is "
+                f"{f['fp16_tflops'] / f['tf32_tflops']:.1f}x.")
+    if given == "holds in part":
+        raise Wrong("this rule has no middle verdict: the ratio lies within 6 to 10 ('holds') or "
+                    "outside it ('does not hold').")
+    if given == "holds":
+        raise Wrong("'holds' needs fp16_tflops / fp32_tflops between 6 and 10 (8 +- 25%). Divide the "
+                    "two recorded figures (fp32, not tf32) and see which side of that band the ratio "
+                    "lands on.")
+    raise Wrong("'does not hold' means fp16_tflops / fp32_tflops falls outside 6 to 10. Divide the "
+                "two recorded figures (fp32, not tf32) and check the ratio against both bounds.")
 
 
 q1 = Exercise(

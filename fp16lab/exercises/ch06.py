@@ -35,7 +35,16 @@ def _check_q1(answer: object) -> str:
     if abs(value - summed) < 0.005 and abs(summed - right) > 0.005:
         raise Wrong(f"{value:g} treats overlapping kernels (two streams) as if they ran one after "
                     "the other: time covered by two kernels at once counts once.")
-    expect_close(value, right, "the idle fraction", rel=0.01)
+    if abs(value - (1 - right)) < 0.005:
+        raise Wrong(f"{value:g} is the share of the window the GPU is busy; the question asks for "
+                    "the idle share, the time covered by no kernel.")
+    if abs(value - (1 - summed)) < 0.005:
+        raise Wrong(f"{value:g} is the summed kernel durations over the window, a busy share that "
+                    "also counts the overlaps twice; merge overlapping kernels, then take the rest.")
+    if not 0 <= value <= 1:
+        raise Wrong(f"{value:g} is not a fraction between 0 and 1.")
+    expect_close(value, right, "merge the kernels that overlap into one interval each (two pairs "
+                 "here), add up what they cover, and the idle share is the rest of the window", rel=0.01)
     return (f"{right:.2f}: the kernels cover {(1 - right) * span:.0f} of the {span} µs, so the GPU "
             f"waits {right:.0%} of the step. Summing durations ({1 - summed:.0%} busy) would "
             "double-count the overlap.")
@@ -134,6 +143,8 @@ _SYNCS = {"a": True, "b": True, "c": False, "d": False, "e": True, "f": False}
 def _check_q4(answer: object) -> str:
     if isinstance(answer, str):
         answer = [c for c in answer.replace(",", " ").split()]
+        if len(answer) == 1 and len(answer[0]) > 1 and set(answer[0].lower()) <= set(Q4_LINES):
+            answer = list(answer[0])          # 'abe': the letters written together
     try:
         given = {str(a).strip().lower() for a in answer}
     except TypeError:

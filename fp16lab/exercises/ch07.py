@@ -46,15 +46,22 @@ def _check_q1(answer: object) -> str:
         if math.isclose(float(got), max(loader, model), rel_tol=1e-9):
             raise Wrong(f"training_rate({loader:g}, {model:g}) returned the faster side; the "
                         "slower one sets the pace.")
-        raise Wrong(f"training_rate({loader:g}, {model:g}) returned {got!r}, which is not what "
-                    "a training loop fed by that pipeline reaches.")
-    return ("the slower side sets the pace: min(loader, model). The other side waits, which is "
-            "why a faster model on a slow pipeline gains nothing.")
+        if math.isclose(float(got), loader + model, rel_tol=1e-9):
+            raise Wrong("you added the two rates: the loop trains each image once, so it cannot "
+                        "go faster than either side alone.")
+        raise Wrong(f"training_rate({loader:g}, {model:g}) returned {got!r}: the pipeline delivers "
+                    f"{loader:g} images/s and the model takes {model:g}. Which side waits for "
+                    "the other, and at whose pace does the loop then run?")
+    return ("min(loader, model): the slower side sets the ceiling, and the other side waits, which "
+            "is why a faster model on a slow pipeline gains nothing. It is a ceiling: where the two "
+            "sides compete (for CPU cores, or for the GPU when it decodes the JPEGs), each runs "
+            "slower than alone and the loop lands below it; section 4 measures how far.")
 
 
 q1 = Exercise(
     "q1", "Write training_rate(loader_images_per_s, model_images_per_s): the images/s a "
-          "training loop reaches when the input workers run ahead of the GPU.", _check_q1,
+          "training loop reaches at best when the input workers run ahead of the GPU and the two "
+          "sides take nothing from each other.", _check_q1,
     hint="Both sides work at the same time, on different batches. Which one does the other wait for?",
     solution="The slower side: the loop cannot go faster than either one.",
     solution_code="def training_rate(loader_images_per_s, model_images_per_s):\n"
@@ -75,7 +82,19 @@ def _check_q2(answer: object) -> str:
     if math.isclose(value, model_only, rel_tol=0.01):
         raise Wrong(f"{value:g}x is the model's own speed-up, with the batch already on the GPU. "
                     f"Fed by a pipeline of {Q2_LOADER:g} images/s, what does each precision reach?")
-    expect_close(value, right, "the speed-up AMP gives on real input", rel=0.01)
+    fp32_fed, amp_fed = _rate(Q2_LOADER, Q2_MODEL_FP32), _rate(Q2_LOADER, Q2_MODEL_AMP)
+    if math.isclose(value, 1.0, rel_tol=0.01):
+        raise Wrong(f"1x would mean both precisions run at the pipeline's {Q2_LOADER:g} images/s. In "
+                    f"fp32 the model, at {Q2_MODEL_FP32:g}, is the slower side: which pace does each "
+                    "precision run at?")
+    if math.isclose(value, fp32_fed / amp_fed, rel_tol=0.01):
+        raise Wrong(f"{value:g} is fp32's rate over AMP's; a speed-up is AMP's fed rate over fp32's.")
+    if math.isclose(value, Q2_MODEL_AMP / Q2_LOADER, rel_tol=0.01):
+        raise Wrong(f"{value:g} compares AMP's model with the pipeline. Compare the two training loops: "
+                    "AMP's fed rate over fp32's fed rate.")
+    if not math.isclose(value, right, rel_tol=0.01):
+        raise Wrong(f"{value:g} is not AMP's fed rate over fp32's fed rate. Find each with "
+                    "training_rate (q1): the pipeline and the model, per precision, then divide.")
     return (f"{right:.2f}x: fp32 trains at {_rate(Q2_LOADER, Q2_MODEL_FP32):g} images/s (the model "
             f"is the slower side), AMP at {_rate(Q2_LOADER, Q2_MODEL_AMP):g} (now the pipeline is). "
             f"The other {model_only / right:.2f}x of AMP's speed-up waits for images.")

@@ -33,7 +33,17 @@ def _check_q1(answer: object) -> str:
         raise Wrong(f"{value:.3f} is the speed-up. Efficiency divides it by the number of GPUs.")
     if math.isclose(value, right * 100, rel_tol=2e-3):
         raise Wrong("give it as a fraction (0.9), not a percentage (90).")
-    raise Wrong(f"{value:g} is not the 2-GPU rate over twice the 1-GPU rate.")
+    if math.isclose(value, 1 - right, rel_tol=2e-3):
+        raise Wrong(f"{value:.3f} is the share that goes missing; the efficiency is the share that "
+                    "remains: the 2-GPU rate over twice the 1-GPU rate.")
+    if math.isclose(value, 1 / right, rel_tol=2e-3):
+        raise Wrong(f"{value:.3f} is the ideal rate over the measured one, upside down: divide the "
+                    "2-GPU rate by twice the 1-GPU rate.")
+    if math.isclose(value, (Q1_TWO - Q1_ONE) / Q1_ONE, rel_tol=2e-3):
+        raise Wrong(f"{value:.3f} is what the second GPU added, over one GPU's rate. Efficiency "
+                    "compares the whole 2-GPU rate with two perfectly independent GPUs.")
+    raise Wrong(f"{value:g} is not the 2-GPU rate ({Q1_TWO:g}) over twice the 1-GPU rate "
+                f"(2 x {Q1_ONE:g}).")
 
 
 q1 = Exercise(

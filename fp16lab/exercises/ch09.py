@@ -128,26 +128,50 @@ def _binades(dtype) -> float:
 _SPANS = {"e4m3": _binades(ml_dtypes.float8_e4m3fn), "e5m2": _binades(ml_dtypes.float8_e5m2)}
 
 
+Q4_ROWS_BINADES = 20          # the rows of the made-up tensor of notebook 09 run from 2^-10 to 2^10
+_FORMATS = ("e4m3", "e5m2")
+
+
+def _q4_pair(answer: object) -> tuple[str, str]:
+    if isinstance(answer, str) or not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        raise Wrong("answer with a pair of formats, (one scale per tensor, one scale per row), "
+                    "e.g. ('e4m3', 'e4m3').")
+    pair = tuple(str(a).strip().lower() for a in answer)
+    if any(a not in _FORMATS for a in pair):
+        raise Wrong(f"each format is 'e4m3' or 'e5m2'; got {answer!r}.")
+    return pair
+
+
 def _check_q4(answer: object) -> str:
-    if not isinstance(answer, str) or answer.strip().lower() not in ("e4m3", "e5m2"):
-        raise Wrong("answer 'e4m3' or 'e5m2'.")
+    per_tensor, per_row = _q4_pair(answer)
     spans = _SPANS
-    if answer.strip().lower() == "e5m2":
-        return (f"e5m2: from its smallest subnormal to its largest value it spans "
-                f"{spans['e5m2']:.1f} binades against e4m3's {spans['e4m3']:.1f}; gradients spread "
-                "over more binades than activations, and one extra exponent bit buys that range.")
-    raise Wrong(f"e4m3 spans only {spans['e4m3']:.1f} binades (e5m2: {spans['e5m2']:.1f}); "
-                "gradients cover a wider range than one scale can fit into e4m3.")
+    if per_tensor == "e4m3":
+        raise Wrong(f"with one scale per tensor the whole tensor must fit one range: its rows span "
+                    f"{Q4_ROWS_BINADES} binades of size and the values inside a row more, while e4m3 "
+                    f"spans {spans['e4m3']:.1f} from its smallest subnormal to its largest value "
+                    f"(e5m2: {spans['e5m2']:.1f}). Section 2's table of `spread_rows` (tensorwise) shows what e4m3 loses to zero.")
+    if per_row == "e5m2":
+        raise Wrong("with one scale per tensor, yes: e5m2's range keeps the small rows. But with one "
+                    "scale per row each row only needs its own range, which e4m3 holds (the "
+                    "rowwise row of section 2's `spread_rows` table), and e4m3 keeps one more mantissa bit: the extra range of e5m2 buys "
+                    "nothing there and costs precision.")
+    return (f"('e5m2', 'e4m3'): one scale for the whole tensor needs e5m2's {spans['e5m2']:.1f} binades "
+            f"of range (e4m3 has {spans['e4m3']:.1f}); once every row has its own scale, e4m3's range "
+            "suffices and its extra mantissa bit wins. That is why the FP8 paper's recipe with one "
+            "scale per tensor casts gradients to e5m2 (Micikevicius et al. 2022, arXiv 2209.05433), "
+            "while DeepSeek-V3, with 1x128 and 128x128 scales, keeps every tensor, gradients "
+            "included, in e4m3 (arXiv 2412.19437, section 3.3).")
 
 
 q4 = Exercise(
-    "q4", "In the backward pass, which FP8 format do the usual recipes give gradients: 'e4m3' or 'e5m2'?",
+    "q4", "Take a gradient whose rows differ in size as much as section 2's made-up tensor "
+          "`spread_rows` (2^-10 to 2^10). Which FP8 format would you cast it to with one scale per tensor, and "
+          "which with one scale per row? Fewest values lost to zero first, then the most precision. "
+          "Answer with a pair, e.g. ('e4m3', 'e4m3').",
     _check_q4,
-    hint="Compare the binades each format spans (np.log2(max / smallest subnormal)), and the census "
-         "of the gradients above.",
-    solution=f"e5m2: one more exponent bit buys {_SPANS['e5m2'] - _SPANS['e4m3']:.0f} more binades of "
-             "range, at the price of one mantissa bit.",
-    solution_code="import ml_dtypes, numpy as np\n"
-                  "for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):\n"
-                  "    f = ml_dtypes.finfo(dt)\n"
-                  "    print(dt.__name__, np.log2(float(f.max) / float(f.smallest_subnormal)))")
+    hint="Run ranges.granularity_census({'rows': spread_rows}, 'e5m2') and compare it with "
+         "section 2's e4m3 table, row by row. Then recall which format has the extra mantissa bit.",
+    solution="('e5m2', 'e4m3'): per tensor e4m3's range is too short for rows 20 binades apart; per "
+             "row it is long enough, and e4m3 has one more mantissa bit.",
+    solution_code="from fp16lab.fp8 import ranges\n"
+                  "ranges.granularity_census({'rows': spread_rows}, 'e5m2')")
