@@ -377,7 +377,7 @@ def test_torch_path_counts_every_chunk_on_the_tensors_device_in_int64(monkeypatc
 
 
 # A CPU tensor that says it is on a CUDA device, so that census() takes its GPU path on a CPU.
-# census() knows torch tensors by their type's name and module (bits._is_torch): it carries torch's.
+# census() knows torch tensors by their type's name and module (bits.arrays.is_torch): it carries torch's.
 _SaysCuda = type("Tensor", (torch.Tensor,), {"is_cuda": property(lambda self: True),
                                              "__module__": "torch"})
 
