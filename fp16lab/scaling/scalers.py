@@ -1,121 +1,19 @@
-"""Loss scalers you can read: static, dynamic (torch.amp.GradScaler's rule), and a recorder.
-
-Why scale at all: FP16's smallest subnormal is 2**-24 (about 6e-8). Gradients smaller than half of
-that round to zero when they are stored in FP16, and the update they carried is lost. Multiplying
-the loss by ``S`` multiplies every gradient by ``S`` (the chain rule is linear), lifting them out
-of the underflow zone; dividing the FP32 gradients by ``S`` before the optimizer step undoes it.
-Too large an ``S`` overflows (``|g| * S >= 65520`` becomes inf), so a dynamic scaler searches for
-the largest ``S`` that does not overflow.
-
-The dynamic rule, exactly as ``torch.amp.GradScaler`` applies it (``torch._amp_update_scale_``,
-the same on CPU and CUDA), with the scale held in float32 and a step counter ``tracker``:
-
-* gradients contain inf or NaN: skip the optimizer step, ``scale = float32(scale * backoff_factor)``
-  and ``tracker = 0``;
-* otherwise: step, ``tracker += 1``; when ``tracker == growth_interval``: ``tracker = 0`` and
-  ``scale = float32(scale * growth_factor)`` unless that product is inf in float32, in which case
-  the scale stays where it is.
-
-(The products are taken in float64 and rounded once to float32, as torch's kernels do.)
-
-torch has neither a floor nor a ceiling for the scale. Apex's scalers have both
-(``min_loss_scale``, ``max_loss_scale``); here they are ``min_scale`` and ``max_scale``: a backoff
-never goes below ``min_scale`` and a growth never goes above ``max_scale``. With both left at
-``None`` the scalers follow torch bit for bit (``tests/test_scaling.py`` checks this against
-``torch.amp.GradScaler`` itself).
-
-Three classes:
-
-* :class:`StaticLossScaler` - a fixed ``S``; skips steps whose gradients are not finite.
-* :class:`DynamicLossScaler` - the rule above, optionally with an Apex-style floor and ceiling.
-* :class:`GradScalerRecorder` - wraps a real ``torch.amp.GradScaler`` and keeps the same history.
-
-All three keep ``history``, a list of :class:`ScaleEvent` (step, scale used, found_inf, skipped,
-scale after the update), and share GradScaler's training-loop calls: ``scale(loss)``,
-``unscale_(optimizer)``, ``step(optimizer)``, ``update()``. Our two scalers also take
-``update(found_inf=...)`` directly, which is all the state machine needs. Like GradScaler, they
-raise on calls out of order (``step`` without ``scale`` in the iteration, two ``step`` or two
-``unscale_`` calls before ``update``) rather than step with gradients that are still scaled.
-"""
+"""The two scalers you can read: :class:`StaticLossScaler` and :class:`DynamicLossScaler`
+(torch.amp.GradScaler's rule), on the training-loop state machine they share."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable
 
 import numpy as np
 
-#: torch.amp.GradScaler's defaults, written out.
-DEFAULT_INIT_SCALE = 2.0**16
-DEFAULT_GROWTH_FACTOR = 2.0
-DEFAULT_BACKOFF_FACTOR = 0.5
-DEFAULT_GROWTH_INTERVAL = 2000
-
-#: The growth counter is an int32 tensor in torch; a longer interval could never be reached.
-MAX_GROWTH_INTERVAL = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class ScaleEvent:
-    """One optimizer iteration as a scaler saw it."""
-
-    step: int
-    scale: float        # the scale the loss was multiplied by at this step
-    found_inf: bool     # the gradients held an inf or a NaN
-    skipped: bool       # the optimizer step was skipped
-    next_scale: float   # the scale after update(), used by the next step
-
-    def as_dict(self) -> dict[str, Any]:
-        """Returns the fields as a dict (one row of a history table)."""
-        return asdict(self)
-
-
-class ScaleCollapseWarning(UserWarning):
-    """The dynamic loss scale fell below 1 or was halved many times in a row."""
-
-
-COLLAPSE_CAUSES = (
-    "the loss or activations are already inf/NaN in the forward pass (an FP16 overflow in a "
-    "layer, e.g. exp/softmax/sum of squares without an FP32 island), so no scale can help; "
-    "the learning rate is too high and training diverged; "
-    "the model was pretrained in bf16 and its activations exceed FP16's range; "
-    "the loss is computed in FP16 instead of FP32"
-)
-
-
-def _f32(x: float) -> float:
-    """Returns x rounded to the nearest float32, as a Python float."""
-    return float(np.float32(x))
-
-
-def _check_scale_value(name: str, value: float) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite positive number, got {value!r}") from None
-    with np.errstate(over="ignore"):
-        v32 = _f32(v)
-    if not math.isfinite(v32) or v32 <= 0:
-        raise ValueError(f"{name} must be a finite positive number that fits in float32 "
-                         f"(0 < {name} <= 3.4e38), got {value!r}")
-    return v32
-
-
-def _check_dynamic_params(growth_factor: float, backoff_factor: float,
-                          growth_interval: int) -> None:
-    if not (isinstance(growth_factor, (int, float)) and math.isfinite(growth_factor)
-            and growth_factor > 1.0):
-        raise ValueError(f"growth_factor must be a finite number > 1.0, got {growth_factor!r}")
-    if not (isinstance(backoff_factor, (int, float)) and 0.0 < backoff_factor < 1.0):
-        raise ValueError(f"backoff_factor must lie strictly between 0 and 1, "
-                         f"got {backoff_factor!r}")
-    if (isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer))
-            or not 1 <= growth_interval <= MAX_GROWTH_INTERVAL):
-        raise ValueError(f"growth_interval must be an integer from 1 to {MAX_GROWTH_INTERVAL}, "
-                         f"got {growth_interval!r}")
+from .events import ScaleCollapseMonitor, ScaleCollapseWarning, ScaleEvent, events_frame
+from .settings import (DEFAULT_BACKOFF_FACTOR, DEFAULT_GROWTH_FACTOR, DEFAULT_GROWTH_INTERVAL,
+                       DEFAULT_INIT_SCALE, check_dynamic_params, check_scale, f32)
 
 
 class OptimizerStage(Enum):
@@ -144,32 +42,6 @@ def _check_found_inf(found_inf: Any) -> bool:
     raise TypeError(f"update(found_inf=...) takes True, False or a one-element tensor (nonzero "
                     f"means the gradients held inf/NaN), got {type(found_inf).__name__} "
                     f"{found_inf!r}")
-@dataclass(frozen=True)
-class ScalerSettings:
-    """Dynamic loss-scaler settings, with torch.amp.GradScaler's defaults (checked on creation).
-
-    The scale starts at ``init_scale``; a step whose gradients hold an inf or NaN is skipped and
-    the scale multiplied by ``backoff_factor``; after ``growth_interval`` finite steps in a row
-    the scale is multiplied by ``growth_factor``. The sweep, notebook 02's runs and
-    :class:`DynamicLossScaler` take their defaults from here.
-    """
-
-    init_scale: float = DEFAULT_INIT_SCALE
-    growth_factor: float = DEFAULT_GROWTH_FACTOR
-    backoff_factor: float = DEFAULT_BACKOFF_FACTOR
-    growth_interval: int = DEFAULT_GROWTH_INTERVAL
-
-    def __post_init__(self) -> None:
-        problems = []
-        for check in (lambda: _check_scale_value("init_scale", self.init_scale),
-                      lambda: _check_dynamic_params(self.growth_factor, self.backoff_factor,
-                                                    self.growth_interval)):
-            try:
-                check()
-            except ValueError as e:
-                problems.append(str(e))
-        if problems:
-            raise ValueError("bad scaler settings: " + "; ".join(problems))
 
 
 class _LossScalerBase:
@@ -344,7 +216,7 @@ class StaticLossScaler(_LossScalerBase):
     """
 
     def __init__(self, scale: float = 2.0**10):
-        super().__init__(_check_scale_value("scale", scale))
+        super().__init__(check_scale("scale", scale))
 
     def _next_scale(self, found_inf: bool) -> float:
         return self._scale
@@ -380,10 +252,10 @@ class DynamicLossScaler(_LossScalerBase):
                  growth_interval: int = DEFAULT_GROWTH_INTERVAL,
                  min_scale: float | None = None, max_scale: float | None = None,
                  collapse_halvings: int = 12):
-        init = _check_scale_value("init_scale", init_scale)
-        _check_dynamic_params(growth_factor, backoff_factor, growth_interval)
-        lo = None if min_scale is None else _check_scale_value("min_scale", min_scale)
-        hi = None if max_scale is None else _check_scale_value("max_scale", max_scale)
+        init = check_scale("init_scale", init_scale)
+        check_dynamic_params(growth_factor, backoff_factor, growth_interval)
+        lo = None if min_scale is None else check_scale("min_scale", min_scale)
+        hi = None if max_scale is None else check_scale("max_scale", max_scale)
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"min_scale must be <= max_scale, got {min_scale!r} > {max_scale!r}")
         if (lo is not None and init < lo) or (hi is not None and init > hi):
@@ -409,14 +281,14 @@ class DynamicLossScaler(_LossScalerBase):
         with np.errstate(over="ignore", under="ignore"):
             if found_inf:
                 self.growth_tracker = 0
-                s = _f32(s * self.backoff_factor)
+                s = f32(s * self.backoff_factor)
                 if self.min_scale is not None and s < self.min_scale:
                     s = self.min_scale
             else:
                 self.growth_tracker += 1
                 if self.growth_tracker == self.growth_interval:
                     self.growth_tracker = 0
-                    grown = _f32(s * self.growth_factor)
+                    grown = f32(s * self.growth_factor)
                     if math.isfinite(grown):  # torch: never grow to inf
                         s = grown
                     if self.max_scale is not None and s > self.max_scale:
@@ -444,167 +316,3 @@ def simulate_dynamic(found_inf: Iterable[bool], **scaler_kwargs: Any) -> list[Sc
         for f in found_inf:
             scaler.update(found_inf=bool(f))
     return scaler.history
-
-
-def events_frame(events: Iterable[ScaleEvent]):
-    """Returns a list of ScaleEvents as a pandas DataFrame, one row per step."""
-    import pandas as pd
-
-    cols = ["step", "scale", "found_inf", "skipped", "next_scale"]
-    return pd.DataFrame([e.as_dict() for e in events], columns=cols)
-
-
-def replay_with_gradscaler(found_inf: Iterable[bool], device: str = "cpu",
-                           **gradscaler_kwargs: Any) -> list[ScaleEvent]:
-    """Returns the history of a real ``torch.amp.GradScaler`` fed gradients that are inf where
-    ``found_inf`` is True and finite elsewhere (to compare with :func:`simulate_dynamic`)."""
-    import torch
-
-    p = torch.nn.Parameter(torch.zeros(1, device=device))
-    opt = torch.optim.SGD([p], lr=0.0)
-    rec = GradScalerRecorder(torch.amp.GradScaler(device, **gradscaler_kwargs))
-    rec.scale(torch.ones((), device=device))  # creates the scale tensor
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ScaleCollapseWarning)
-        for bad in found_inf:
-            p.grad = torch.full((1,), math.inf if bad else 1.0, device=device)
-            rec.step(opt)
-            rec.update()
-    return rec.history
-
-
-class ScaleCollapseMonitor:
-    """Watches scale events and warns (:class:`ScaleCollapseWarning`) when the scale collapses.
-
-    It warns once when the scale used drops below 1, and once per run of ``halvings`` consecutive
-    backoffs (a single long run warns once, not at every further backoff).
-    """
-
-    def __init__(self, halvings: int = 12):
-        if isinstance(halvings, bool) or not isinstance(halvings, int) or halvings < 1:
-            raise ValueError(f"halvings must be an integer >= 1, got {halvings!r}")
-        self.halvings = halvings
-        self.consecutive_backoffs = 0
-        self.warned_below_one = False
-        self.warnings: list[str] = []
-
-    def observe(self, event: ScaleEvent, stacklevel: int = 2) -> None:
-        """Updates the counters with one event and warns if the scale is collapsing."""
-        self.consecutive_backoffs = self.consecutive_backoffs + 1 if event.found_inf else 0
-        msg = None
-        if self.consecutive_backoffs == self.halvings:
-            msg = (f"loss scale backed off {self.halvings} steps in a row (now "
-                   f"{event.next_scale:.3g} at step {event.step}); every one of those steps was "
-                   f"skipped")
-        elif event.next_scale < 1.0 and not self.warned_below_one:
-            self.warned_below_one = True
-            msg = (f"loss scale fell below 1 ({event.next_scale:.3g} at step {event.step}): "
-                   f"the gradients overflow FP16 even unscaled")
-        if msg:
-            full = f"{msg}. Likely causes: {COLLAPSE_CAUSES}."
-            self.warnings.append(full)
-            warnings.warn(full, ScaleCollapseWarning, stacklevel=stacklevel + 1)
-
-
-class GradScalerRecorder:
-    """Wraps a real ``torch.amp.GradScaler`` and records a :class:`ScaleEvent` per ``update()``.
-
-    Use it exactly like the GradScaler it wraps::
-
-        rec = GradScalerRecorder(torch.amp.GradScaler("cuda"))
-        rec.scale(loss).backward(); rec.step(optimizer); rec.update()
-        rec.history_frame()   # step, scale, found_inf, skipped, next_scale
-
-    Recording costs one extra host read of the scale and the inf flags per step (GradScaler's
-    ``step`` already synchronises once to decide whether to skip).
-
-    Args:
-        scaler: the GradScaler to wrap.
-        collapse_halvings: see :class:`DynamicLossScaler`.
-    """
-
-    def __init__(self, scaler, collapse_halvings: int = 12):
-        self.scaler = scaler
-        self.history: list[ScaleEvent] = []
-        self._monitor = ScaleCollapseMonitor(collapse_halvings)
-        self._step = 0
-
-    def scale(self, loss):
-        """Returns the scaled loss (GradScaler.scale)."""
-        return self.scaler.scale(loss)
-
-    def unscale_(self, optimizer) -> None:
-        """Unscales the optimizer's gradients in place (GradScaler.unscale_)."""
-        self.scaler.unscale_(optimizer)
-
-    def step(self, optimizer, *args, **kwargs):
-        """Returns what GradScaler.step returns."""
-        return self.scaler.step(optimizer, *args, **kwargs)
-
-    def get_scale(self) -> float:
-        """Returns the current scale."""
-        return self.scaler.get_scale()
-
-    def _found_inf(self) -> bool:
-        states = getattr(self.scaler, "_per_optimizer_states", {})
-        flags = [f for st in states.values() for f in st.get("found_inf_per_device", {}).values()]
-        return bool(sum(float(f.item()) for f in flags))
-
-    def update(self, new_scale=None) -> ScaleEvent:
-        """Returns this step's event after GradScaler.update(); warns if the scale collapses."""
-        used = self.scaler.get_scale()
-        found = self._found_inf()
-        self.scaler.update(new_scale)
-        event = ScaleEvent(self._step, used, found, found, self.scaler.get_scale())
-        self.history.append(event)
-        self._step += 1
-        self._monitor.observe(event, stacklevel=2)
-        return event
-
-    def history_frame(self):
-        """Returns the history as a pandas DataFrame, one row per step."""
-        return events_frame(self.history)
-
-
-def classify_skips(history: list[ScaleEvent], warmup_steps: int | None = None) -> dict[str, Any]:
-    """Returns whether a run's skipped steps look like harmless warm-up or a real problem.
-
-    Warm-up skips are the scale calibrating down from a too-large ``init_scale``: a run of
-    consecutive skips from step 0, after which skips are rare (about one per growth interval, when
-    the scale grows one step too far). A problem looks different: no step ever succeeds, skips
-    keep coming after the warm-up or come in runs, or the scale falls below 1.
-
-    Args:
-        history: the scaler's events.
-        warmup_steps: how many leading skips count as warm-up (default: the leading run).
-
-    Returns:
-        dict with ``warmup_skips``, ``later_skips``, ``later_skip_rate``, ``longest_later_run``,
-        ``min_scale``, and ``verdict`` ("no skips", "warm-up only", "occasional" or "problem").
-    """
-    skipped = [e.skipped for e in history]
-    lead = 0
-    while lead < len(skipped) and skipped[lead]:
-        lead += 1
-    if warmup_steps is not None:
-        lead = min(lead, warmup_steps)
-    later = skipped[lead:]
-    longest = run = 0
-    for s in later:
-        run = run + 1 if s else 0
-        longest = max(longest, run)
-    n_later = sum(later)
-    rate = n_later / len(later) if later else 0.0
-    min_scale = min((e.next_scale for e in history), default=float("nan"))
-    if not any(skipped):
-        verdict = "no skips"
-    elif lead == len(skipped) or min_scale < 1.0:
-        verdict = "problem"  # never a clean step, or a scale too small to be a calibration
-    elif n_later == 0:
-        verdict = "warm-up only"
-    elif longest <= 2 and rate <= 0.01 and min_scale >= 1.0:
-        verdict = "occasional"
-    else:
-        verdict = "problem"
-    return {"warmup_skips": lead, "later_skips": n_later, "later_skip_rate": rate,
-            "longest_later_run": longest, "min_scale": min_scale, "verdict": verdict}
