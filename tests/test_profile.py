@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+import fp16lab
 from fp16lab import profile as P
+from fp16lab.profile import record as prof_mod
+from fp16lab.profile import torch_profiler
 
 
 def _kernel(name, ts, dur, stream=7, cat="kernel"):
@@ -258,8 +261,6 @@ def test_torch_profiler_records_one_cycle_and_hides_only_torchs_false_cycle_warn
 
     from torch.profiler import ProfilerActivity, profile
 
-    from fp16lab.profile import torch_profiler
-
     real_start = profile.start
 
     def start(self):  # what torch 2.11 does on a one-cycle CUDA recording
@@ -288,8 +289,6 @@ def test_every_recording_in_the_package_goes_through_torch_profiler():
     import re
     from pathlib import Path
 
-    import fp16lab
-
     root = Path(fp16lab.__file__).parent
     bare = re.compile(r"\bprofile\(\s*activities\s*=")
     offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
@@ -302,8 +301,6 @@ def test_gpu_kernels_returns_the_cuda_events_of_the_recorded_calls(monkeypatch):
     """The one recording of a step's kernels the distributed engine and its bare loop share."""
     import contextlib
     from types import SimpleNamespace
-
-    from fp16lab.profile import record as prof_mod
 
     calls = []
     ev = lambda name, kind, a, b: SimpleNamespace(name=name, device_type=kind,  # noqa: E731

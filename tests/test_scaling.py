@@ -13,8 +13,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fp16lab.scaling import (DynamicLossScaler, GradScalerRecorder, ScaleCollapseWarning,
-                             StaticLossScaler, classify_skips, simulate_dynamic)
+from fp16lab.scaling import (COLLAPSE_CAUSES, DynamicLossScaler, GradScalerRecorder,
+                             ScaleCollapseMonitor, ScaleCollapseWarning, ScaleEvent, ScalerSettings,
+                             StaticLossScaler, classify_skips, events_frame,
+                             replay_with_gradscaler, simulate_dynamic)
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -260,8 +262,6 @@ def test_classify_skips():
 
 def _history(skips, scale=1024.0):
     """Events with the given skipped flags at a steady scale (the classifier reads only these)."""
-    from fp16lab.scaling import ScaleEvent
-
     return [ScaleEvent(step=i, scale=scale, found_inf=s, skipped=s, next_scale=scale)
             for i, s in enumerate(skips)]
 
@@ -305,7 +305,6 @@ def test_classify_skips_scale_below_one_and_warmup_limit():
 def test_replay_with_gradscaler_matches_simulation():
     flags = [True, False, False, True, False, False, False, False]
     ours = simulate_dynamic(flags, init_scale=8.0, growth_interval=2)
-    from fp16lab.scaling import events_frame, replay_with_gradscaler
     theirs = replay_with_gradscaler(flags, init_scale=8.0, growth_interval=2)
     assert [e.scale for e in theirs] == [e.scale for e in ours] == [8, 4, 4, 8, 4, 4, 8, 8]
     assert list(events_frame(theirs).skipped) == flags
@@ -376,8 +375,6 @@ def test_history_tables_have_one_row_per_step():
 
 
 def test_collapse_messages_in_full():
-    from fp16lab.scaling import COLLAPSE_CAUSES, ScaleCollapseMonitor
-
     s = DynamicLossScaler(init_scale=4.0, collapse_halvings=3)
     with pytest.warns(ScaleCollapseWarning) as record:
         for _ in range(5):  # next scales 2, 1, 0.5, 0.25, 0.125
@@ -412,8 +409,6 @@ def test_recorder_passes_calls_through_to_the_gradscaler():
 
 
 def test_scaler_settings_defaults_are_gradscalers_and_bad_ones_are_all_named():
-    from fp16lab.scaling import ScalerSettings
-
     gs = torch.amp.GradScaler("cpu")
     s = ScalerSettings()
     assert (s.init_scale, s.growth_factor, s.backoff_factor, s.growth_interval) == (
@@ -471,8 +466,6 @@ def test_skip_classifier_edges():
     empty = classify_skips([])
     assert empty["verdict"] == "no skips" and math.isnan(empty["min_scale"])
     assert empty["longest_later_run"] == 0 and empty["later_skip_rate"] == 0.0
-    from fp16lab.scaling import events_frame
-
     assert list(events_frame([]).columns) == ["step", "scale", "found_inf", "skipped", "next_scale"]
 
 
@@ -584,8 +577,6 @@ def test_unscale_builds_its_flags_on_the_gradients_device_and_in_float32():
 
 
 def test_replay_with_gradscaler_puts_every_tensor_on_the_device_it_is_given():
-    from fp16lab.scaling import replay_with_gradscaler
-
     with torch.device("meta"):  # a default device that cannot be read back: nothing may use it
         history = replay_with_gradscaler([False, True, False], init_scale=8.0, growth_interval=2)
     assert [(e.scale, e.skipped, e.next_scale) for e in history] == [
@@ -629,8 +620,6 @@ def test_min_and_max_scale_messages_name_the_bound():
 
 
 def test_collapse_warning_comes_after_twelve_backoffs_by_default_and_one_is_allowed():
-    from fp16lab.scaling import ScaleCollapseMonitor
-
     for make in (lambda: DynamicLossScaler(init_scale=2.0**100),
                  lambda: GradScalerRecorder(torch.amp.GradScaler("cpu"))):
         assert make()._monitor.halvings == 12
@@ -652,8 +641,6 @@ def test_collapse_warning_comes_after_twelve_backoffs_by_default_and_one_is_allo
 
 
 def test_a_clean_step_resets_the_backoff_run():
-    from fp16lab.scaling import ScaleCollapseMonitor, ScaleEvent
-
     m = ScaleCollapseMonitor(3)
     assert (m.consecutive_backoffs, m.warned_below_one, m.warnings) == (0, False, [])
     bad, good = ScaleEvent(0, 8.0, True, True, 4.0), ScaleEvent(1, 4.0, False, False, 4.0)
