@@ -22,7 +22,11 @@ torch has neither a floor nor a ceiling for the scale. Apex's scalers have both
 (``min_loss_scale``, ``max_loss_scale``); here they are ``min_scale`` and ``max_scale``: a backoff
 never goes below ``min_scale`` and a growth never goes above ``max_scale``. With both left at
 ``None`` the scalers follow torch bit for bit (``tests/test_scaling.py`` checks this against
-``torch.amp.GradScaler`` itself).
+``torch.amp.GradScaler`` itself) as long as the scale stays at or above float32's smallest
+normal number, 2**-126 (``MIN_SCALE``). Below it torch's scale becomes subnormal and then 0,
+its reciprocal inf, and GradScaler steps with inf or NaN gradients (it checks the gradients
+before it unscales them); here no scale below ``MIN_SCALE`` is accepted and a backoff stops
+there.
 
 Three classes:
 
@@ -48,11 +52,13 @@ from .events import (COLLAPSE_CAUSES, ScaleCollapseMonitor, ScaleCollapseWarning
 from .recorder import GradScalerRecorder, replay_with_gradscaler
 from .scalers import DynamicLossScaler, OptimizerStage, StaticLossScaler, simulate_dynamic
 from .settings import (DEFAULT_BACKOFF_FACTOR, DEFAULT_GROWTH_FACTOR, DEFAULT_GROWTH_INTERVAL,
-                       DEFAULT_INIT_SCALE, MAX_GROWTH_INTERVAL, ScalerSettings)
+                       DEFAULT_INIT_SCALE, MAX_GROWTH_INTERVAL, MIN_BACKOFF_FACTOR, MIN_SCALE,
+                       ScalerSettings)
 from .skips import classify_skips
 
 __all__ = ["COLLAPSE_CAUSES", "DEFAULT_BACKOFF_FACTOR", "DEFAULT_GROWTH_FACTOR",
            "DEFAULT_GROWTH_INTERVAL", "DEFAULT_INIT_SCALE", "MAX_GROWTH_INTERVAL",
+           "MIN_BACKOFF_FACTOR", "MIN_SCALE",
            "DynamicLossScaler", "GradScalerRecorder", "OptimizerStage", "ScaleCollapseMonitor",
            "ScaleCollapseWarning", "ScaleEvent", "ScalerSettings", "StaticLossScaler",
            "classify_skips", "events_frame", "replay_with_gradscaler", "simulate_dynamic"]

@@ -13,7 +13,8 @@ import numpy as np
 
 from .events import ScaleCollapseMonitor, ScaleCollapseWarning, ScaleEvent, events_frame
 from .settings import (DEFAULT_BACKOFF_FACTOR, DEFAULT_GROWTH_FACTOR, DEFAULT_GROWTH_INTERVAL,
-                       DEFAULT_INIT_SCALE, check_dynamic_params, check_scale, f32)
+                       DEFAULT_INIT_SCALE, MIN_SCALE, check_backoff_factor, check_growth_factor,
+                       check_growth_interval, check_scale, f32)
 
 
 class OptimizerStage(Enum):
@@ -233,14 +234,18 @@ class DynamicLossScaler(_LossScalerBase):
     scale by ``backoff_factor`` and reset the clean-step counter; after ``growth_interval``
     consecutive clean steps multiply it by ``growth_factor`` (unless that overflows float32) and
     reset the counter. ``min_scale``/``max_scale`` clamp backoffs and growths (Apex's floor and
-    ceiling; torch has neither, and with both ``None`` this scaler matches torch exactly).
+    ceiling; torch has neither, and with both ``None`` this scaler matches torch exactly while
+    the scale stays within float32's normal range). A backoff never goes below
+    :data:`~fp16lab.scaling.settings.MIN_SCALE` (2**-126) either: below it torch's scale
+    reaches 0 or a reciprocal of inf, and its next step applies NaN or inf gradients.
 
     Args:
-        init_scale: first scale (default ``2**16``).
+        init_scale: first scale (default ``2**16``; from 2**-126 to float32's max).
         growth_factor: multiplier after ``growth_interval`` clean steps (default 2.0; must be > 1).
-        backoff_factor: multiplier after an inf/NaN step (default 0.5; must be in (0, 1)).
+        backoff_factor: multiplier after an inf/NaN step (default 0.5; must be in [2**-126, 1)).
         growth_interval: clean steps between growths (default 2000; an integer >= 1).
-        min_scale: floor for backoffs, or None (torch's behaviour: no floor).
+        min_scale: floor for backoffs, or None (torch's behaviour, except that the scale never
+            goes below 2**-126).
         max_scale: ceiling for growths, or None (torch's behaviour: only float32's max).
         collapse_halvings: warn with :class:`ScaleCollapseWarning` after this many backoffs in a
             row (default 12, a factor 4096 for backoff 0.5); the scale falling below 1 warns too.
@@ -253,7 +258,9 @@ class DynamicLossScaler(_LossScalerBase):
                  min_scale: float | None = None, max_scale: float | None = None,
                  collapse_halvings: int = 12):
         init = check_scale("init_scale", init_scale)
-        check_dynamic_params(growth_factor, backoff_factor, growth_interval)
+        growth_factor = check_growth_factor(growth_factor)
+        backoff_factor = check_backoff_factor(backoff_factor)
+        growth_interval = check_growth_interval(growth_interval)
         lo = None if min_scale is None else check_scale("min_scale", min_scale)
         hi = None if max_scale is None else check_scale("max_scale", max_scale)
         if lo is not None and hi is not None and lo > hi:
@@ -267,9 +274,9 @@ class DynamicLossScaler(_LossScalerBase):
                              f"got {collapse_halvings!r}")
         super().__init__(init)
         self.init_scale = init
-        self.growth_factor = float(growth_factor)
-        self.backoff_factor = float(backoff_factor)
-        self.growth_interval = int(growth_interval)
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = growth_interval
         self.min_scale = lo
         self.max_scale = hi
         self.collapse_halvings = collapse_halvings
@@ -282,8 +289,9 @@ class DynamicLossScaler(_LossScalerBase):
             if found_inf:
                 self.growth_tracker = 0
                 s = f32(s * self.backoff_factor)
-                if self.min_scale is not None and s < self.min_scale:
-                    s = self.min_scale
+                floor = MIN_SCALE if self.min_scale is None else self.min_scale
+                if s < floor:  # torch has no floor and would reach 0, then step with NaNs
+                    s = floor
             else:
                 self.growth_tracker += 1
                 if self.growth_tracker == self.growth_interval:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from .. import validate
 
 #: torch.amp.GradScaler's defaults, written out.
 DEFAULT_INIT_SCALE = 2.0**16
@@ -16,37 +18,66 @@ DEFAULT_GROWTH_INTERVAL = 2000
 #: The growth counter is an int32 tensor in torch; a longer interval could never be reached.
 MAX_GROWTH_INTERVAL = 2**31 - 1
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+#: The smallest loss scale: float32's smallest normal number, 2**-126. The gradients are unscaled
+#: by the scale's float32 reciprocal, which is inf for a smaller (subnormal) scale, and a
+#: subnormal scale backs off to 0; either way the step would apply inf or NaN gradients, which
+#: torch's GradScaler does (it checks the gradients before it multiplies them). Scales are
+#: refused below it and a dynamic scale never backs off below it.
+MIN_SCALE = 2.0**-126
+
+#: The smallest backoff factor: the same float32 bound, 2**-126.
+MIN_BACKOFF_FACTOR = 2.0**-126
+
 
 def f32(x: float) -> float:
     """Returns x rounded to the nearest float32, as a Python float."""
     return float(np.float32(x))
 
 
-def check_scale(name: str, value: float) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite positive number, got {value!r}") from None
-    with np.errstate(over="ignore"):
+def check_scale(name: str, value: Any) -> float:
+    """Returns a loss scale rounded to float32, if it is a number from MIN_SCALE to float32's max.
+
+    Raises:
+        TypeError: not a real number (a string, a bool, None).
+        ValueError: NaN, infinite, or outside [MIN_SCALE, 3.4e38] once rounded to float32.
+    """
+    v = validate.number(name, value)
+    with np.errstate(over="ignore", under="ignore"):
         v32 = f32(v)
-    if not math.isfinite(v32) or v32 <= 0:
+    if not MIN_SCALE <= v32 <= FLOAT32_MAX:
         raise ValueError(f"{name} must be a finite positive number that fits in float32 "
-                         f"(0 < {name} <= 3.4e38), got {value!r}")
+                         f"({MIN_SCALE:.2g} <= {name} <= 3.4e38; a smaller scale's reciprocal, "
+                         f"which unscales the gradients, is inf), got {value!r}")
     return v32
 
 
-def check_dynamic_params(growth_factor: float, backoff_factor: float,
-                          growth_interval: int) -> None:
-    if not (isinstance(growth_factor, (int, float)) and math.isfinite(growth_factor)
-            and growth_factor > 1.0):
-        raise ValueError(f"growth_factor must be a finite number > 1.0, got {growth_factor!r}")
-    if not (isinstance(backoff_factor, (int, float)) and 0.0 < backoff_factor < 1.0):
-        raise ValueError(f"backoff_factor must lie strictly between 0 and 1, "
-                         f"got {backoff_factor!r}")
-    if (isinstance(growth_interval, bool) or not isinstance(growth_interval, (int, np.integer))
-            or not 1 <= growth_interval <= MAX_GROWTH_INTERVAL):
+def check_growth_factor(value: Any) -> float:
+    """Returns growth_factor as a float if it is a finite number > 1 (torch's limit)."""
+    return float(validate.number("growth_factor", value, low=1.0, low_open=True))
+
+
+def check_backoff_factor(value: Any) -> float:
+    """Returns backoff_factor as a float if it lies in [MIN_BACKOFF_FACTOR, 1) (torch: < 1)."""
+    v = float(validate.number("backoff_factor", value, low=0.0, high=1.0, low_open=True,
+                              high_open=True))
+    if v < MIN_BACKOFF_FACTOR:
+        raise ValueError(f"backoff_factor must be at least {MIN_BACKOFF_FACTOR:.2g} (2**-126, "
+                         f"float32's smallest normal number), got {value!r}: the scale is a "
+                         f"float32, and a smaller factor takes any scale up to 1 below float32's "
+                         f"normal range in one backoff (torch's GradScaler to 0, after which it "
+                         f"steps with NaN gradients)")
+    return v
+
+
+def check_growth_interval(value: Any) -> int:
+    """Returns growth_interval as an int if it is an integer from 1 to MAX_GROWTH_INTERVAL."""
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+            or not 1 <= value <= MAX_GROWTH_INTERVAL):
         raise ValueError(f"growth_interval must be an integer from 1 to {MAX_GROWTH_INTERVAL}, "
-                         f"got {growth_interval!r}")
+                         f"got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -65,13 +96,15 @@ class ScalerSettings:
     growth_interval: int = DEFAULT_GROWTH_INTERVAL
 
     def __post_init__(self) -> None:
-        problems = []
+        problems: list[Exception] = []
         for check in (lambda: check_scale("init_scale", self.init_scale),
-                      lambda: check_dynamic_params(self.growth_factor, self.backoff_factor,
-                                                    self.growth_interval)):
+                      lambda: check_growth_factor(self.growth_factor),
+                      lambda: check_backoff_factor(self.backoff_factor),
+                      lambda: check_growth_interval(self.growth_interval)):
             try:
                 check()
-            except ValueError as e:
-                problems.append(str(e))
+            except (TypeError, ValueError) as e:
+                problems.append(e)
         if problems:
-            raise ValueError("bad scaler settings: " + "; ".join(problems))
+            kind = TypeError if all(isinstance(e, TypeError) for e in problems) else ValueError
+            raise kind("bad scaler settings: " + "; ".join(map(str, problems)))
