@@ -13,7 +13,8 @@ import numpy as np
 
 from ..formats import FormatInfo, format_info
 from .arrays import is_torch
-from .codes import BIN_RE, BITS_RE, HEX_RE, classify, next_down, next_up, parse_code, to_bits, to_hex
+from .codes import (BIN_RE, BITS_RE, HEX_RE, classify, next_down, next_up, parse_code, to_bits,
+                    to_hex)
 from .decode import decode
 from .encode import encode
 from .round import ulp

@@ -23,13 +23,15 @@ idle fraction: the GPU finishes each small kernel before the host has launched t
 shows the same names.
 
 One idea per module: :mod:`~fp16lab.profile.trace` (the event table and the kinds),
-:mod:`~fp16lab.profile.summary` (busy and idle time), :mod:`~fp16lab.profile.record` (phase marks
-and recording steps) and :mod:`~fp16lab.profile.timeline` (the plot).
+:mod:`~fp16lab.profile.intervals` (checked intervals and their union, ``busy_us``),
+:mod:`~fp16lab.profile.summary` (where a lane's time went), :mod:`~fp16lab.profile.record`
+(phase marks and recording steps) and :mod:`~fp16lab.profile.timeline` (the plot).
 """
 
+from .intervals import busy_us
 from .record import (ONE_CYCLE_WARNING, PHASES, PROFILER_START_MARK, STEP_MARK, StepProfile,
                      gpu_kernels, phase, profile_steps, torch_profiler)
-from .summary import GpuTimeSummary, busy_us, gpu_time_summary
+from .summary import GpuTimeSummary, gpu_time_summary
 from .timeline import plot_timeline
 from .trace import KINDS, classify, events_from_table, read_trace
 

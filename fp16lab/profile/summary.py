@@ -7,26 +7,8 @@ from typing import Any
 
 import pandas as pd
 
+from .intervals import busy_us, intervals, window_of
 from .trace import KINDS
-
-
-def busy_us(starts: Any, ends: Any, window: tuple[float, float] | None = None) -> float:
-    """Returns the time (µs) covered by at least one of the intervals, clipped to the window."""
-    spans = sorted(zip(map(float, starts), map(float, ends)))
-    if window is not None:
-        lo, hi = window
-        spans = [(max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi]
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in spans:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 @dataclass(frozen=True)
@@ -69,11 +51,10 @@ def gpu_time_summary(events: pd.DataFrame, window: tuple[float, float] | None = 
         raise ValueError(f"the trace has no {lane} events to summarise"
                          + (" (was it profiled on a machine without a GPU? use lane='cpu')"
                             if lane == "gpu" else ""))
+    intervals(ev["start_us"], ev["end_us"])  # finite, and no event ends before it starts
     if window is None:
         window = (float(ev["start_us"].min()), float(ev["end_us"].max()))
-    lo, hi = map(float, window)
-    if not hi > lo:
-        raise ValueError(f"window must have end > start, got {window}")
+    lo, hi = window_of(window)
     clipped_start = ev["start_us"].clip(lower=lo, upper=hi)
     clipped_end = ev["end_us"].clip(lower=lo, upper=hi)
     dur = clipped_end - clipped_start

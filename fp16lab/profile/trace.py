@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from .intervals import intervals
+
 #: Kinds of work an event is sorted into, with the colour the timeline draws them in.
 KINDS = {
     "gemm-conv": "#d62728",
@@ -143,6 +145,11 @@ def events_from_table(columns: list[str], rows: list[list[Any]]) -> pd.DataFrame
     df["start_us"] = df["start_us"].astype(float)
     df["dur_us"] = df["dur_us"].astype(float)
     df["end_us"] = df["start_us"] + df["dur_us"]
+    try:
+        intervals(df["start_us"], df["end_us"])
+    except ValueError as e:
+        raise ValueError(f"stored events: {e} (start_us and dur_us must be finite, "
+                         f"dur_us >= 0)") from None
     df["top_level"] = (df["lane"] == "cpu") & ~df["kind"].isin(["launch", "sync"])
     if "name" not in df:
         df["name"] = ""
