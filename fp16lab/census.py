@@ -24,7 +24,6 @@ by torch where CuPy is missing, so a CUDA tensor never leaves the GPU.
 
 from __future__ import annotations
 
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,12 +31,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .bits.arrays import is_torch
+from .bits.patterns import HIST_MAX, HIST_MIN, bit_layout, pattern_below, thresholds
 from .formats import FormatInfo, format_info
+from .kernels import census as census_kernel  # the CuPy launcher; it imports CuPy only when it runs
 
 #: Classes, in order of magnitude.
 CLASSES = ("zero", "underflow", "subnormal", "normal", "overflow", "nan")
-#: Histogram bins: binary exponents from HIST_MIN to HIST_MAX (float64 data beyond them is clamped).
-HIST_MIN, HIST_MAX = -160, 130
 _EXPONENTS = np.arange(HIST_MIN, HIST_MAX + 1)  # the bin labels, shared by every result
 _EXPONENTS.flags.writeable = False
 _CHUNK = 1 << 18  # elements per pass on the CPU: the temporaries stay in cache
@@ -95,20 +95,6 @@ class CensusResult:
                 f"<table><tr>{head}</tr><tr>{cells}</tr></table>")
 
 
-def thresholds(fmt: str | FormatInfo) -> dict[str, float]:
-    """Returns the class boundaries of a format in float64, with how each is compared.
-
-    ``under`` (``|x| <= under`` underflows), ``normal`` (``|x| < normal`` is subnormal) and
-    ``over`` (``|x| >= over`` overflows, or ``>`` when ``over_inclusive`` is False).
-    """
-    f = format_info(fmt)
-    s = f.smallest_subnormal
-    top_ulp = math.ldexp(1.0, f.emax - f.mantissa_bits)
-    return {"under": s / 2, "normal": f.smallest_normal - s / 2,
-            "over": f.max_finite + top_ulp / 2,
-            "over_inclusive": bool(f.max_finite_code & 1)}
-
-
 def _hist_index(exps):
     """Clamps exponents to the histogram range and returns bin indices."""
     return exps.clip(HIST_MIN, HIST_MAX) - HIST_MIN
@@ -127,37 +113,17 @@ def _as_numpy_float(x: Any) -> np.ndarray:
     return arr.reshape(-1)
 
 
-def _bit_layout(dtype) -> tuple[Any, int, int] | None:
-    """Returns (unsigned view dtype, mantissa bits, exponent bits) of an IEEE-style float dtype."""
-    name = np.dtype(dtype).name
-    return {"float16": (np.uint16, 10, 5), "bfloat16": (np.uint16, 7, 8),
-            "float32": (np.uint32, 23, 8), "float64": (np.uint64, 52, 11)}.get(name)
-
-
-def _pattern_below(t: float, dtype, udtype, strict: bool) -> int:
-    """Returns the bit pattern of the largest ``dtype`` value <= t (< t when strict), t > 0.
-
-    Positive floats are ordered like their bit patterns, so ``|x| <= t`` is ``bits <= pattern``.
-    """
-    with np.errstate(over="ignore", under="ignore"):  # thresholds beyond the type's range
-        v = np.array([t], dtype=np.float64).astype(dtype)
-    p = int(v.view(udtype)[0])
-    if float(v[0]) > t or (strict and float(v[0]) == t):
-        p -= 1  # the next value down (from +inf: the largest finite)
-    return p
-
-
 def _census_numpy(arr: np.ndarray, f: FormatInfo) -> tuple[np.ndarray, np.ndarray]:
     """Returns (counts, hist) by integer comparisons on the data's own bit patterns."""
-    layout = _bit_layout(arr.dtype)
+    layout = bit_layout(arr.dtype)
     if layout is None:  # ints and fp8: widen (exactly) to a float type with a known layout
         arr = arr.astype(np.float64 if arr.dtype.kind in "iub" else np.float32)
-        layout = _bit_layout(arr.dtype)
+        layout = bit_layout(arr.dtype)
     udt, mbits, ebits = layout
     th = thresholds(f)
-    p1 = _pattern_below(th["under"], arr.dtype, udt, strict=False)
-    p2 = _pattern_below(th["normal"], arr.dtype, udt, strict=True)
-    p3 = _pattern_below(th["over"], arr.dtype, udt, strict=th["over_inclusive"])
+    p1 = pattern_below(th["under"], arr.dtype, udt, strict=False)
+    p2 = pattern_below(th["normal"], arr.dtype, udt, strict=True)
+    p3 = pattern_below(th["over"], arr.dtype, udt, strict=th["over_inclusive"])
     fmask = (1 << ebits) - 1
     inf_pattern = fmask << mbits
     bias = (1 << (ebits - 1)) - 1
@@ -212,9 +178,7 @@ def _census_torch(t, f: FormatInfo, backend: str) -> tuple[np.ndarray, np.ndarra
     if x.dtype.is_complex or x.dtype == torch.bool:
         raise ValueError(f"census expects a real numeric tensor, got dtype {x.dtype}")
     if x.is_cuda and backend in ("auto", "cupy"):
-        from .kernels.census import cupy_census
-
-        done = cupy_census(x, f)
+        done = census_kernel.cupy_census(x, f)
         if done is not None:
             return done
         if backend == "cupy":
@@ -230,7 +194,7 @@ def _census_torch(t, f: FormatInfo, backend: str) -> tuple[np.ndarray, np.ndarra
     # class edges as bit patterns of |x| in the wide type: bucketize puts each element in its
     # class in one pass (0: zero, 1: underflow, 2: subnormal, 3: normal, 4: overflow, 5: NaN)
     th = thresholds(f)
-    edges = [0] + [_pattern_below(th[k], np_wide, udt, strict=strict)
+    edges = [0] + [pattern_below(th[k], np_wide, udt, strict=strict)
                    for k, strict in (("under", False), ("normal", True),
                                      ("over", th["over_inclusive"]))] + [fmask << shift]
     edges_t = torch.tensor(edges, dtype=ibits, device=dev)
@@ -273,9 +237,7 @@ def census(x: Any, fmt: str | FormatInfo = "fp16", *, backend: str = "auto") -> 
     f = format_info(fmt)
     if backend not in ("auto", "cupy", "torch"):
         raise ValueError(f"unknown census backend {backend!r}; allowed: auto, cupy, torch")
-    from .bits import _is_torch
-
-    if _is_torch(x) and not x.is_cuda:
+    if is_torch(x) and not x.is_cuda:
         # numpy is several times faster than torch on the CPU for these passes; it is a view
         import torch
 
@@ -293,7 +255,7 @@ def census(x: Any, fmt: str | FormatInfo = "fp16", *, backend: str = "auto") -> 
         else:
             arr = t.numpy()
         counts, hist = _census_numpy(arr, f)
-    elif _is_torch(x):
+    elif is_torch(x):
         counts, hist = _census_torch(x, f, backend)
         dtype = str(x.dtype).replace("torch.", "")
     else:

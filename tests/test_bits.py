@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from fp16lab import bits
+from fp16lab.bits.checks import ALLOWED_VALUES
+from fp16lab.bits.encode import _uniform_like
 from fp16lab.formats import format_info
 
 # numpy warns on casts that overflow or make NaN: that is what these tests exercise
@@ -682,7 +684,7 @@ def test_stochastic_rounding_follows_the_seed_or_generator():
     assert torch.equal(first, again)
     # the uniforms are float64, so probabilities finer than float32's 2^-24 steps still count
     # (on the tensor's device: 'meta' stands in for a GPU here)
-    u = bits._uniform_like(torch.zeros(4, dtype=torch.float64, device="meta"), None, None)
+    u = _uniform_like(torch.zeros(4, dtype=torch.float64, device="meta"), None, None)
     assert u.dtype == torch.float64 and u.device.type == "meta" and tuple(u.shape) == (4,)
 
 
@@ -780,7 +782,7 @@ def test_decode_refuses_codes_out_of_range_naming_the_bad_one():
 
 
 def test_value_messages_say_what_kind_of_array_was_given():
-    allowed = bits._ALLOWED_VALUES
+    allowed = ALLOWED_VALUES
     dates = np.array(["2020-01-01", "2020-01-02"], dtype="datetime64[D]")
     assert _message(bits.encode, dates) == (
         "encode expects real numbers, got a datetime64[D] array of dates (datetime64), not "

@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fp16lab.census import CLASSES, HIST_MIN, census, census_model
+from fp16lab.census import CLASSES, HIST_MIN, _census_torch, census, census_model
 from fp16lab.formats import format_info
+from fp16lab.kernels.census import cupy_kernel_launcher
+from fp16lab.kernels.launch import direct_launches
 from fp16lab.models import build_model, input_shape
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -102,7 +104,6 @@ def test_torch_tensors_match_numpy(dtype):
         assert c.counts == oracle_counts(ref, name), (dtype, name)
         assert np.array_equal(c.hist, oracle_hist(ref))
         # the torch backend (the one used on GPUs without CuPy) gives the same counts
-        from fp16lab.census import _census_torch
         counts, hist = _census_torch(x, format_info(name), backend="torch")
         assert counts[5] == c.counts["nan"] and np.array_equal(hist, c.hist)
 
@@ -112,8 +113,6 @@ def test_torch_tensors_match_numpy(dtype):
 @pytest.mark.parametrize("name", sorted(CAST))
 def test_torch_backend_all_classes(dtype, name):
     """The torch backend (bucketize on bit patterns) against the cast oracle, every class."""
-    from fp16lab.census import _census_torch
-
     x = wide_sample(50_000, 11, -150, 40).astype(np.float64)
     x *= np.exp2(np.random.default_rng(12).integers(-30, 30, x.size))
     t = torch.from_numpy(x).to(dtype)
@@ -275,8 +274,6 @@ def test_cuda_kernel_raw_output_and_reuse(dtype):
     """The raw output (cumulative class counts, NaNs, histogram), launch after launch: the
     kernel leaves its scratch buffer zeroed for the next one, on any stream."""
     pytest.importorskip("cupy")
-    from fp16lab.kernels.census import cupy_kernel_launcher
-
     x = torch.from_numpy(wide_sample(1_000_003, 7, -30, 30)).to(dtype)
     x[100:5000] = 0  # a run of zeros
     want = raw_layout(census(x, "fp16"))
@@ -291,10 +288,6 @@ def test_cuda_kernel_raw_output_and_reuse(dtype):
         xg = x.cuda()
         got = census(xg, "fp16")
     assert np.array_equal(raw_layout(got), want)
-    import importlib
-
-    from fp16lab.kernels.launch import direct_launches
-
     assert direct_launches(), "fell back to CuPy's launch path"
     states = importlib.import_module("fp16lab.kernels.census")._STATES
     assert states and all(st.host is not None for st in states.values()), "no mapped host result"
@@ -377,7 +370,7 @@ def test_torch_path_counts_every_chunk_on_the_tensors_device_in_int64(monkeypatc
 
 
 # A CPU tensor that says it is on a CUDA device, so that census() takes its GPU path on a CPU.
-# census() knows torch tensors by their type's name and module (bits._is_torch): it carries torch's.
+# census() knows torch tensors by their type's name and module (bits.arrays.is_torch): it carries torch's.
 _SaysCuda = type("Tensor", (torch.Tensor,), {"is_cuda": property(lambda self: True),
                                              "__module__": "torch"})
 

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+import fp16lab
 from fp16lab import profile as P
+from fp16lab.profile import record as prof_mod
+from fp16lab.profile import torch_profiler
 
 
 def _kernel(name, ts, dur, stream=7, cat="kernel"):
@@ -258,8 +261,6 @@ def test_torch_profiler_records_one_cycle_and_hides_only_torchs_false_cycle_warn
 
     from torch.profiler import ProfilerActivity, profile
 
-    from fp16lab.profile import torch_profiler
-
     real_start = profile.start
 
     def start(self):  # what torch 2.11 does on a one-cycle CUDA recording
@@ -288,12 +289,11 @@ def test_every_recording_in_the_package_goes_through_torch_profiler():
     import re
     from pathlib import Path
 
-    import fp16lab
-
     root = Path(fp16lab.__file__).parent
     bare = re.compile(r"\bprofile\(\s*activities\s*=")
     offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
-                 if p.name != "profile.py" and bare.search(p.read_text())]
+                 if p.relative_to(root).as_posix() != "profile/record.py"
+                 and bare.search(p.read_text())]
     assert offenders == []
 
 
@@ -301,8 +301,6 @@ def test_gpu_kernels_returns_the_cuda_events_of_the_recorded_calls(monkeypatch):
     """The one recording of a step's kernels the distributed engine and its bare loop share."""
     import contextlib
     from types import SimpleNamespace
-
-    from fp16lab import profile as prof_mod
 
     calls = []
     ev = lambda name, kind, a, b: SimpleNamespace(name=name, device_type=kind,  # noqa: E731
@@ -321,3 +319,50 @@ def test_gpu_kernels_returns_the_cuda_events_of_the_recorded_calls(monkeypatch):
     got = prof_mod.gpu_kernels(lambda: calls.append("step"), 2, lambda: calls.append("sync"))
     assert got == [("ncclAllReduce", 5.0, 9.0), ("gemm", 1.0, 4.0)]
     assert calls == ["sync", ("record", ["ProfilerActivity.CUDA"]), "step", "step", "sync", "stop"]
+
+
+# ------------------------------------------------------------------ bad input (#28)
+@pytest.mark.parametrize("starts, ends, words", [
+    ([0, 10], [5], "one end per start, got 2 starts and 1 ends"),
+    ([0], [5, 20], "one end per start, got 1 starts and 2 ends"),
+    ([10], [5], r"interval 0 ends before it starts \(10 to 5 µs\)"),
+    ([0, 10, 30], [5, 2, 1], "interval 1 ends before it starts.*2 intervals do"),
+    ([0, float("nan")], [5, 10], r"starts\[1\] is nan"),
+    ([0, 1], [5, float("inf")], r"ends\[1\] is inf"),
+])
+def test_busy_time_refuses_intervals_that_do_not_pair_up(starts, ends, words):
+    with pytest.raises(ValueError, match=words):
+        P.busy_us(starts, ends)
+
+
+@pytest.mark.parametrize("window, error, words", [
+    ((3, 1), ValueError, "window must have end > start"),
+    ((float("nan"), 10), ValueError, "window start must be finite"),
+    ((0, float("inf")), ValueError, "window end must be finite"),
+    ((0,), TypeError, r"window must be \(start_us, end_us\)"),
+    (("0", "10"), TypeError, "window start must be a number"),
+])
+def test_busy_time_refuses_a_window_that_is_not_two_ordered_times(window, error, words):
+    with pytest.raises(error, match=words):
+        P.busy_us([0], [5], window=window)
+
+
+def test_busy_time_refuses_times_that_are_not_numbers():
+    with pytest.raises(TypeError, match="starts must be a sequence of numbers"):
+        P.busy_us(["0", "1"], [5, 6])
+    with pytest.raises(TypeError, match="ends must be a sequence of numbers"):
+        P.busy_us([0, 1], [[5, 6]])
+    assert P.busy_us([], []) == 0.0
+
+
+def test_summary_and_stored_events_refuse_nan_and_backward_events():
+    cols = ["lane", "kind", "start_us", "dur_us", "name"]
+    with pytest.raises(ValueError, match=r"stored events: starts must be finite.*starts\[0\] is nan"):
+        P.events_from_table(cols, [["gpu", "copy", float("nan"), 1, "x"]])
+    with pytest.raises(ValueError, match="stored events: interval 0 ends before it starts"):
+        P.events_from_table(cols, [["gpu", "copy", 5, -2, "x"]])
+    ev = P.events_from_table(cols, [["gpu", "copy", 0, 4, "x"], ["gpu", "gemm-conv", 2, 6, "y"]])
+    assert P.gpu_time_summary(ev).busy_us == 8
+    ev.loc[1, "end_us"] = float("nan")
+    with pytest.raises(ValueError, match=r"ends\[1\] is nan"):
+        P.gpu_time_summary(ev)

@@ -13,8 +13,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fp16lab.scaling import (DynamicLossScaler, GradScalerRecorder, ScaleCollapseWarning,
-                             StaticLossScaler, classify_skips, simulate_dynamic)
+from fp16lab.scaling import (COLLAPSE_CAUSES, DynamicLossScaler, GradScalerRecorder,
+                             ScaleCollapseMonitor, ScaleCollapseWarning, ScaleEvent, ScalerSettings,
+                             StaticLossScaler, classify_skips, events_frame,
+                             replay_with_gradscaler, simulate_dynamic)
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -37,12 +39,12 @@ def scaler_case(draw):
         steps.append(row)
     params = dict(
         init_scale=draw(st.one_of(
-            st.sampled_from([2.0**16, 1.0, 2.0**127, F32_MAX, 1e-38, 1e-45, 3.0]),
-            st.floats(2.0**-140, F32_MAX, width=32, allow_subnormal=True))),
+            st.sampled_from([2.0**16, 1.0, 2.0**127, F32_MAX, 2.0**-126, 1.2e-38, 3.0]),
+            st.floats(2.0**-126, F32_MAX, width=32))),
         growth_factor=draw(st.one_of(st.sampled_from([2.0, 1.5, 1.0001, 10.0]),
                                      st.floats(1.0, 100.0, exclude_min=True))),
         backoff_factor=draw(st.one_of(st.sampled_from([0.5, 0.25, 0.9999, 0.1]),
-                                      st.floats(0.0, 1.0, exclude_min=True, exclude_max=True))),
+                                      st.floats(2.0**-126, 1.0, exclude_max=True))),
         growth_interval=draw(st.integers(1, 6)),
     )
     return params, steps
@@ -94,12 +96,24 @@ def _drive_ours(params, steps):
     return out, scaler
 
 
+def _steps_in_normal_range(theirs) -> int:
+    """Returns how many leading steps leave torch's scale at or above float32's smallest normal
+    (2**-126): up to there the scalers follow torch exactly; torch's next backoff goes below it
+    (towards 0), where theirs stops at 2**-126."""
+    return next((i for i, t in enumerate(theirs) if np.float32(t[2]) < 2.0**-126), len(theirs))
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scaler_case())
 def test_dynamic_scaler_matches_torch_gradscaler_every_step(case):
     params, steps = case
     theirs = _drive_torch(params, steps)
     ours, scaler = _drive_ours(params, steps)
+    n = _steps_in_normal_range(theirs)
+    if n < len(theirs):  # the step where torch's scale leaves float32's normal range
+        assert (np.float32(ours[n][0]), ours[n][1], ours[n][2]) == (
+            np.float32(theirs[n][0]), theirs[n][1], 2.0**-126), (n, params, ours[n], theirs[n])
+        theirs, ours, scaler.history = theirs[:n], ours[:n], scaler.history[:n]
     for i, (t, o) in enumerate(zip(theirs, ours)):
         # exact equality: both hold the scale in float32
         assert np.float32(o[0]) == np.float32(t[0]) or (math.isnan(o[0]) and math.isnan(t[0])), \
@@ -118,6 +132,10 @@ def test_pure_state_machine_matches_grad_driven(case):
     flags = [any(not math.isfinite(v) for v in row) for row in steps]
     hist = simulate_dynamic(flags, **params)
     theirs = _drive_torch(params, steps)
+    n = _steps_in_normal_range(theirs)
+    if n < len(theirs):
+        assert hist[n].next_scale == 2.0**-126  # torch's goes below (towards 0); ours stops
+        hist, theirs = hist[:n], theirs[:n]
     assert [e.next_scale for e in hist] == [float(np.float32(t[2])) for t in theirs]
     assert [e.skipped for e in hist] == [t[1] for t in theirs]
 
@@ -147,15 +165,15 @@ def test_apex_floor_and_ceiling():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(growth_factor=1.0), "growth_factor must be a finite number > 1.0"),
+    (dict(growth_factor=1.0), "growth_factor must be > 1"),
     (dict(growth_factor=0.5), "growth_factor"),
-    (dict(backoff_factor=1.0), "strictly between 0 and 1"),
-    (dict(backoff_factor=0.0), "strictly between 0 and 1"),
-    (dict(backoff_factor=-0.5), "strictly between 0 and 1"),
+    (dict(backoff_factor=1.0), "backoff_factor must be > 0 and < 1"),
+    (dict(backoff_factor=0.0), "backoff_factor must be > 0 and < 1"),
+    (dict(backoff_factor=-0.5), "backoff_factor must be > 0 and < 1"),
     (dict(growth_interval=0), "integer from 1"),
     (dict(growth_interval=2.5), "integer from 1"),
-    (dict(init_scale=math.inf), "finite positive"),
-    (dict(init_scale=math.nan), "finite positive"),
+    (dict(init_scale=math.inf), "must be finite"),
+    (dict(init_scale=math.nan), "must be finite"),
     (dict(init_scale=1e39), "fits in float32"),
     (dict(init_scale=0.0), "finite positive"),
     (dict(min_scale=4.0, max_scale=2.0), "min_scale must be <= max_scale"),
@@ -182,7 +200,7 @@ def test_static_scaler_keeps_scale_and_skips_nonfinite_steps():
     ev = s.update()
     assert ev.skipped and s.get_scale() == 1024.0
     assert torch.equal(p.detach(), torch.full((2,), -2.0))
-    with pytest.raises(ValueError, match="finite positive"):
+    with pytest.raises(ValueError, match="must be finite"):
         StaticLossScaler(math.inf)
 
 
@@ -260,8 +278,6 @@ def test_classify_skips():
 
 def _history(skips, scale=1024.0):
     """Events with the given skipped flags at a steady scale (the classifier reads only these)."""
-    from fp16lab.scaling import ScaleEvent
-
     return [ScaleEvent(step=i, scale=scale, found_inf=s, skipped=s, next_scale=scale)
             for i, s in enumerate(skips)]
 
@@ -305,7 +321,6 @@ def test_classify_skips_scale_below_one_and_warmup_limit():
 def test_replay_with_gradscaler_matches_simulation():
     flags = [True, False, False, True, False, False, False, False]
     ours = simulate_dynamic(flags, init_scale=8.0, growth_interval=2)
-    from fp16lab.scaling import events_frame, replay_with_gradscaler
     theirs = replay_with_gradscaler(flags, init_scale=8.0, growth_interval=2)
     assert [e.scale for e in theirs] == [e.scale for e in ours] == [8, 4, 4, 8, 4, 4, 8, 8]
     assert list(events_frame(theirs).skipped) == flags
@@ -319,17 +334,19 @@ def _message(call) -> str:
 
 
 def test_parameter_messages_name_the_value_and_what_is_allowed():
-    assert _message(lambda: DynamicLossScaler(init_scale="big")) == \
-        "init_scale must be a finite positive number, got 'big'"
+    with pytest.raises(TypeError) as info:
+        DynamicLossScaler(init_scale="big")
+    assert str(info.value) == "init_scale must be a number, got 'big' (str)"
     assert _message(lambda: DynamicLossScaler(init_scale=-1.0)) == (
         "init_scale must be a finite positive number that fits in float32 "
-        "(0 < init_scale <= 3.4e38), got -1.0")
+        "(1.2e-38 <= init_scale <= 3.4e38; a smaller scale's reciprocal, which unscales the "
+        "gradients, is inf), got -1.0")
     assert _message(lambda: DynamicLossScaler(growth_factor=1.0)) == \
-        "growth_factor must be a finite number > 1.0, got 1.0"
+        "growth_factor must be > 1, got 1"
     assert _message(lambda: DynamicLossScaler(growth_factor=math.inf)) == \
-        "growth_factor must be a finite number > 1.0, got inf"
+        "growth_factor must be finite, got inf"
     assert _message(lambda: DynamicLossScaler(backoff_factor=1.5)) == \
-        "backoff_factor must lie strictly between 0 and 1, got 1.5"
+        "backoff_factor must be > 0 and < 1, got 1.5"
     assert _message(lambda: DynamicLossScaler(growth_interval=True)) == \
         "growth_interval must be an integer from 1 to 2147483647, got True"
     assert _message(lambda: DynamicLossScaler(growth_interval=2**31)) == \
@@ -346,8 +363,8 @@ def test_parameter_messages_name_the_value_and_what_is_allowed():
         assert _message(lambda: DynamicLossScaler(collapse_halvings=bad)) == \
             f"collapse_halvings must be an integer >= 1, got {bad!r}"
     assert _message(lambda: StaticLossScaler(0.0)) == (
-        "scale must be a finite positive number that fits in float32 (0 < scale <= 3.4e38), "
-        "got 0.0")
+        "scale must be a finite positive number that fits in float32 (1.2e-38 <= scale <= 3.4e38; "
+        "a smaller scale's reciprocal, which unscales the gradients, is inf), got 0.0")
 
 
 def test_bounds_equal_to_the_scale_are_allowed_and_kept():
@@ -376,8 +393,6 @@ def test_history_tables_have_one_row_per_step():
 
 
 def test_collapse_messages_in_full():
-    from fp16lab.scaling import COLLAPSE_CAUSES, ScaleCollapseMonitor
-
     s = DynamicLossScaler(init_scale=4.0, collapse_halvings=3)
     with pytest.warns(ScaleCollapseWarning) as record:
         for _ in range(5):  # next scales 2, 1, 0.5, 0.25, 0.125
@@ -412,8 +427,6 @@ def test_recorder_passes_calls_through_to_the_gradscaler():
 
 
 def test_scaler_settings_defaults_are_gradscalers_and_bad_ones_are_all_named():
-    from fp16lab.scaling import ScalerSettings
-
     gs = torch.amp.GradScaler("cpu")
     s = ScalerSettings()
     assert (s.init_scale, s.growth_factor, s.backoff_factor, s.growth_interval) == (
@@ -422,8 +435,8 @@ def test_scaler_settings_defaults_are_gradscalers_and_bad_ones_are_all_named():
                           growth_interval=1).growth_interval == 1
     assert _message(lambda: ScalerSettings(init_scale=0.0, backoff_factor=2.0)) == (
         "bad scaler settings: init_scale must be a finite positive number that fits in float32 "
-        "(0 < init_scale <= 3.4e38), got 0.0; backoff_factor must lie strictly between 0 and 1, "
-        "got 2.0")
+        "(1.2e-38 <= init_scale <= 3.4e38; a smaller scale's reciprocal, which unscales the "
+        "gradients, is inf), got 0.0; backoff_factor must be > 0 and < 1, got 2")
     assert _message(lambda: ScalerSettings(growth_interval=0)) == (
         "bad scaler settings: growth_interval must be an integer from 1 to 2147483647, got 0")
 
@@ -471,8 +484,6 @@ def test_skip_classifier_edges():
     empty = classify_skips([])
     assert empty["verdict"] == "no skips" and math.isnan(empty["min_scale"])
     assert empty["longest_later_run"] == 0 and empty["later_skip_rate"] == 0.0
-    from fp16lab.scaling import events_frame
-
     assert list(events_frame([]).columns) == ["step", "scale", "found_inf", "skipped", "next_scale"]
 
 
@@ -544,23 +555,25 @@ def test_scalers_work_when_numpy_raises_on_every_floating_point_error():
             DynamicLossScaler(init_scale=1e39)  # 1e39 overflows float32: a ValueError, no FPE
         s = DynamicLossScaler(init_scale=F32_MAX, growth_interval=1)
         assert s.update(found_inf=False).next_scale == F32_MAX  # the growth would be inf
-        # the smallest float32 subnormal: its reciprocal overflows float32 to inf, as in torch
-        # (torch checks the gradients for inf/NaN before it multiplies them by that reciprocal)
-        tiny = DynamicLossScaler(init_scale=float(np.float32(1.4e-45)), collapse_halvings=100)
+        # a float32 subnormal scale is refused (its reciprocal is inf), without an FPE too
+        with pytest.raises(ValueError, match="fits in float32"):
+            DynamicLossScaler(init_scale=float(np.float32(1.4e-45)))
+        # the smallest scale allowed, float32's smallest normal: its reciprocal is finite
+        tiny = DynamicLossScaler(init_scale=2.0**-126, collapse_halvings=100)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ScaleCollapseWarning)
             p = torch.nn.Parameter(torch.ones(1))
             opt = torch.optim.SGD([p], lr=0.1)
             tiny.scale(p.sum()).backward()
             assert tiny.unscale_(opt) is False
-            assert torch.equal(p.grad, torch.tensor([math.inf]))  # 1.4e-45 times inf
+            assert torch.equal(p.grad, torch.ones(1))  # 2**-126 times 2**126
             tiny.step(opt)
             tiny.update()
-            assert tiny.update(found_inf=True).next_scale == 0.0  # 0.7e-45 ties to 0 in float32
+            assert tiny.update(found_inf=True).next_scale == 2.0**-126  # 2**-127: the floor holds
             p.grad = None
             tiny.scale(p.sum()).backward()
-            assert tiny.unscale_(opt) is False  # 1 / 0 is inf, not a divide-by-zero error
-            assert torch.isnan(p.grad).all()  # 0 times inf
+            assert tiny.unscale_(opt) is False
+            assert torch.equal(p.grad, torch.ones(1))
 
 
 def test_unscale_builds_its_flags_on_the_gradients_device_and_in_float32():
@@ -584,8 +597,6 @@ def test_unscale_builds_its_flags_on_the_gradients_device_and_in_float32():
 
 
 def test_replay_with_gradscaler_puts_every_tensor_on_the_device_it_is_given():
-    from fp16lab.scaling import replay_with_gradscaler
-
     with torch.device("meta"):  # a default device that cannot be read back: nothing may use it
         history = replay_with_gradscaler([False, True, False], init_scale=8.0, growth_interval=2)
     assert [(e.scale, e.skipped, e.next_scale) for e in history] == [
@@ -621,16 +632,13 @@ def test_found_inf_must_be_a_torch_tensor_not_anything_with_numel():
 
 def test_min_and_max_scale_messages_name_the_bound():
     assert _message(lambda: DynamicLossScaler(min_scale=-1.0)) == (
-        "min_scale must be a finite positive number that fits in float32 (0 < min_scale <= "
-        "3.4e38), got -1.0")
+        "min_scale must be a finite positive number that fits in float32 (1.2e-38 <= min_scale "
+        "<= 3.4e38; a smaller scale's reciprocal, which unscales the gradients, is inf), got -1.0")
     assert _message(lambda: DynamicLossScaler(max_scale=math.inf)) == (
-        "max_scale must be a finite positive number that fits in float32 (0 < max_scale <= "
-        "3.4e38), got inf")
+        "max_scale must be finite, got inf")
 
 
 def test_collapse_warning_comes_after_twelve_backoffs_by_default_and_one_is_allowed():
-    from fp16lab.scaling import ScaleCollapseMonitor
-
     for make in (lambda: DynamicLossScaler(init_scale=2.0**100),
                  lambda: GradScalerRecorder(torch.amp.GradScaler("cpu"))):
         assert make()._monitor.halvings == 12
@@ -652,8 +660,6 @@ def test_collapse_warning_comes_after_twelve_backoffs_by_default_and_one_is_allo
 
 
 def test_a_clean_step_resets_the_backoff_run():
-    from fp16lab.scaling import ScaleCollapseMonitor, ScaleEvent
-
     m = ScaleCollapseMonitor(3)
     assert (m.consecutive_backoffs, m.warned_below_one, m.warnings) == (0, False, [])
     bad, good = ScaleEvent(0, 8.0, True, True, 4.0), ScaleEvent(1, 4.0, False, False, 4.0)
@@ -691,3 +697,84 @@ def test_dynamic_scaler_warns_at_the_line_that_called_update():
     assert len(caught) == 1
     if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut's trampolines add frames to every call
         assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+
+
+# ------------------------------------------------------------------ bad input (#28)
+SCALE_ARGUMENTS = [
+    ("init_scale", lambda v: DynamicLossScaler(init_scale=v)),
+    ("min_scale", lambda v: DynamicLossScaler(init_scale=2.0**16, min_scale=v)),
+    ("max_scale", lambda v: DynamicLossScaler(init_scale=1.0, max_scale=v)),
+    ("scale", lambda v: StaticLossScaler(v)),
+    ("init_scale", lambda v: ScalerSettings(init_scale=v)),
+]
+
+
+@pytest.mark.parametrize("name, make", SCALE_ARGUMENTS)
+@pytest.mark.parametrize("bad", ["1024", True, False, b"1", [1024.0]])
+def test_a_scale_must_be_a_number_not_a_string_or_a_bool(name, make, bad):
+    with pytest.raises(TypeError, match=f"{name} must be a number, got"):
+        make(bad)
+
+
+@pytest.mark.parametrize("kwargs", [dict(growth_factor="2"), dict(growth_factor=True),
+                                    dict(backoff_factor="0.5"), dict(backoff_factor=True),
+                                    dict(growth_interval="2000"), dict(growth_interval=None)])
+def test_factors_and_interval_must_be_numbers(kwargs):
+    (name, _), = kwargs.items()
+    for make in (DynamicLossScaler, ScalerSettings):
+        with pytest.raises((TypeError, ValueError), match=name):
+            make(**kwargs)
+    with pytest.raises(TypeError if "factor" in name else ValueError, match=name):
+        DynamicLossScaler(**kwargs)
+
+
+@pytest.mark.parametrize("bad", [1e-300, 1e-45, 2.0**-127, 5e-324])
+def test_a_backoff_factor_that_can_underflow_the_scale_is_refused(bad):
+    for make in (DynamicLossScaler, ScalerSettings):
+        with pytest.raises(ValueError, match=r"backoff_factor must be at least 1\.2e-38"):
+            make(backoff_factor=bad)
+    assert DynamicLossScaler(backoff_factor=2.0**-126).backoff_factor == 2.0**-126
+
+
+@pytest.mark.parametrize("bad", [1e-45, 1e-39, 2.0**-127])
+def test_a_scale_whose_reciprocal_is_inf_in_float32_is_refused(bad):
+    # numpy is the oracle: the float32 reciprocal of 1e-39 (a subnormal) is inf; 2**-127's is
+    # finite, but one backoff of 0.5 later torch's scale is on its way to 0
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float32(1.0) / np.float32(1e-39))
+    for name, make in SCALE_ARGUMENTS:
+        with pytest.raises(ValueError, match=f"{name} must be a finite positive number"):
+            make(bad)
+
+
+def test_the_scale_never_becomes_zero_and_nan_gradients_never_reach_the_weights():
+    # torch's own GradScaler, fed the same overflows, reaches 0 (the bug these scalers avoid)
+    torch_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**-120, backoff_factor=0.5)
+    torch_scaler.scale(torch.ones(()))
+    tp = torch.nn.Parameter(torch.zeros(1))
+    topt = torch.optim.SGD([tp], lr=0.0)
+    for _ in range(40):
+        tp.grad = torch.full((1,), math.inf)
+        torch_scaler.step(topt)
+        torch_scaler.update()
+    assert torch_scaler.get_scale() == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScaleCollapseWarning)
+        s = DynamicLossScaler(init_scale=2.0**-120, backoff_factor=0.5)
+        history = [s.update(found_inf=True) for _ in range(40)]
+        assert all(e.next_scale >= 2.0**-126 for e in history)
+        assert s.get_scale() == 2.0**-126
+        s16 = DynamicLossScaler(backoff_factor=2.0**-126)  # the smallest factor allowed
+        assert s16.update(found_inf=True).next_scale == 2.0**-110  # 2**16 * 2**-126
+        assert s16.update(found_inf=True).next_scale == 2.0**-126  # 2**-236: the floor
+        # a training step at the floor: the gradients come back exactly, the weights stay finite
+        p = torch.nn.Parameter(torch.ones(2))
+        opt = torch.optim.SGD([p], lr=0.5)
+        s.scale((p * 3.0).sum()).backward()
+        assert s.unscale_(opt) is False
+        assert torch.equal(p.grad, torch.full((2,), 3.0))
+        s.step(opt)
+        s.update()
+        assert torch.equal(p.detach(), torch.full((2,), -0.5))
+        # a backoff below a given floor stops at that floor, as before
+        assert DynamicLossScaler(init_scale=8.0, min_scale=4.0).update(True).next_scale == 4.0

@@ -15,6 +15,7 @@ from typing import Iterable
 
 import torch
 
+from ..census import census
 from ..scaling import DEFAULT_INIT_SCALE
 
 
@@ -87,8 +88,6 @@ def census_lost_kept(named_grads: Iterable[tuple[str, torch.Tensor]],
     gradient lost to FP16 underflow at scale 1 and the fraction kept (finite, non-zero) at
     ``scale``, with the overflow fraction at ``scale``. Feed it FP32 gradients."""
     import pandas as pd
-
-    from ..census import census
 
     rows = []
     for name, g in named_grads:

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from ..kernels.compiler import get_function
+from ..kernels.launch import cupy_or_none, current_stream_ptr, enqueue  # they load CuPy only when called
 
 #: Bins of the monitor's histogram, read straight from the float32 bit pattern of |g|:
 #: 0 zero, 1 float32 subnormal (|g| < 2**-126), then one bin per binary exponent
@@ -123,16 +125,11 @@ def auto_backend(device_type: str) -> str:
     ``"bincount"`` off CUDA, ``"cupy"`` on CUDA where CuPy is installed, else ``"histc"``."""
     if device_type != "cuda":
         return "bincount"
-    from ..kernels.launch import cupy_or_none
-
     return "cupy" if cupy_or_none() is not None else "histc"
 
 
 def _stats_function(device_index: int):
     """Returns the compiled ``grad_stats`` kernel for a device (compiled once per device)."""
-    from ..kernels.compiler import get_function
-    from ..kernels.launch import cupy_or_none
-
     with cupy_or_none().cuda.Device(device_index):
         return get_function(_STATS_FILE, "grad_stats", cuda_headers=False,
                             defines={"N_BINS": N_BINS, "THREADS": _STATS_THREADS})
@@ -158,8 +155,6 @@ def _cupy_statistics(grads: list[torch.Tensor], plan: dict[str, Any]):
     """Returns (int64 histogram [n, N_BINS], float32 max|g| [n]) from one ``grad_stats`` launch
     on torch's current stream (no host sync)."""
     import numpy as np
-
-    from ..kernels.launch import current_stream_ptr, enqueue
 
     device = grads[0].device
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..census import HIST_MAX, HIST_MIN, _pattern_below, thresholds
+from ..bits.patterns import HIST_MAX, HIST_MIN, thresholds
+from ..bits.patterns import pattern_below as _pattern_below  # public name; body keeps the old one
 from ..formats import FormatInfo, format_info
 from .compiler import get_function
 from .launch import ParamBlock, cupy_or_none, current_stream_ptr, enqueue
