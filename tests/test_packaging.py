@@ -131,3 +131,12 @@ def test_test_gpu_without_a_gpu_fails_saying_why():
     assert result.returncode != 0
     assert "sees no CUDA GPU here" in result.stderr and "no GPU test could run" in result.stderr
     assert "pytest" not in result.stdout  # it stopped before running pytest -m gpu
+
+
+def test_every_notebook_cell_has_an_id():
+    # nbformat warns about cells without ids (a future nbformat refuses them)
+    import json
+
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        ids = [c.get("id") for c in json.loads(path.read_text())["cells"]]
+        assert None not in ids and len(set(ids)) == len(ids), path.name
