@@ -5,12 +5,13 @@
 # TORCH_SPEC picks the torch wheel and VISION_SPEC the torchvision one; both are installed by
 # one pip command, so pip picks a torchvision built for that torch (an empty VISION_SPEC
 # installs no torchvision). TORCH_INDEX, when set, is the index both come from, e.g. PyTorch's
-# CPU wheels: make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# CPU wheels: make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu (for a new .venv: pip
+# keeps an installed torch that satisfies TORCH_SPEC, so `make clean` first).
 # cuda-bindings is installed everywhere (it imports without a GPU): CUDA 13's, or CUDA 12's where
 # nvidia-smi reports a CUDA 12 driver. CuPy is added where nvidia-smi reports a driver:
 # cupy-cuda13x for CUDA 13, cupy-cuda12x for CUDA 12. CUDA_MAJOR=13 on the command line installs
 # what a CUDA 13 machine gets, without one (CI does). The set-up runs again when pyproject.toml,
-# TORCH_SPEC, VISION_SPEC, TORCH_INDEX or the extras change (written into $(VENV)/.fp16lab-wanted).
+# TORCH_SPEC, VISION_SPEC or the extras change (they are written into $(VENV)/.fp16lab-wanted).
 #
 #   make benchmarks             every benchmark; results to data/local/ (git-ignored)
 #   make benchmarks REPLACE=1   the same, overwriting the committed files in data/
@@ -30,7 +31,7 @@ comma      := ,
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRAS := $(if $(filter 13 14,$(CUDA_MAJOR)),cuda13,$(if $(filter 12,$(CUDA_MAJOR)),cuda12,cuda13-bindings))
 EXTRAS     := test,browser,$(CUDA_EXTRAS)$(if $(VISION_SPEC),$(comma)vision)
-WANT       := $(TORCH_SPEC) [$(EXTRAS)] $(VISION_SPEC) $(TORCH_INDEX)
+WANT       := $(TORCH_SPEC) [$(EXTRAS)] $(VISION_SPEC)
 
 .PHONY: setup lab test test-gpu benchmarks clean info mutation FORCE
 

@@ -19,7 +19,7 @@ def _name(req: str) -> str:
 def _pyproject_packages() -> set[str]:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {_name(r) for r in meta["dependencies"]}
-    for extra in ("test", "browser"):
+    for extra in ("test", "browser", "vision"):  # what the set-up installs everywhere
         names |= {_name(r) for r in meta["optional-dependencies"][extra]}
     return names
 
