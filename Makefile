@@ -2,10 +2,16 @@
 #   make lab   set up .venv and open JupyterLab on notebooks/
 #   make test  set up .venv and run every test, notebook execution included
 #
-# TORCH_SPEC picks the torch wheel (CI pins the CPU build; a GPU machine keeps the default).
-# CuPy is added as an extra when nvidia-smi reports a driver: cupy-cuda13x for CUDA 13,
-# cupy-cuda12x for CUDA 12, nothing without a GPU. The set-up runs again when pyproject.toml,
-# TORCH_SPEC or the extras change (they are written into $(VENV)/.fp16lab-wanted).
+# TORCH_SPEC picks the torch wheel and VISION_SPEC the torchvision one; both are installed by
+# one pip command, so pip picks a torchvision built for that torch (an empty VISION_SPEC
+# installs no torchvision). TORCH_INDEX, when set, is the index both come from, e.g. PyTorch's
+# CPU wheels: make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu (for a new .venv: pip
+# keeps an installed torch that satisfies TORCH_SPEC, so `make clean` first).
+# cuda-bindings is installed everywhere (it imports without a GPU): CUDA 13's, or CUDA 12's where
+# nvidia-smi reports a CUDA 12 driver. CuPy is added where nvidia-smi reports a driver:
+# cupy-cuda13x for CUDA 13, cupy-cuda12x for CUDA 12. CUDA_MAJOR=13 on the command line installs
+# what a CUDA 13 machine gets, without one (CI does). The set-up runs again when pyproject.toml,
+# TORCH_SPEC, VISION_SPEC or the extras change (they are written into $(VENV)/.fp16lab-wanted).
 #
 #   make benchmarks             every benchmark; results to data/local/ (git-ignored)
 #   make benchmarks REPLACE=1   the same, overwriting the committed files in data/
@@ -13,6 +19,8 @@
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch>=2.4
+VISION_SPEC ?= torchvision
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 REPLACE    ?=
 PY         := $(VENV)/bin/python
@@ -21,8 +29,9 @@ WANTED     := $(VENV)/.fp16lab-wanted
 
 comma      := ,
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
-GPU_EXTRAS := $(if $(filter 13 14,$(CUDA_MAJOR)),$(comma)cuda13$(comma)vision,$(if $(filter 12,$(CUDA_MAJOR)),$(comma)cuda12$(comma)vision,))
-EXTRAS     := test,browser$(GPU_EXTRAS)
+CUDA_EXTRAS := $(if $(filter 13 14,$(CUDA_MAJOR)),cuda13,$(if $(filter 12,$(CUDA_MAJOR)),cuda12,cuda13-bindings))
+EXTRAS     := test,browser,$(CUDA_EXTRAS)$(if $(VISION_SPEC),$(comma)vision)
+WANT       := $(TORCH_SPEC) [$(EXTRAS)] $(VISION_SPEC)
 
 .PHONY: setup lab test test-gpu benchmarks clean info mutation FORCE
 
@@ -31,12 +40,12 @@ setup: $(STAMP)
 # What the installation should be; rewritten (so newer than the stamp) only when it changes.
 $(WANTED): FORCE
 	@mkdir -p $(VENV)
-	@echo '$(TORCH_SPEC) [$(EXTRAS)]' | cmp -s - $@ || echo '$(TORCH_SPEC) [$(EXTRAS)]' > $@
+	@echo '$(WANT)' | cmp -s - $@ || echo '$(WANT)' > $@
 
 $(STAMP): pyproject.toml $(WANTED)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)" $(if $(VISION_SPEC),"$(VISION_SPEC)")
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	@echo "fp16lab installed in $(VENV) with extras [$(EXTRAS)]"
 	@touch $@
@@ -71,8 +80,13 @@ mutation: setup
 	$(PY) -m pip install -q -e ".[mutation]"
 	$(PY) -m fp16lab.testing.mutation $(MODULES)
 
-# Only the GPU-marked tests (on a machine with a CUDA GPU).
+# Only the GPU-marked tests (on a machine with a CUDA GPU): where torch sees none, every one of
+# them would skip, so this fails instead of "passing" with nothing run.
 test-gpu: setup
+	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+	  "make test-gpu: torch " + torch.__version__ + " sees no CUDA GPU here (torch.cuda.is_available() is False; " \
+	  + ("a CPU-only build" if torch.version.cuda is None else "built for CUDA " + torch.version.cuda + ": is a GPU visible, with a new enough driver?") \
+	  + "), so no GPU test could run")'
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 # Every benchmark of fp16lab.bench on the local GPU; each writes its results, with provenance,

@@ -2,7 +2,8 @@
 
 ``FP16LAB_REQUIRE`` (comma-separated marker names, e.g. ``browser,nvcc``; CI sets it) turns a
 skip of a test carrying one of those markers into a failure, so that a run cannot go green
-because Chromium or nvcc was missing. At the end, a table counts the tests run per marker.
+because Chromium or nvcc was missing. At the end, a table counts the tests run per marker, and
+the skip reasons are listed, grouped, the most frequent first.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def pytest_collection_modifyitems(config, items):
 #: The markers the summary counts, in its order; "other" is a test with none of them.
 COUNTED_MARKERS = ("gpu", "notebook", "browser", "nvcc", "slow")
 _outcomes: collections.Counter = collections.Counter()
+_skip_reasons: collections.Counter = collections.Counter()
 _REQUIRED = pytest.StashKey[set]()
 
 
@@ -64,13 +66,21 @@ def pytest_runtest_makereport(item, call):
     markers = [m for m in COUNTED_MARKERS if m in item.keywords] or ["other"]
     required = item.config.stash[_REQUIRED] & set(markers)
     if report.skipped and required and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = skip_reason(report)
         report.outcome = "failed"
         report.longrepr = (f"FP16LAB_REQUIRE={','.join(sorted(item.config.stash[_REQUIRED]))}: "
                            f"a {'/'.join(sorted(required))} test may not skip here, but it did: {reason}")
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         for m in markers:
             _outcomes[(m, report.outcome)] += 1
+        if report.skipped and not hasattr(report, "wasxfail"):
+            _skip_reasons[skip_reason(report)] += 1
+
+
+def skip_reason(report) -> str:
+    """Returns a skipped test's reason, without pytest's "Skipped: " prefix."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -83,6 +93,10 @@ def pytest_terminal_summary(terminalreporter):
         row = [_outcomes[(m, o)] for o in ("passed", "failed", "skipped")]
         if any(row):
             tr.write_line(f"{m:<10}{row[0]:>8}{row[1]:>8}{row[2]:>9}")
+    if _skip_reasons:
+        tr.section("skip reasons")
+        for reason, n in sorted(_skip_reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+            tr.write_line(f"{n:>6}  {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -98,7 +98,10 @@ def test_wgmma_names_every_missing_piece(monkeypatch):
 
     monkeypatch.setattr(launcher, "require_cupy", no_cupy)
     monkeypatch.setattr(launcher, "find_nvcc", lambda: None)
-    monkeypatch.setitem(sys.modules, "cuda", None)  # import cuda.bindings fails
+    # import cuda.bindings fails, even where it is already imported (torch's CUDA build
+    # imports cuda.bindings.driver): the import looks up the full name first, so hide them all
+    for name in ["cuda", *[m for m in sys.modules if m.startswith("cuda.")]]:
+        monkeypatch.setitem(sys.modules, name, None)
     for name in [k for k, s in KERNELS.items() if s.builder == "nvcc"]:
         with pytest.raises(KernelUnavailable) as e:
             gemm(np.zeros((8, 8), np.float16), np.zeros((8, 8), np.float16), kernel=name)
