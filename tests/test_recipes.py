@@ -330,7 +330,8 @@ def test_unknown_precision_message_in_full():
     with pytest.raises(ValueError) as info:
         recipes.check_precision("fp16")
     assert str(info.value) == ("unknown precision 'fp16'; allowed: fp32, tf32, amp-fp16, "
-                               "amp-bf16, fp16-o2")
+                               "amp-bf16, fp16-o2, fp8-tensorwise, fp8-rowwise, fp8-blockwise, "
+                               "fp8-delayed")
     assert recipes.check_precision("amp-bf16") == "amp-bf16"
     with pytest.raises(ValueError, match="unknown precision 'half'"):
         recipes.autocast("half", "cpu")

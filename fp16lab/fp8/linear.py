@@ -32,18 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..recipes import FP8_RECIPES as RECIPES  # a precision fp8-<recipe> each: named there once
 from .scales import DelayedScaling, Quantized, amax, dequantize, quantize
 
 __all__ = ["BACKENDS", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear", "convert_to_fp8",
            "fp8_mm", "granularity", "scaled_mm_available"]
 
-#: Recipes: how each tensor's scale is chosen.
-RECIPES = {
-    "tensorwise": "one scale per tensor, from its amax now (current scaling)",
-    "rowwise": "one scale per row along the summed dimension, from the amax now",
-    "blockwise": "activations and gradients per 1x128 tile, weights per 128x128 tile",
-    "delayed": "one scale per tensor, from the amax history of the last N steps, with a margin",
-}
 #: How an FP8 matmul is computed (see the module docstring).
 BACKENDS = ("auto", "scaled_mm", "emulate")
 #: torch._scaled_mm needs every dimension to be a multiple of this.
