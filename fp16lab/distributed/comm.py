@@ -3,7 +3,9 @@ all-reduce time and bus bandwidth, and scaling efficiency."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
+
+from .. import validate
 
 
 def comm_overlap(kernels: Sequence[tuple[str, float, float]], *, steps: int = 1,
@@ -64,15 +66,25 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total
 
 
+def _check(needs: str, *values: tuple[str, Any, dict[str, Any]]) -> None:
+    """Raises ValueError saying what the helper needs, and (from :mod:`fp16lab.validate`) which
+    value was wrong: NaN, infinities, booleans and fractional counts included."""
+    try:
+        for name, value, bounds in values:
+            validate.number(name, value, **bounds)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"need {needs}; {e}") from None
+
+
 def allreduce_seconds(nbytes: float, ranks: int, bus_gbs: float) -> float:
     """Returns the time of a ring all-reduce of ``nbytes`` over ``ranks`` at ``bus_gbs`` GB/s.
 
     Each rank sends and receives ``2 (ranks - 1) / ranks`` times the buffer (a reduce-scatter
     then an all-gather); ``bus_gbs`` is the per-rank link rate NCCL reports as bus bandwidth.
     """
-    if nbytes < 0 or not isinstance(ranks, int) or ranks < 1 or bus_gbs <= 0:
-        raise ValueError(f"need nbytes >= 0, an integer ranks >= 1 and bus_gbs > 0; got "
-                         f"{nbytes!r}, {ranks!r}, {bus_gbs!r}")
+    _check("nbytes >= 0, an integer ranks >= 1 and bus_gbs > 0", ("nbytes", nbytes, dict(low=0)),
+           ("ranks", ranks, dict(low=1, integer=True)),
+           ("bus_gbs", bus_gbs, dict(low=0, low_open=True)))
     return 2 * (ranks - 1) / ranks * nbytes / (bus_gbs * 1e9)
 
 
@@ -83,14 +95,14 @@ def bus_bandwidth_gbs(nbytes: float, ranks: int, seconds: float) -> float:
     rate each rank's link carried in a ring all-reduce, comparable across rank counts and with
     the link's own rate; the inverse of :func:`allreduce_seconds`.
     """
-    if nbytes < 0 or not isinstance(ranks, int) or ranks < 1 or not seconds > 0:
-        raise ValueError(f"need nbytes >= 0, an integer ranks >= 1 and seconds > 0; got "
-                         f"{nbytes!r}, {ranks!r}, {seconds!r}")
+    _check("nbytes >= 0, an integer ranks >= 1 and seconds > 0", ("nbytes", nbytes, dict(low=0)),
+           ("ranks", ranks, dict(low=1, integer=True)),
+           ("seconds", seconds, dict(low=0, low_open=True)))
     return 2 * (ranks - 1) / ranks * nbytes / seconds / 1e9
 
 
 def scaling_efficiency(rate_n: float, rate_1: float, n: int) -> float:
     """Returns rate on ``n`` GPUs over ``n`` times the rate on one (1.0 is perfect scaling)."""
-    if rate_n <= 0 or rate_1 <= 0 or n < 1:
-        raise ValueError(f"rates must be positive and n >= 1; got {rate_n!r}, {rate_1!r}, {n!r}")
+    _check("positive rates and an integer n >= 1", ("rate_n", rate_n, dict(low=0, low_open=True)),
+           ("rate_1", rate_1, dict(low=0, low_open=True)), ("n", n, dict(low=1, integer=True)))
     return rate_n / (n * rate_1)
