@@ -32,10 +32,9 @@ from torch import nn
 
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
 from .models import NUM_CLASSES, build_model, input_shape
-from .recipes import LR, MOMENTUM, make_train_step, optimizer_factory, set_tf32
+from .recipes import LR, MOMENTUM, autocast_dtype, make_train_step, optimizer_factory, set_tf32
 
-#: Autocast dtype of each precision (None: no autocast).
-AUTOCAST = {"fp32": None, "amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}
+#: The reduce dtypes of FSDP points, by name.
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -122,7 +121,8 @@ def batch_shape(name: str, batch: int) -> tuple[int, ...]:
 
 def make_step(precision: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
               optimizer: str = "sgd") -> Callable[[], torch.Tensor]:
-    """Returns one full training step (forward, loss, backward, ``optimizer``) in ``precision``."""
+    """Returns one full training step (forward, loss, backward, ``optimizer``) in ``precision``:
+    :func:`fp16lab.recipes.make_train_step`'s, of the model :func:`wrap` wrapped."""
     step, _ = make_train_step(precision, model, x, y, device=x.device.type,
                               optimizer=optimizer_factory(optimizer))
     return step
@@ -187,7 +187,7 @@ def wrap(point: DistPoint, model: nn.Module, ctx: Context) -> nn.Module:
         return ddp
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=AUTOCAST[point.precision],
+    policy = MixedPrecisionPolicy(param_dtype=autocast_dtype(point.precision),
                                   reduce_dtype=DTYPES[point.reduce_dtype])
     for module in model.modules():
         if isinstance(module, nn.TransformerEncoderLayer) or type(module).__name__ in ("Bottleneck", "BasicBlock"):

@@ -28,21 +28,26 @@ between kernels however fast its tensor cores are. Two fixes, beside plain ``eag
   larger kernels); mode ``reduce-overhead`` also replays the model's forward and backward as CUDA
   graphs. The loss, the scaler and the optimizer stay eager.
 
-Precisions are the workbook's: fp32 (TF32 off), tf32, amp-fp16 (autocast + GradScaler) and
-amp-bf16 (autocast, no scaler). :func:`build_step` makes the step for one sweep point.
+The step itself is :func:`fp16lab.recipes.make_train_step`'s, with what each mode adds (a
+compiled forward, autocast's cache off for capture, the unscale as a phase of its own, the
+phases marked for the profiler). Precisions are the workbook's that leave the model as built:
+fp32 (TF32 off), tf32, amp-fp16 (autocast + GradScaler) and amp-bf16 (autocast, no scaler).
+:func:`build_step` makes the step for one sweep point.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
+from torch.profiler import ProfilerActivity
 
-from .profile import phase
-from .recipes import LR, MOMENTUM, grad_scaler, tf32  # LR, MOMENTUM: the sweep's SGD, written once
+from .models import NUM_CLASSES, build_model, input_shape, is_image_model
+from .profile import phase, torch_profiler
+from .recipes import PRECISIONS, check_precision, make_train_step, precisions, sgd, tf32
 from .scaling import ScalerSettings
 
 #: Execution modes, with what each does.
@@ -55,9 +60,6 @@ EXECUTIONS = {
 #: torch.compile modes the ``compile`` execution accepts. reduce-overhead needs CUDA.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
-#: Precisions these steps implement (fp16-o2 is not among them yet).
-PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
-
 #: Steps run before a CUDA graph is captured (and before timing, in the benchmarks).
 WARMUP_STEPS = 3
 
@@ -67,10 +69,9 @@ def check_execution(execution: str, *, device: str, compile_mode: str = "default
     """Raises ValueError, saying what is allowed, for an execution this device cannot run."""
     if execution not in EXECUTIONS:
         raise ValueError(f"unknown execution {execution!r}; allowed: {', '.join(EXECUTIONS)}")
-    if precision not in PRECISIONS:
-        extra = (" (fp16-o2, the pure-fp16 model with fp32 master weights, is not in this "
-                 "module's steps yet)" if precision in ("fp16-o2", "fp16") else "")
-        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}{extra}")
+    # fp16-o2's fp16 model and the FP8 layer swap are not captured or compiled here yet
+    check_precision(precision, precisions(converts_model=False),
+                    where="by fp16lab.execution's steps (they take the model as built)")
     if execution == "cuda-graph" and fused_optimizer is False:
         raise ValueError("execution 'cuda-graph' needs fused_optimizer=True (or None): a foreach "
                          "SGD under GradScaler reads found_inf on the host, which capture forbids")
@@ -148,18 +149,6 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
         raise ValueError(f"a CUDA graph needs warmup >= 1 steps before capture, got {warmup}")
     graph = execution == "cuda-graph"
     fused = graph if fused_optimizer is None else bool(fused_optimizer)
-    amp = precision.startswith("amp-")
-    amp_dtype = torch.bfloat16 if precision == "amp-bf16" else torch.float16
-    # the fused SGD takes GradScaler's found_inf as a device tensor: no host sync, capturable
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, fused=fused or None)
-    if fused:
-        # The fused kernel's first step would take its momentum buffers from torch.empty_like
-        # and, were that step skipped for inf gradients, leave them unset. Zeros give the same
-        # first update (buffer = 0.9 * 0 + grad = grad) and keep a skipped first step harmless.
-        for p in model.parameters():
-            if p.requires_grad:
-                opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
-    scaler = grad_scaler(precision, device, scaler) if precision == "amp-fp16" else None
     forward = model
     notes: list[str] = []
     mark_step = False
@@ -171,38 +160,22 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
         notes.append("fused SGD (GradScaler's found_inf stays on the device)")
     if graph:
         notes.append("autocast cache off during capture; static batch")
-
-    def body() -> torch.Tensor:
-        if mark_step:  # tells compile's CUDA graphs a new iteration began
-            torch.compiler.cudagraph_mark_step_begin()
-        with phase("zero_grad"):
-            opt.zero_grad(set_to_none=True)
-        with phase("forward"):
-            with torch.autocast(device, dtype=amp_dtype, enabled=amp, cache_enabled=not graph):
-                loss = F.cross_entropy(forward(x), y)
-        with phase("backward"):
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-        if scaler is not None:
-            with phase("unscale"):
-                scaler.unscale_(opt)  # where gradient clipping would go
-        with phase("optimizer_step"):
-            if scaler is not None:
-                scaler.step(opt)
-            else:
-                opt.step()
-        if scaler is not None:
-            with phase("scaler_update"):
-                scaler.update()
-        return loss.detach()
+    # the fused SGD takes GradScaler's found_inf as a device tensor: no host sync, capturable
+    body, scaler = make_train_step(precision, model, x, y, device=device, scaler=scaler,
+                                   optimizer=functools.partial(sgd, fused=fused), forward=forward,
+                                   autocast_cache=not graph, unscale_first=True, region=phase)
+    on_tf32 = PRECISIONS[precision].tf32
 
     def eager() -> torch.Tensor:
-        with tf32(precision == "tf32"):
-            return body()
+        with tf32(on_tf32):
+            if mark_step:  # tells compile's CUDA graphs a new iteration began
+                torch.compiler.cudagraph_mark_step_begin()
+            return body().detach()
 
     run = eager
     if graph:
         run = _capture(eager, warmup, traceable)
-    return TrainingStep(run, model, opt, scaler, x, y, precision, execution,
+    return TrainingStep(run, model, body.optimizer, scaler, x, y, precision, execution,
                         compile_mode if execution == "compile" else None, fused, notes)
 
 
@@ -219,9 +192,6 @@ def _capture(step: Callable[[], torch.Tensor], warmup: int,
     g = torch.cuda.CUDAGraph()
     session = contextlib.nullcontext()
     if traceable:
-        from torch.profiler import ProfilerActivity
-
-        from fp16lab.profile import torch_profiler
         session = torch_profiler([ProfilerActivity.CUDA])
     with session:
         with torch.cuda.graph(g):
@@ -245,7 +215,7 @@ def build_step(model_name: str, batch: int, *, precision: str, execution: str = 
     Args:
         model_name: a name from ``fp16lab.models.MODELS``.
         batch: the batch size.
-        precision: one of ``PRECISIONS``.
+        precision: a precision that leaves the model as built (fp32, tf32, amp-fp16, amp-bf16).
         execution: one of ``EXECUTIONS``.
         device: 'cuda' or 'cpu'; by default CUDA where torch sees it.
         layout: 'nchw' or 'channels_last' (image models only).
@@ -253,8 +223,6 @@ def build_step(model_name: str, batch: int, *, precision: str, execution: str = 
         seed: seeds the model's weights and the batch.
         fused_optimizer, traceable: see :func:`make_step`.
     """
-    from .models import NUM_CLASSES, build_model, input_shape, is_image_model
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
                     fused_optimizer=fused_optimizer)

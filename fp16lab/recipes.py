@@ -1,14 +1,18 @@
 """One training step per precision: the maths flags, autocast, the GradScaler and master weights.
 
-Five recipes, one name each, used everywhere in fp16lab (the sweep, notebook 02's runs, the
-claims and the benchmarks):
+Every precision fp16lab knows is one :class:`Precision` in :data:`PRECISIONS`, used everywhere
+(the sweep, the execution modes, notebook 02's runs, the input pipeline, the distributed ranks,
+FP8, the claims and the benchmarks); an engine that offers only some of them asks for those by
+their properties (:func:`precisions`) and checks a name with :func:`check_precision`.
 
 * ``fp32``: fp32 weights and maths, TF32 off for matmul and cuDNN;
 * ``tf32``: fp32 weights, matmul and convolutions on TF32 tensor cores;
 * ``amp-fp16``: ``torch.autocast(device, torch.float16)`` with a ``torch.amp.GradScaler``;
 * ``amp-bf16``: ``torch.autocast(device, torch.bfloat16)``, no scaler (bf16 has fp32's range);
 * ``fp16-o2``: the whole model in fp16 (BatchNorm kept in fp32), fp32 master weights in the
-  optimizer and a GradScaler (the Apex O2 recipe).
+  optimizer and a GradScaler (the Apex O2 recipe);
+* ``fp8-<recipe>``: the model's linear layers in FP8 (:mod:`fp16lab.fp8`, one precision per
+  recipe in :data:`FP8_RECIPES`), the rest as ``amp-bf16``.
 
 The step a practitioner writes for ``amp-fp16`` is the one in notebook 02::
 
@@ -23,43 +27,142 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 from .scaling import ScalerSettings
 
-#: Precision names, with what each one does to the training step.
-PRECISIONS = {
-    "fp32": "fp32 weights and maths; TF32 off for matmul and cuDNN",
-    "tf32": "fp32 weights; matmul and convolutions on TF32 tensor cores (no effect on a CPU)",
-    "amp-fp16": "autocast to fp16 with a GradScaler",
-    "amp-bf16": "autocast to bf16, no scaler (bf16 has fp32's exponent range)",
-    "fp16-o2": ("pure fp16 model with fp32 master weights in the optimizer and a dynamic loss "
-                "scaler (the Apex O2 recipe; BatchNorm kept in fp32)"),
+#: FP8 recipes: how each tensor's scale is chosen (:mod:`fp16lab.fp8.linear` implements them).
+FP8_RECIPES = {
+    "tensorwise": "one scale per tensor, from its amax now (current scaling)",
+    "rowwise": "one scale per row along the summed dimension, from the amax now",
+    "blockwise": "activations and gradients per 1x128 tile, weights per 128x128 tile",
+    "delayed": "one scale per tensor, from the amax history of the last N steps, with a margin",
 }
 
-#: Precisions whose step uses a loss scaler (so the scaler settings matter).
-SCALED_PRECISIONS = ("amp-fp16", "fp16-o2")
 
-#: The dtype autocast runs in, per precision (absent: autocast off).
-AUTOCAST_DTYPES = {"amp-fp16": "float16", "amp-bf16": "bfloat16"}
+@dataclass(frozen=True)
+class Precision:
+    """What one precision does to the training step; ``str()`` is its description.
+
+    Args:
+        name: the name used everywhere (``amp-fp16``).
+        description: what the step does, in a line.
+        autocast_dtype: the torch dtype name ``torch.autocast`` runs in (None: autocast off).
+        scaled: the loss goes through a loss scaler (a GradScaler), so its settings matter.
+        tf32: fp32 matmuls and cuDNN convolutions may run on TF32 tensor cores.
+        master_weights: the model is converted to fp16 and the optimizer steps fp32 copies.
+        fp8_recipe: the FP8 recipe (:data:`FP8_RECIPES`) of the linear layers swapped for
+            ``Float8Linear`` (None: no FP8).
+    """
+
+    name: str
+    description: str
+    autocast_dtype: str | None = None
+    scaled: bool = False
+    tf32: bool = False
+    master_weights: bool = False
+    fp8_recipe: str | None = None
+
+    def __str__(self) -> str:
+        return self.description
+
+    @property
+    def fp8(self) -> bool:
+        """True where the step swaps linear layers for FP8 ones (its step is fp16lab.fp8's)."""
+        return self.fp8_recipe is not None
+
+    @property
+    def converts_model(self) -> bool:
+        """True where the step changes the model it is given (to fp16, or FP8 linear layers);
+        the engines that capture, compile or feed the model as built leave these out."""
+        return self.master_weights or self.fp8
+
+    @property
+    def autocast_recipe(self) -> bool:
+        """True where the step is fp32 training changed only by torch.autocast and a GradScaler:
+        the model as built, TF32 off. Notebook 02's runs compare these, and the distributed
+        ranks train these (their protocol turns TF32 off; FSDP takes autocast's dtype as its
+        parameter dtype)."""
+        return not self.tf32 and not self.converts_model
+
+
+def _all_precisions() -> dict[str, Precision]:
+    named = [
+        Precision("fp32", "fp32 weights and maths; TF32 off for matmul and cuDNN"),
+        Precision("tf32", "fp32 weights; matmul and convolutions on TF32 tensor cores (no effect "
+                  "on a CPU)", tf32=True),
+        Precision("amp-fp16", "autocast to fp16 with a GradScaler", autocast_dtype="float16",
+                  scaled=True),
+        Precision("amp-bf16", "autocast to bf16, no scaler (bf16 has fp32's exponent range)",
+                  autocast_dtype="bfloat16"),
+        Precision("fp16-o2", "pure fp16 model with fp32 master weights in the optimizer and a "
+                  "dynamic loss scaler (the Apex O2 recipe; BatchNorm kept in fp32)",
+                  scaled=True, master_weights=True),
+        *(Precision(f"fp8-{r}", f"FP8 linear layers: {what}; the rest as amp-bf16",
+                    autocast_dtype="bfloat16", fp8_recipe=r) for r, what in FP8_RECIPES.items()),
+    ]
+    return {p.name: p for p in named}
+
+
+#: Every precision fp16lab knows, by name.
+PRECISIONS: dict[str, Precision] = _all_precisions()
+
+
+def precisions(**wanted: bool) -> tuple[str, ...]:
+    """Returns the names of the precisions whose properties have the ``wanted`` values, in
+    :data:`PRECISIONS` order: ``precisions(scaled=True)`` is ``('amp-fp16', 'fp16-o2')``."""
+    for prop in wanted:
+        if not hasattr(Precision, prop) and prop not in Precision.__dataclass_fields__:
+            raise ValueError(f"a Precision has no property {prop!r}")
+    return tuple(n for n, p in PRECISIONS.items()
+                 if all(bool(getattr(p, k)) == bool(v) for k, v in wanted.items()))
+
+
+#: Precisions whose step uses a loss scaler (so the scaler settings matter).
+SCALED_PRECISIONS = precisions(scaled=True)
+
+#: Precisions whose whole step :func:`make_train_step` writes (an FP8 one first swaps layers:
+#: :func:`fp16lab.fp8.training.make_fp8_step`).
+RECIPE_PRECISIONS = precisions(fp8=False)
 
 #: Learning rate and momentum of the SGD optimizer every measured training step uses.
 LR, MOMENTUM = 0.01, 0.9
 
 
-def check_precision(precision: str) -> str:
-    """Returns ``precision`` when it names a recipe, else raises ValueError listing the names."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
-    return precision
+def check_precision(precision: Any, allowed: Iterable[str] | None = None, *,
+                    where: str = "here") -> str:
+    """Returns ``precision`` if it is one of ``allowed`` (default: every precision), else raises
+    ValueError saying what is allowed; ``where`` names the engine in the message (``"across
+    GPUs"``) when a known precision is one it does not offer."""
+    names = tuple(PRECISIONS if allowed is None else allowed)
+    if isinstance(precision, str) and precision in names:
+        return precision
+    listed = ", ".join(names)
+    if isinstance(precision, str) and precision in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not offered {where}; allowed: {listed}")
+    raise ValueError(f"unknown precision {precision!r}; allowed: {listed}")
 
 
-def autocast(precision: str, device: str) -> Any:
-    """Returns the ``torch.autocast`` context of a precision (a disabled one where it has none)."""
+def autocast_dtype(precision: str) -> Any:
+    """Returns the torch dtype ``torch.autocast`` runs a precision in, or None (autocast off)."""
     import torch
 
-    dtype = AUTOCAST_DTYPES.get(check_precision(precision))
-    return torch.autocast(device, dtype=getattr(torch, dtype or "float16"), enabled=dtype is not None)
+    dtype = PRECISIONS[check_precision(precision)].autocast_dtype
+    return None if dtype is None else getattr(torch, dtype)
+
+
+def autocast(precision: str, device: str, cache_enabled: bool | None = None) -> Any:
+    """Returns the ``torch.autocast`` context of a precision (a disabled one where it has none).
+
+    ``cache_enabled=False`` turns autocast's cast cache off, as capturing a CUDA graph requires
+    (None: torch's setting, on by default).
+    """
+    import torch
+
+    dtype = autocast_dtype(precision)
+    return torch.autocast(device, dtype=dtype or torch.float16, enabled=dtype is not None,
+                          cache_enabled=cache_enabled)
 
 
 def grad_scaler(precision: str, device: str, settings: ScalerSettings | None = None) -> Any:
@@ -69,7 +172,7 @@ def grad_scaler(precision: str, device: str, settings: ScalerSettings | None = N
     s = settings or ScalerSettings()
     return torch.amp.GradScaler(device, init_scale=s.init_scale, growth_factor=s.growth_factor,
                                 backoff_factor=s.backoff_factor, growth_interval=s.growth_interval,
-                                enabled=check_precision(precision) in SCALED_PRECISIONS)
+                                enabled=PRECISIONS[check_precision(precision)].scaled)
 
 
 def _per_backend_api(b: Any) -> bool:
@@ -139,11 +242,12 @@ def tf32(matmul: bool, conv: bool | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def math_flags(precision: str, cudnn_benchmark: bool | None = None) -> Iterator[None]:
-    """Sets TF32 (on only for 'tf32') and, when given, cudnn.benchmark; restores both after."""
+    """Sets TF32 (on only for the precisions that use it: 'tf32') and, when given,
+    cudnn.benchmark; restores both after."""
     import torch
 
     b = torch.backends
-    restore = set_tf32(check_precision(precision) == "tf32")
+    restore = set_tf32(PRECISIONS[check_precision(precision)].tf32)
     benchmark = b.cudnn.benchmark
     if cudnn_benchmark is not None:
         b.cudnn.benchmark = cudnn_benchmark
@@ -199,12 +303,22 @@ def optimizer_factory(name: str) -> Callable[[Any], Any]:
     return functools.partial(sgd, fused=name == "sgd-fused")
 
 
+def _no_region(name: str) -> ContextManager[None]:
+    return contextlib.nullcontext()
+
+
 def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
                     scaler: ScalerSettings | None = None,
                     optimizer: Callable[[Any], Any] = sgd,
                     loss_fn: Callable[[Any, Any], Any] | None = None,
+                    loss_scaler: Any = "recipe",
+                    forward: Callable[[Any], Any] | None = None,
+                    autocast_cache: bool | None = None,
+                    after_backward: Callable[[], None] | None = None,
+                    unscale_first: bool = False,
+                    region: Callable[[str], ContextManager[Any]] | None = None,
                     ) -> tuple[Callable[[], Any], Any]:
-    """Returns (step, scaler): a closure running one full training step, and its GradScaler or None.
+    """Returns (step, scaler): a closure running one full training step, and its loss scaler or None.
 
     ``step.optimizer`` is the optimizer the step uses; ``step()`` returns the loss. ``step(xb,
     yb)`` trains on another batch of the same kind instead of (x, y) (an input pipeline's next
@@ -215,71 +329,88 @@ def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
     steps fp32 master copies of the weights, which are copied back into the model after each
     step. The maths flags are not set here: run the step inside :func:`math_flags`.
 
+    Every engine's step is this one; the keywords after ``loss_fn`` are what an engine adds:
+
     Args:
-        precision: a name from :data:`PRECISIONS`.
+        precision: a name from :data:`RECIPE_PRECISIONS` (an FP8 one's step is
+            :func:`fp16lab.fp8.training.make_fp8_step`, which builds on this one).
         scaler: GradScaler settings for the scaled precisions (default: torch's defaults).
         optimizer: called with the parameters (the fp32 master copies for ``fp16-o2``).
         loss_fn: ``loss_fn(logits, labels)``; cross-entropy by default.
+        loss_scaler: what scales the loss, with torch.amp.GradScaler's ``scale``, ``step`` and
+            ``update``: ``"recipe"`` (the default) is the precision's own (a GradScaler for the
+            scaled precisions, none for the others); None trains without one; any other object
+            (a static scaler, a recording one) replaces it.
+        forward: what the batch goes through (default: ``model``; a compiled model, say); the
+            optimizer steps ``model``'s parameters either way.
+        autocast_cache: autocast's cast cache (False while capturing a CUDA graph).
+        after_backward: called once the gradients are in, before the optimizer step (where
+            a practitioner inspects or clips them; scaled where a scaler is used).
+        unscale_first: unscale the gradients in a call of their own (``unscale_``) before the
+            optimizer step, where gradient clipping would go, instead of inside it.
+        region: ``region(name)`` is entered around each phase (zero_grad, forward, backward,
+            unscale, optimizer_step, scaler_update): :func:`fp16lab.profile.phase` marks them.
     """
     import torch
     import torch.nn.functional as F
 
-    check_precision(precision)
+    check_precision(precision, RECIPE_PRECISIONS, where="by recipes.make_train_step (an fp8 "
+                    "precision's step is fp16lab.fp8.training.make_fp8_step)")
+    if isinstance(loss_scaler, str) and loss_scaler != "recipe":
+        raise ValueError(f"loss_scaler must be 'recipe', None or a scaler, got {loss_scaler!r}")
     loss_fn = loss_fn or F.cross_entropy
-    dev = device
-    if precision == "fp16-o2":
+    region = region or _no_region
+    forward = model if forward is None else forward
+    master_weights = PRECISIONS[precision].master_weights
+    if master_weights:
         model.half()
         _keep_batchnorm_fp32(model)
         x = x.half()
         params = [p for p in model.parameters() if p.requires_grad]
         master = [p.detach().float().clone() for p in params]
         opt = optimizer(master)
-        gs = grad_scaler(precision, dev, scaler)
+    else:
+        opt = optimizer(model.parameters())
+    gs = loss_scaler
+    if isinstance(loss_scaler, str):  # "recipe": the precision's own
+        gs = grad_scaler(precision, device, scaler) if PRECISIONS[precision].scaled else None
 
-        def step(xb: Any = None, yb: Any = None) -> Any:
-            model.zero_grad(set_to_none=True)
-            xb, yb = (x, y) if xb is None else (xb.half(), yb)
-            loss = loss_fn(model(xb).float(), yb)
-            gs.scale(loss).backward()
+    def step(xb: Any = None, yb: Any = None) -> Any:
+        with region("zero_grad"):
+            (model if master_weights else opt).zero_grad(set_to_none=True)
+        if xb is None:
+            xb, yb = x, y
+        elif master_weights:
+            xb = xb.half()
+        with region("forward"):
+            with autocast(precision, device, autocast_cache):
+                out = forward(xb)
+                loss = loss_fn(out.float() if master_weights else out, yb)
+        with region("backward"):
+            (loss if gs is None else gs.scale(loss)).backward()
+        if master_weights:
             # fp16 gradients (inf where the scaled loss overflowed) become fp32 master gradients;
             # the scaler unscales them in fp32, skips the step on inf/NaN and adjusts the scale.
             for m, p in zip(master, params):
                 m.grad = None if p.grad is None else p.grad.float()
-            gs.step(opt)
-            gs.update()
+        if after_backward is not None:
+            after_backward()
+        if gs is not None and unscale_first:
+            with region("unscale"):
+                gs.unscale_(opt)
+        with region("optimizer_step"):
+            if gs is None:
+                opt.step()
+            else:
+                gs.step(opt)
+        if gs is not None:
+            with region("scaler_update"):
+                gs.update()
+        if master_weights:
             with torch.no_grad():
                 for m, p in zip(master, params):
                     p.copy_(m)
-            return loss
-
-        step.optimizer = opt
-        return step, gs
-
-    opt = optimizer(model.parameters())
-    if precision == "amp-fp16":
-        gs = grad_scaler(precision, dev, scaler)
-
-        def step(xb: Any = None, yb: Any = None) -> Any:
-            opt.zero_grad(set_to_none=True)
-            xb, yb = (x, y) if xb is None else (xb, yb)
-            with autocast(precision, dev):
-                loss = loss_fn(model(xb), yb)
-            gs.scale(loss).backward()
-            gs.step(opt)
-            gs.update()
-            return loss
-
-        step.optimizer = opt
-        return step, gs
-
-    def step(xb: Any = None, yb: Any = None) -> Any:
-        opt.zero_grad(set_to_none=True)
-        xb, yb = (x, y) if xb is None else (xb, yb)
-        with autocast(precision, dev):
-            loss = loss_fn(model(xb), yb)
-        loss.backward()
-        opt.step()
         return loss
 
     step.optimizer = opt
-    return step, None
+    return step, gs

@@ -64,10 +64,6 @@ def make_task(n: int = 8192, in_features: int = 32, num_classes: int = 10, seed:
     return x, y
 
 
-#: The precisions a run can use (the recipes that take a loss scale or none).
-PRECISIONS = ("fp32", "amp-fp16", "amp-bf16")
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """One training run: precision and loss scaling."""
@@ -80,9 +76,9 @@ class RunConfig:
     growth_interval: int = 50        # short, so a short run shows growth (torch's default: 2000)
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
-                             f"got {self.precision!r}")
+        # fp32 changed only by autocast: what the runs compare (fp32, amp-fp16, amp-bf16)
+        recipes.check_precision(self.precision, recipes.precisions(autocast_recipe=True),
+                                where="in notebook 02's runs")
         if self.scaling not in ("none", "static", "dynamic"):
             raise ValueError(f"scaling must be 'none', 'static' or 'dynamic', got {self.scaling!r}")
         if self.scaling != "none" and self.precision != "amp-fp16":
@@ -131,8 +127,11 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     x_all, y_all = make_task(seed=seed)
     x_all, y_all = x_all.to(device), y_all.to(device)
     order = torch.Generator().manual_seed(seed + 1)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
     scaler = _make_scaler(config, device)
+    train, _ = recipes.make_train_step(
+        config.precision, model, None, None, device=device, loss_scaler=scaler,
+        optimizer=lambda params: torch.optim.Adam(params, lr=lr),
+        loss_fn=lambda logits, labels: F.cross_entropy(logits.float(), labels))
     result = RunResult(config, device)
     monitor = GradientMonitor(model)
     t0 = time.perf_counter()
@@ -140,12 +139,9 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
         warnings.simplefilter("ignore", ScaleCollapseWarning)
         for step in _steps(steps, progress, config.name):
             idx = torch.randint(0, x_all.shape[0], (batch,), generator=order).to(device)
-            opt.zero_grad(set_to_none=True)
-            with recipes.autocast(config.precision, device):
-                logits = model(x_all[idx])
-            loss = F.cross_entropy(logits.float(), y_all[idx])
+            loss = train(x_all[idx], y_all[idx])
             row = {"run": config.name, "step": step, "loss": float(loss.detach())}
-            row.update(_backward_and_step(scaler, loss, opt))
+            row.update(_scale_used(scaler))
             result.steps.append(row)
     result.seconds = time.perf_counter() - t0
     monitor.remove()
@@ -165,20 +161,12 @@ def _make_scaler(config: RunConfig, device: str):
     return None
 
 
-def _backward_and_step(scaler, loss, opt, before_step=None) -> dict[str, Any]:
-    """Runs backward and the optimizer step through ``scaler`` (or none); returns the scale used
-    and whether the step was skipped. ``before_step(model grads are ready)`` runs in between."""
+def _scale_used(scaler) -> dict[str, Any]:
+    """Returns the scale the step just taken used and whether it was skipped (1.0 and False
+    without a scaler)."""
     if scaler is None:
-        loss.backward()
-        if before_step:
-            before_step()
-        opt.step()
         return {"scale": 1.0, "skipped": False}
-    scaler.scale(loss).backward()
-    if before_step:
-        before_step()
-    scaler.step(opt)
-    ev = scaler.update()
+    ev = scaler.history[-1]
     return {"scale": ev.scale, "skipped": ev.skipped}
 
 
@@ -357,24 +345,26 @@ def train_converging(config: RunConfig, *, steps: int = 30, batch: int = 1024, s
     torch.manual_seed(seed)
     x_all, y_all = (t.to(device) for t in regression_task(seed=seed))
     model = nn.Linear(x_all.shape[1], y_all.shape[1]).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=lr or y_all.shape[1] / 4)
     order = torch.Generator().manual_seed(seed + 1)
     scaler = _make_scaler(config, device)
+    zero_frac: list[float] = []
+
+    def count_zeros() -> None:  # the gradient as backward left it (scaled where a scaler is)
+        zero_frac.append(float((model.weight.grad == 0).double().mean()))
+
+    train, _ = recipes.make_train_step(
+        config.precision, model, None, None, device=device, loss_scaler=scaler,
+        optimizer=lambda params: torch.optim.SGD(params, lr=lr or y_all.shape[1] / 4),
+        loss_fn=lambda out, target: F.mse_loss(out.float(), target), after_backward=count_zeros)
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScaleCollapseWarning)
         for step in _steps(steps, progress, f"{config.name}, seed {seed}"):
             idx = torch.randint(0, x_all.shape[0], (batch,), generator=order).to(device)
-            opt.zero_grad(set_to_none=True)
-            with recipes.autocast(config.precision, device):
-                out = model(x_all[idx])
-            loss = F.mse_loss(out.float(), y_all[idx])
-            row = {"run": config.name, "seed": seed, "step": step, "loss": float(loss.detach())}
-
-            def count_zeros():
-                row["zero_frac"] = float((model.weight.grad == 0).double().mean())
-            row.update(_backward_and_step(scaler, loss, opt, before_step=count_zeros))
-            rows.append(row)
+            loss = train(x_all[idx], y_all[idx])
+            rows.append({"run": config.name, "seed": seed, "step": step,
+                         "loss": float(loss.detach()), "zero_frac": zero_frac[-1],
+                         **_scale_used(scaler)})
     return pd.DataFrame(rows)
 
 

@@ -299,6 +299,27 @@ def test_allreduce_seconds_and_efficiency_by_hand():
         d.allreduce_seconds(1e6, 0, 10.0)
 
 
+@pytest.mark.parametrize("call", [
+    lambda: d.allreduce_seconds(float("nan"), 2, 10.0),
+    lambda: d.allreduce_seconds(1e6, True, 10.0),
+    lambda: d.allreduce_seconds(1e6, 1.5, 10.0),
+    lambda: d.allreduce_seconds(1e6, 2, float("nan")),
+    lambda: d.allreduce_seconds(1e6, 2, float("inf")),
+    lambda: d.bus_bandwidth_gbs(float("nan"), 2, 1.0),
+    lambda: d.bus_bandwidth_gbs(1e6, 2.5, 1.0),
+    lambda: d.bus_bandwidth_gbs(1e6, False, 1.0),
+    lambda: d.bus_bandwidth_gbs(1e6, 2, float("nan")),
+    lambda: d.scaling_efficiency(float("nan"), 100.0, 2),
+    lambda: d.scaling_efficiency(100.0, float("nan"), 2),
+    lambda: d.scaling_efficiency(100.0, True, 2),
+    lambda: d.scaling_efficiency(100.0, 50.0, 1.5),
+    lambda: d.scaling_efficiency(100.0, 50.0, True),
+])
+def test_the_arithmetic_refuses_nan_booleans_and_fractional_counts(call):
+    with pytest.raises(ValueError, match="need .*(finite|whole number|a number)"):
+        call()
+
+
 def test_bus_bandwidth_by_nccl_tests_convention():
     # nccl-tests: algbw = bytes / time; busbw = algbw * 2 (n - 1) / n
     assert d.bus_bandwidth_gbs(256e6, 2, 2e-3) == pytest.approx(128.0)  # n = 2: busbw = algbw

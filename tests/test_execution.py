@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from fp16lab import execution as E
 from fp16lab import profile as P
 from fp16lab.models import build_model
+from fp16lab.recipes import LR, MOMENTUM
 
 
 def _batch(model_name="mlp", batch=16, device="cpu", seed=0):
@@ -26,7 +27,7 @@ def _reference_losses(model, x, y, precision, steps):
     # fp32 means TF32 off for convolutions too (cuDNN's default is on)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     dev = x.device.type
-    opt = torch.optim.SGD(model.parameters(), lr=E.LR, momentum=E.MOMENTUM)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     scaler = torch.amp.GradScaler(dev) if precision == "amp-fp16" else None
     dtype = torch.bfloat16 if precision == "amp-bf16" else torch.float16
     losses = []
@@ -89,7 +90,7 @@ def test_fused_sgd_after_a_skipped_first_step_trains_like_the_textbook_loop():
     step()  # overflows: skipped, scale halved
     step.load(x, y)
     got = [float(step()) for _ in range(4)]
-    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=E.LR, momentum=E.MOMENTUM)
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=LR, momentum=MOMENTUM)
     ref_scaler = torch.amp.GradScaler("cpu")
     want = []
     for batch in [bad] + [x] * 4:
@@ -216,7 +217,7 @@ def test_cuda_graph_skips_an_overflowing_step_and_backs_off_like_gradscaler():
 
 
 def _reference_losses_on(model, scaler, x, y):
-    opt = torch.optim.SGD(model.parameters(), lr=E.LR, momentum=E.MOMENTUM)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     opt.zero_grad()
     with torch.autocast("cuda", dtype=torch.float16):
         loss = F.cross_entropy(model(x), y)

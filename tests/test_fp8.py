@@ -138,6 +138,53 @@ def test_a_spike_delayed_scaling_misses_and_current_scaling_catches():
     assert current[3, 5].item() == pytest.approx(spike[3, 5].item(), rel=2 ** -3)
 
 
+@pytest.mark.parametrize("recipe", list(fp8.RECIPES))
+def test_an_empty_batch_passes_through_like_nn_linear(recipe):
+    """nn.Linear (the oracle) takes a batch of no rows: so must its FP8 twin, and give the same
+    empty output and the same (zero) weight gradient."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(128, 128)
+    layer = fp8.Float8Linear(128, 128, recipe=recipe, backend="emulate")
+    layer.load_state_dict(ref.state_dict())
+    x, x_ref = torch.empty(0, 128, requires_grad=True), torch.empty(0, 128, requires_grad=True)
+    y, y_ref = layer(x), ref(x_ref)
+    assert y.shape == y_ref.shape == (0, 128)
+    y.sum().backward()
+    y_ref.sum().backward()
+    torch.testing.assert_close(layer.weight.grad, ref.weight.grad)
+    assert x.grad.shape == (0, 128)
+    assert layer(torch.empty(3, 0, 128)).shape == ref(torch.empty(3, 0, 128)).shape
+
+
+@pytest.mark.parametrize("granularity", list(fp8.GRANULARITIES))
+@pytest.mark.parametrize("shape", [(0, 128), (128, 0)])
+def test_quantize_of_an_empty_tensor_is_empty(granularity, shape):
+    q = fp8.quantize(torch.empty(shape), "e4m3", granularity)
+    assert q.data.shape == shape and q.data.dtype == torch.float8_e4m3fn
+    assert fp8.dequantize(q).shape == shape
+
+
+@pytest.mark.parametrize("scale", [0.0, float("inf"), float("nan"), -1.0, [[1.0, 0.0]]])
+def test_quantize_refuses_a_scale_that_is_not_finite_and_positive(scale):
+    with pytest.raises(ValueError, match="scale must be finite and > 0"):
+        fp8.quantize(torch.ones(16, 256), "e4m3", "1x128", scale=torch.tensor(scale))
+
+
+def test_scale_from_amax_refuses_what_delayed_scaling_refuses():
+    with pytest.raises(ValueError, match="margin"):
+        fp8.DelayedScaling(margin=-1)  # the rule the helper now shares
+    with pytest.raises(ValueError, match="margin must be >= 0"):
+        fp8.scale_from_amax(torch.tensor(1.0), "e4m3", margin=-1)
+    with pytest.raises(ValueError, match="whole number"):
+        fp8.scale_from_amax(torch.tensor(1.0), "e4m3", margin=0.5)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="amax must be >= 0"):
+            fp8.scale_from_amax(torch.tensor([2.0, bad]), "e4m3")
+    # what it still takes: zero (clamped to EPS) and any positive amax, 448 / amax / 2^margin
+    got = fp8.scale_from_amax(torch.tensor([0.0, 2.0]), "e4m3", margin=1)
+    assert got.tolist() == pytest.approx([448 / fp8.EPS / 2, 112.0])
+
+
 def test_bad_input_raises_before_work():
     with pytest.raises(ValueError, match="multiples of 16"):
         fp8.Float8Linear(20, 32)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -330,7 +332,8 @@ def test_unknown_precision_message_in_full():
     with pytest.raises(ValueError) as info:
         recipes.check_precision("fp16")
     assert str(info.value) == ("unknown precision 'fp16'; allowed: fp32, tf32, amp-fp16, "
-                               "amp-bf16, fp16-o2")
+                               "amp-bf16, fp16-o2, fp8-tensorwise, fp8-rowwise, fp8-blockwise, "
+                               "fp8-delayed")
     assert recipes.check_precision("amp-bf16") == "amp-bf16"
     with pytest.raises(ValueError, match="unknown precision 'half'"):
         recipes.autocast("half", "cpu")
@@ -575,3 +578,73 @@ def test_sgd_is_torchs_default_sgd_unless_fused_is_asked_for():
     plain = recipes.sgd([p])
     assert plain.defaults["fused"] is None and plain.defaults["foreach"] is None
     assert plain.state_dict()["state"] == torch.optim.SGD([p], lr=0.1).state_dict()["state"] == {}
+
+
+# ----------------------------------------------------------------------------- one list
+
+def test_each_engine_offers_the_precisions_it_offered_before_the_one_list():
+    """The subsets, derived from the properties, against the lists the engines wrote by hand."""
+    from fp16lab.fp8.training import CURVE_PRECISIONS
+
+    fp8 = ("fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "fp8-delayed")
+    assert tuple(recipes.PRECISIONS) == ("fp32", "tf32", "amp-fp16", "amp-bf16", "fp16-o2", *fp8)
+    assert recipes.RECIPE_PRECISIONS == ("fp32", "tf32", "amp-fp16", "amp-bf16", "fp16-o2")
+    assert recipes.precisions(converts_model=False) == ("fp32", "tf32", "amp-fp16", "amp-bf16")
+    assert recipes.precisions(autocast_recipe=True) == ("fp32", "amp-fp16", "amp-bf16")
+    assert recipes.SCALED_PRECISIONS == ("amp-fp16", "fp16-o2")
+    assert set(CURVE_PRECISIONS) == {"amp-bf16", "fp32", *fp8}
+    assert str(recipes.PRECISIONS["amp-fp16"]) == "autocast to fp16 with a GradScaler"
+    assert recipes.autocast_dtype("fp8-rowwise") is torch.bfloat16  # the rest as amp-bf16
+    assert recipes.autocast_dtype("fp16-o2") is None
+    with pytest.raises(ValueError, match="a Precision has no property 'fast'"):
+        recipes.precisions(fast=True)
+
+
+def test_a_known_precision_an_engine_refuses_says_so_and_what_it_allows():
+    with pytest.raises(ValueError) as info:
+        recipes.check_precision("tf32", ("fp32", "amp-bf16"), where="across GPUs")
+    assert str(info.value) == "precision 'tf32' is not offered across GPUs; allowed: fp32, amp-bf16"
+    with pytest.raises(ValueError, match="not offered by recipes.make_train_step"):
+        recipes.make_train_step("fp8-tensorwise", None, None, None, device="cpu")
+    with pytest.raises(ValueError, match="unknown precision 5"):
+        recipes.check_precision(5)
+
+
+def test_the_step_marks_its_phases_and_calls_back_once_the_gradients_are_in():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    seen = []
+
+    @contextlib.contextmanager
+    def region(name):
+        seen.append(name)
+        yield
+
+    def after_backward():
+        seen.append(("grads in", model.weight.grad is not None))
+
+    step, gs = recipes.make_train_step("amp-fp16", model, x, y, device="cpu", region=region,
+                                       after_backward=after_backward, unscale_first=True)
+    step()
+    assert seen == ["zero_grad", "forward", "backward", ("grads in", True), "unscale",
+                    "optimizer_step", "scaler_update"]
+
+
+def test_a_loss_scaler_given_replaces_the_recipes_and_none_trains_without():
+    """A StaticLossScaler given for amp-fp16 scales the loss (its history says so); None gives
+    the plain autocast step, equal to an unscaled fp32 update on a model whose grads fit fp16."""
+    from fp16lab.scaling import StaticLossScaler
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    static = StaticLossScaler(8.0)
+    step, gs = recipes.make_train_step("amp-fp16", model, x, y, device="cpu", loss_scaler=static)
+    step()
+    assert gs is static and [e.scale for e in static.history] == [8.0]
+    _, none = recipes.make_train_step("amp-fp16", torch.nn.Linear(4, 3), x, y, device="cpu",
+                                      loss_scaler=None)
+    assert none is None
+    with pytest.raises(ValueError, match="loss_scaler must be 'recipe', None or a scaler"):
+        recipes.make_train_step("amp-fp16", model, x, y, device="cpu", loss_scaler="dynamic")

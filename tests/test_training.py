@@ -24,7 +24,7 @@ def test_task_is_deterministic_and_balanced_enough():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(precision="fp8"), "precision must be"),
+    (dict(precision="fp8"), "unknown precision 'fp8'; allowed: fp32, amp-fp16, amp-bf16"),
     (dict(scaling="sometimes"), "scaling must be"),
     (dict(precision="amp-bf16", scaling="static"), "loss scaling is for amp-fp16"),
     (dict(precision="fp16"), "amp-fp16"),

@@ -32,18 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .scales import DelayedScaling, Quantized, amax, dequantize, quantize
+from ..recipes import FP8_RECIPES as RECIPES  # a precision fp8-<recipe> each: named there once
+from .scales import DelayedScaling, Quantized, _quantize, amax, dequantize
 
 __all__ = ["BACKENDS", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear", "convert_to_fp8",
            "fp8_mm", "granularity", "scaled_mm_available"]
 
-#: Recipes: how each tensor's scale is chosen.
-RECIPES = {
-    "tensorwise": "one scale per tensor, from its amax now (current scaling)",
-    "rowwise": "one scale per row along the summed dimension, from the amax now",
-    "blockwise": "activations and gradients per 1x128 tile, weights per 128x128 tile",
-    "delayed": "one scale per tensor, from the amax history of the last N steps, with a margin",
-}
 #: How an FP8 matmul is computed (see the module docstring).
 BACKENDS = ("auto", "scaled_mm", "emulate")
 #: torch._scaled_mm needs every dimension to be a multiple of this.
@@ -168,8 +162,8 @@ class _Fp8Matmul(torch.autograd.Function):
         sx = sw = None
         if delayed:
             sx, sw = scalers["input"].scale, scalers["weight"].scale
-        qx = quantize(x, "e4m3", gd, contraction_dim=1, scale=sx, saturate=delayed)
-        qw = quantize(w.t(), "e4m3", gw, contraction_dim=0, scale=sw, saturate=delayed)
+        qx = _quantize(x, "e4m3", gd, contraction_dim=1, scale=sx, saturate=delayed)
+        qw = _quantize(w.t(), "e4m3", gw, contraction_dim=0, scale=sw, saturate=delayed)
         if delayed:
             scalers["input"].update(amax(x, tuple(x.shape)))
             scalers["weight"].update(amax(w, tuple(w.shape)))
@@ -190,7 +184,7 @@ class _Fp8Matmul(torch.autograd.Function):
         delayed = recipe == "delayed"
         g = g.contiguous()
         sg = ctx.scalers["grad"].scale if delayed else None
-        qg = quantize(g, "e5m2", gd, contraction_dim=1, scale=sg, saturate=delayed)
+        qg = _quantize(g, "e5m2", gd, contraction_dim=1, scale=sg, saturate=delayed)
         if delayed:
             ctx.scalers["grad"].update(amax(g, tuple(g.shape)))
         if recipe in ("tensorwise", "delayed"):
@@ -200,9 +194,9 @@ class _Fp8Matmul(torch.autograd.Function):
             qg_t = qg.t()
         else:
             x, w = ctx.saved_tensors
-            qw = quantize(w, "e4m3", gw, contraction_dim=0)
-            qg_t = quantize(g.t(), "e5m2", gd, contraction_dim=1)
-            qx = quantize(x, "e4m3", gd, contraction_dim=0)
+            qw = _quantize(w, "e4m3", gw, contraction_dim=0)
+            qg_t = _quantize(g.t(), "e5m2", gd, contraction_dim=1)
+            qx = _quantize(x, "e4m3", gd, contraction_dim=0)
         grad_x = fp8_mm(qg, qw, out_dtype=ctx.dtypes[0], backend=backend)
         grad_w = fp8_mm(qg_t, qx, out_dtype=ctx.dtypes[1], backend=backend)
         return grad_x, grad_w, None, None, None, None
@@ -265,6 +259,11 @@ class Float8Linear(nn.Linear):
                 s.to(x.device)
         x2d = x.reshape(-1, k)
         m = x2d.shape[0]
+        if m == 0:  # an empty batch has no amax to scale by: an empty product, as nn.Linear's
+            y = x2d.to(out_dtype) @ self.weight.to(out_dtype).t()
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+            return y.reshape(*lead, self.out_features)
         pad = -m % _feature_multiple(self.recipe)
         if pad:  # zero rows change no amax; the output rows they make are sliced off
             x2d = F.pad(x2d, (0, 0, 0, pad))

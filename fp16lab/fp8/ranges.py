@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..census import census
-from .scales import _expand, amax, scale_from_amax, tile_shape
+from .scales import _expand, _scale_from_amax, amax, tile_shape
 
 __all__ = ["capture_linear_tensors", "granularity_census", "scaled"]
 
@@ -58,7 +58,7 @@ def scaled(x: torch.Tensor, fmt: str, granularity: str | None) -> torch.Tensor:
     if granularity is None:
         return x.float()
     tile = tile_shape(granularity, tuple(x.shape))
-    return x.float() * _expand(scale_from_amax(amax(x, tile), fmt), tile)
+    return x.float() * _expand(_scale_from_amax(amax(x, tile), fmt, 0), tile)
 
 
 def granularity_census(tensors: dict[str, torch.Tensor], fmt: str,

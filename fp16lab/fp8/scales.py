@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import validate
+
 __all__ = ["DTYPES", "EPS", "GRANULARITIES", "DelayedScaling", "Quantized", "amax", "compile_casts",
            "dequantize", "fp8_max", "quantize", "scale_from_amax", "tile_shape"]
 
@@ -61,7 +63,8 @@ def tile_shape(granularity: str, shape: tuple[int, int], contraction_dim: int = 
     tile = GRANULARITIES[granularity]
     if contraction_dim == 0:
         tile = tile[::-1]
-    tile = tuple(n if t == -1 else t for t, n in zip(tile, shape))
+    # a whole-dimension tile of an empty dimension is 1 long: no tiles along it, as no values
+    tile = tuple((n or 1) if t == -1 else t for t, n in zip(tile, shape))
     if any(n % t for t, n in zip(tile, shape)):
         raise ValueError(f"{granularity} tiles of {tile[0]}x{tile[1]} do not divide a "
                          f"{shape[0]}x{shape[1]} tensor; pad it to a multiple of the tile")
@@ -85,9 +88,23 @@ def amax(x: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
 
 
 def scale_from_amax(amax: torch.Tensor, fmt: str, margin: int = 0) -> torch.Tensor:
-    """Returns ``M / max(amax, EPS) / 2^margin`` in fp32 (computed in fp64, as torchao does)."""
-    top = fp8_max(fmt)
-    return (top / amax.double().clamp(min=EPS) / 2.0 ** margin).float()
+    """Returns ``M / max(amax, EPS) / 2^margin`` in fp32 (computed in fp64, as torchao does).
+
+    Raises:
+        ValueError: an amax that is negative or NaN (an absolute maximum is neither), or a
+            margin that is not a whole number >= 0 (as :class:`DelayedScaling` requires).
+    """
+    margin = validate.count("margin", margin, low=0)
+    amax = torch.as_tensor(amax)
+    bad = amax[~(amax.double() >= 0)]  # NaN fails the comparison too
+    if bad.numel():
+        raise ValueError(f"amax must be >= 0 (an absolute maximum), got {bad.flatten()[0].item()}")
+    return _scale_from_amax(amax, fmt, margin)
+
+
+def _scale_from_amax(amax: torch.Tensor, fmt: str, margin: int) -> torch.Tensor:
+    # unchecked: the hot path's amaxes are |x| maxima, read on the device without a host sync
+    return (fp8_max(fmt) / amax.double().clamp(min=EPS) / 2.0 ** margin).float()
 
 
 def _expand(scale: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
@@ -155,13 +172,31 @@ def quantize(x: torch.Tensor, fmt: str, granularity: str = "tensorwise", *,
         saturate: clamp to +-M before the cast. Current scaling never exceeds M (up to one fp32
             rounding, which rounds back to M), so the clamp can be skipped there; a given scale
             can be exceeded by a spike, and then the clamp is what keeps inf/NaN out.
+
+    Raises:
+        ValueError: a given scale that is not finite and positive (0, inf or NaN would turn
+            every code into NaN, inf or 0).
     """
+    if scale is not None:
+        given = torch.as_tensor(scale, dtype=torch.float32)
+        bad = given[~(torch.isfinite(given) & (given > 0))]
+        if bad.numel():
+            raise ValueError(f"scale must be finite and > 0, got {bad.flatten()[0].item()}")
+    return _quantize(x, fmt, granularity, contraction_dim=contraction_dim, scale=scale,
+                     saturate=saturate)
+
+
+def _quantize(x: torch.Tensor, fmt: str, granularity: str = "tensorwise", *,
+              contraction_dim: int = 1, scale: torch.Tensor | None = None,
+              saturate: bool = True) -> Quantized:
+    """:func:`quantize` without the check of a given scale (a device sync): Float8Linear's
+    delayed scales are finite and positive by construction."""
     dtype = _dtype(fmt)
     _check_2d(x)
     tile = tile_shape(granularity, tuple(x.shape), contraction_dim)
     grid = (x.shape[0] // tile[0], x.shape[1] // tile[1])
     if scale is None:
-        scale = scale_from_amax(amax(x, tile), fmt)
+        scale = _scale_from_amax(amax(x, tile), fmt, 0)
     else:
         scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device).reshape(grid)
     cast = _CASTS["compiled"] if x.is_cuda and _CASTS["compiled"] is not None else _scale_and_cast
@@ -205,7 +240,7 @@ class DelayedScaling:
         self.history = torch.cat([amax.reshape(1), self.history[:-1]])
         self.steps += 1
         top = self.history.max()
-        new = scale_from_amax(top, self.fmt, self.margin)
+        new = _scale_from_amax(top, self.fmt, self.margin)
         # keep the old scale where the history says nothing (all zeros) or holds an inf/NaN
         keep = (top <= 0) | ~torch.isfinite(top)
         self.scale = torch.where(keep, self.scale, new)

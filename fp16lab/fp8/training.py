@@ -27,13 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linear import RECIPES, convert_to_fp8, scaled_mm_available
+from ..recipes import PRECISIONS, check_precision, make_train_step, precisions
+from .linear import convert_to_fp8, scaled_mm_available
 
-__all__ = ["PRECISIONS", "GPTConfig", "TinyGPT", "compile_blocks", "make_batch", "make_fp8_step",
-           "train_curve"]
+__all__ = ["CURVE_PRECISIONS", "GPTConfig", "TinyGPT", "compile_blocks", "make_batch",
+           "make_fp8_step", "train_curve"]
 
-#: What train_curve accepts: the bf16 baseline and one FP8 precision per recipe.
-PRECISIONS = ("amp-bf16", "fp32", *(f"fp8-{r}" for r in RECIPES))
+#: What train_curve accepts: the FP8 precisions and their baselines, fp32 and amp-bf16 (the
+#: step is AdamW's without a loss scaler, so no scaled precision).
+CURVE_PRECISIONS = tuple(n for n in PRECISIONS if n in precisions(fp8=True)
+                         or n in precisions(autocast_recipe=True, scaled=False))
 LR = 3e-3
 WEIGHT_DECAY = 0.0
 
@@ -129,11 +132,6 @@ def compile_blocks(model: nn.Module) -> int:
     return len(blocks)
 
 
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
-
-
 def make_fp8_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str, *,
                   optimizer: torch.optim.Optimizer | None = None, backend: str = "auto",
                   history_len: int = 16, margin: int = 0,
@@ -166,8 +164,6 @@ def _plain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                 compile: bool = False) -> Callable[[], torch.Tensor]:
     """Returns fp16lab.recipes' amp-bf16 step (fp32 when autocast is off), loss detached;
     ``compile`` compiles the model's blocks first (see :func:`compile_blocks`)."""
-    from ..recipes import make_train_step
-
     if compile:
         compile_blocks(model)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
@@ -202,7 +198,7 @@ def train_curve(precision: str, cfg: GPTConfig = GPTConfig(), *, steps: int = 40
     ``compile`` compiles the model's blocks (see :func:`compile_blocks`); the first steps then
     include the compile time, so give it a ``warmup``.
     """
-    _check_precision(precision)
+    check_precision(precision, CURVE_PRECISIONS, where="by train_curve")
     if not isinstance(steps, int) or steps < 1 or not isinstance(warmup, int) or not 0 <= warmup < steps:
         raise ValueError(f"need steps >= 1 and 0 <= warmup < steps, got steps={steps!r}, "
                          f"warmup={warmup!r}")
@@ -212,10 +208,11 @@ def train_curve(precision: str, cfg: GPTConfig = GPTConfig(), *, steps: int = 40
     batches = [make_batch(cfg, i, seed=seed, device=device) for i in range(min(steps, 64))]
     x = torch.empty_like(batches[0][0])
     y = torch.empty_like(batches[0][1])
-    if precision in ("amp-bf16", "fp32"):
+    recipe = PRECISIONS[precision].fp8_recipe
+    if recipe is None:
         step = _plain_step(model, x, y, autocast=precision == "amp-bf16", lr=lr, compile=compile)
     else:
-        step = make_fp8_step(model, x, y, precision.removeprefix("fp8-"), backend=backend,
+        step = make_fp8_step(model, x, y, recipe, backend=backend,
                              history_len=history_len, margin=margin, autocast=autocast, lr=lr,
                              compile=compile)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

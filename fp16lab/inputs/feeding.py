@@ -26,22 +26,16 @@ from typing import Any, Callable
 
 import torch
 
-from ..recipes import math_flags
+from ..models import NUM_CLASSES, build_model, is_image_model
+from ..recipes import (OPTIMIZERS, PRECISIONS, check_precision, math_flags, optimizer_factory,
+                       precisions)
+from ..recipes import make_train_step as recipe_step
 from .registry import make_input, unavailable_reason
 from .settings import CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores
 
-__all__ = ["PRECISIONS", "ProcessCpu", "input_label", "loader_table", "make_input_train_step",
+__all__ = ["ProcessCpu", "input_label", "loader_table", "make_input_train_step",
            "make_train_step", "measure_loader", "measure_training", "plot_training",
            "speedup_table", "summary_lines", "training_label", "training_table"]
-
-#: Precisions the training step knows (names as everywhere in fp16lab).
-PRECISIONS = {
-    "fp32": "fp32 weights and maths; TF32 off",
-    "tf32": "fp32 weights; matmuls and convolutions on TF32 tensor cores",
-    "amp-fp16": "autocast to fp16 with a GradScaler",
-    "amp-bf16": "autocast to bf16, no scaler",
-}
-
 
 
 def _tree_cpu_seconds(pid: int) -> float | None:
@@ -99,9 +93,6 @@ def make_train_step(model: torch.nn.Module, precision: str, device: str,
     :func:`fp16lab.recipes.make_train_step`'s, fed a new batch at every call; ``optimizer`` is
     a name from :data:`fp16lab.recipes.OPTIMIZERS` (``sgd-fused``: no host sync per step).
     """
-    from ..recipes import make_train_step as recipe_step
-    from ..recipes import optimizer_factory
-
     _check_precision_optimizer(precision, optimizer)
     step, _ = recipe_step(precision, model, None, None, device=torch.device(device).type,
                           optimizer=optimizer_factory(optimizer))
@@ -109,10 +100,9 @@ def make_train_step(model: torch.nn.Module, precision: str, device: str,
 
 
 def _check_precision_optimizer(precision: str, optimizer: str) -> None:
-    from ..recipes import OPTIMIZERS
-
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    # the pipeline's batches feed the model as built: no fp16 copy, no FP8 layers
+    check_precision(precision, precisions(converts_model=False),
+                    where="by the input pipeline's training step")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}")
 
@@ -127,8 +117,6 @@ def make_input_train_step(model_name: str, precision: str, settings: InputSettin
     a file that cannot be decoded raises :class:`fp16lab.data.CorruptImageError` from the
     ``step()`` whose batch holds it, naming the file.
     """
-    from ..models import NUM_CLASSES, build_model, is_image_model
-
     _check_precision_optimizer(precision, optimizer)
     if not is_image_model(model_name):
         raise ValueError(f"model {model_name!r} does not take images; the input backends feed "

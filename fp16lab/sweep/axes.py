@@ -23,18 +23,16 @@ import functools
 from typing import Any
 
 from ..execution import COMPILE_MODES, EXECUTIONS
-from ..fp8 import RECIPES as FP8_RECIPES
 from ..inputs import BACKENDS
-from ..recipes import PRECISIONS
+from ..recipes import PRECISIONS, check_precision, precisions
 from ..scaling import ScalerSettings
 
 __all__ = ["AXIS_DEFAULTS", "BACKENDS", "COMPILE_MODES", "EXECUTIONS", "SWEEP_PRECISIONS",
            "check_execution_axis", "check_gpus_axis", "check_input_axis", "fp8_problem",
            "gpu_count", "variant_label"]
 
-#: The sweep's precisions: the recipes' five, and ``fp8-<recipe>`` for each FP8 recipe.
-SWEEP_PRECISIONS = {**PRECISIONS, **{f"fp8-{r}": f"FP8 linear layers: {what}; the rest as amp-bf16"
-                                     for r, what in FP8_RECIPES.items()}}
+#: The sweep's precisions: every one fp16lab knows (the recipes' and ``fp8-<recipe>``).
+SWEEP_PRECISIONS = dict(PRECISIONS)
 
 #: The axes' defaults (also what a results file without the column means). A point whose axes
 #: all have these values keeps the key it had before the axes existed.
@@ -70,7 +68,7 @@ def fp8_problem(model: str, precision: str) -> str | None:
 
     with torch.device("meta"):
         weightless = build_model(model)
-    if not convert_to_fp8(weightless, precision.removeprefix("fp8-")):
+    if not convert_to_fp8(weightless, PRECISIONS[precision].fp8_recipe):
         return (f"{model!r} has no linear layer {precision} can convert (features must be "
                 f"multiples of 16, of 128 for blockwise)")
     return None
@@ -85,7 +83,7 @@ def check_execution_axis(execution: str, compile_mode: str | None, *, precision:
     if execution == "eager":
         return None
     mode = (compile_mode or "default") if execution == "compile" else None
-    _check(not precision.startswith("fp8-"),
+    _check(not PRECISIONS[precision].fp8,
            f"{precision} runs with execution 'eager' only, not {execution!r}")
     check_execution(execution, device=device, compile_mode=mode or "default", precision=precision)
     return mode
@@ -144,9 +142,7 @@ def check_gpus_axis(gpus: Any, *, device: str, precision: str, execution: str, i
     _check(gpus <= have, f"gpus={gpus} needs {gpus} CUDA GPUs; allowed here: 1"
                          + (f" to {have}" if have > 1 else "")
                          + ("" if device == "cuda" else " (the points run on the CPU)"))
-    _check(precision in distributed.PRECISIONS,
-           f"precision {precision!r} is not offered across GPUs; with gpus > 1 use "
-           f"{', '.join(distributed.PRECISIONS)}")
+    check_precision(precision, precisions(autocast_recipe=True), where="across GPUs")
     _check(execution == "eager" and input == "synthetic",
            "gpus > 1 runs eager steps on synthetic batches only (execution 'eager', input "
            "'synthetic')")

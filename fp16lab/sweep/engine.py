@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ..recipes import LR, MOMENTUM, PRECISIONS, math_flags
+from ..recipes import LR, MOMENTUM, math_flags
 from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
 from .spec import Point, SweepSpec
 from .steps import build_step, input_warmup
@@ -236,8 +236,7 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
             warmup = input_warmup(point, warmup)
             row["input_warmup"] = warmup if point.input != "synthetic" else None
             # an fp8 point's other layers run as amp-bf16 does: TF32 off
-            flags = point.precision if point.precision in PRECISIONS else "amp-bf16"
-            with math_flags(flags, point.cudnn_benchmark):
+            with math_flags(point.precision, point.cudnn_benchmark):
                 row.update(_run_point(point, warmup=warmup, steps=steps, telemetry=telemetry,
                                       interval_s=interval_s, repeat=repeat,
                                       fault_injector=fault_injector))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..models import NUM_CLASSES
-from ..recipes import make_train_step, sgd
+from ..recipes import PRECISIONS, make_train_step, sgd
 from .spec import Point
 
 
@@ -100,7 +100,7 @@ def _pipeline(point: Point) -> Any:
 
 
 def _train_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
-    if point.precision.startswith("fp8-"):
+    if PRECISIONS[point.precision].fp8:
         return _fp8_step(point, model, x, y)
     if point.execution != "eager":
         from ..execution import make_step
@@ -117,7 +117,7 @@ def _fp8_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
     from .. import fp8
     from ..fp8.training import make_fp8_step
 
-    recipe = point.precision.removeprefix("fp8-")
+    recipe = PRECISIONS[point.precision].fp8_recipe
     step = make_fp8_step(model, x, y, recipe, optimizer=sgd(model.parameters()), autocast=True)
     fast = fp8.scaled_mm_available(point.device)
     # FALLBACKS keys start with the scale kind _scaled_mm was asked for: tensorwise (also the

@@ -1,0 +1,162 @@
+"""A distributed point: one measured configuration (model, batch per GPU, precision, DDP or FSDP
+and how its gradients travel), checked on creation; its fields start the point's row."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..models import MODELS, is_image_model
+from ..recipes import OPTIMIZERS, check_precision, precisions
+
+#: How the gradients are averaged across ranks.
+STRATEGIES = {
+    "ddp": "DistributedDataParallel: every rank holds the whole model; gradients all-reduced in buckets",
+    "fsdp": "FSDP2 fully_shard: parameters, gradients and optimizer state sharded; all-gather + reduce-scatter",
+}
+
+#: DDP communication hooks: the precision the gradient buckets travel in.
+COMM_HOOKS = {
+    "none": "no hook: buckets all-reduced in the gradients' own dtype (fp32)",
+    "fp16": "torch's fp16_compress_hook: bucket cast to fp16, divided by the world size, all-reduced",
+    "bf16": "torch's bf16_compress_hook: the same in bf16",
+}
+
+#: FSDP reduce dtypes: the precision gradients are reduce-scattered in.
+REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+
+#: Models a point can train: fp16lab.models plus a parameter-heavy transformer stack.
+DIST_MODELS = {**MODELS, "transformer_stack": (
+    "6 pre-norm transformer encoder layers, hidden 2048, 16 heads, on 64 tokens (~300M parameters): "
+    "a model whose gradient all-reduce is large next to its compute")}
+
+#: The measurement protocol, written once: warm-up steps, timed steps, cudnn.benchmark (off, as
+#: in the one-GPU sweep's default, so the two measure the same thing).
+WARMUP, STEPS, CUDNN_BENCHMARK = 10, 30, False
+
+
+#: Faults a point can plant, for tests and the notebook: ``raise@R`` (rank R raises in its
+#: first timed step) or ``hang@R`` (rank R sleeps forever there).
+FAULTS = ("raise", "hang")
+
+
+@dataclass(frozen=True)
+class DistPoint:
+    """One distributed training configuration to measure.
+
+    Args:
+        model: a name in ``DIST_MODELS``.
+        batch: samples per GPU (the global batch is ``batch * gpus``).
+        precision: ``fp32``, ``amp-fp16`` (autocast + GradScaler) or ``amp-bf16`` (autocast):
+            the precisions whose ``autocast_recipe`` is true (:mod:`fp16lab.recipes`).
+        optimizer: a name in ``fp16lab.recipes.OPTIMIZERS`` (``sgd``, or ``sgd-fused``, whose
+            step takes GradScaler's found-inf without a host sync).
+        gpus: number of ranks; 1 trains the plain model (the single-GPU baseline, no wrapper).
+        strategy: ``ddp`` or ``fsdp``.
+        comm_hook: DDP only: ``none``, ``fp16`` or ``bf16``.
+        bucket_cap_mb, gradient_as_bucket_view, static_graph: DDP's own arguments.
+        broadcast_buffers: DDP's own argument: True broadcasts rank 0's buffers (BatchNorm's
+            running statistics) to every rank at the start of each forward; False lets each
+            rank keep its own.
+        reduce_dtype: FSDP only: the gradients' reduce-scatter dtype.
+        layout: ``channels_last`` or ``nchw`` (image models); None picks channels_last for them.
+        device: ``cuda`` (NCCL, one GPU per rank) or ``cpu`` (gloo).
+        warmup, steps: untimed and timed steps.
+        profile_steps: extra steps under torch.profiler to split the step into compute and
+            communication (CUDA only; 0 skips).
+        fault: ``''``, ``'raise@R'`` or ``'hang@R'`` (see ``FAULTS``).
+    """
+
+    model: str = "resnet50"
+    batch: int = 256
+    precision: str = "amp-fp16"
+    optimizer: str = "sgd"
+    gpus: int = 1
+    strategy: str = "ddp"
+    comm_hook: str = "none"
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    broadcast_buffers: bool = True
+    reduce_dtype: str = "fp32"
+    layout: str | None = None
+    device: str = "cuda"
+    warmup: int = WARMUP
+    steps: int = STEPS
+    profile_steps: int = 0
+    fault: str = ""
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        check(self.model in DIST_MODELS, f"unknown model {self.model!r}; known: {', '.join(DIST_MODELS)}")
+        check(isinstance(self.batch, int) and self.batch >= 1,
+              f"batch (per GPU) must be a positive integer, got {self.batch!r}")
+        # fp32 changed only by autocast: the ranks run with TF32 off, and FSDP takes autocast's
+        # dtype as its parameter dtype (fp32, amp-fp16, amp-bf16)
+        check_precision(self.precision, precisions(autocast_recipe=True), where="across GPUs")
+        check(self.optimizer in OPTIMIZERS,
+              f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        check(isinstance(self.gpus, int) and self.gpus >= 1, f"gpus must be a positive integer, got {self.gpus!r}")
+        check(self.strategy in STRATEGIES, f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        check(self.comm_hook in COMM_HOOKS, f"comm_hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}")
+        check(self.reduce_dtype in REDUCE_DTYPES,
+              f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
+        check(self.strategy == "ddp" or self.comm_hook == "none",
+              "comm_hook applies to DDP only; FSDP sets its gradient precision with reduce_dtype")
+        check(self.strategy == "fsdp" or self.reduce_dtype == "fp32",
+              "reduce_dtype applies to FSDP only; DDP sets its gradient precision with comm_hook")
+        # GradScaler's found-inf must agree across ranks; under FSDP every rank holds only a
+        # shard of the gradients, a case this package does not measure or check.
+        check(not (self.strategy == "fsdp" and self.precision == "amp-fp16"),
+              "strategy 'fsdp' is offered with fp32 and amp-bf16 (no loss scaler); use ddp for amp-fp16")
+        check(isinstance(self.bucket_cap_mb, (int, float)) and self.bucket_cap_mb > 0,
+              f"bucket_cap_mb must be a positive number, got {self.bucket_cap_mb!r}")
+        check(isinstance(self.broadcast_buffers, bool),
+              f"broadcast_buffers must be True or False, got {self.broadcast_buffers!r}")
+        check(self.device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', got {self.device!r}")
+        image = self.model != "transformer_stack" and is_image_model(self.model)
+        if self.layout is None:
+            object.__setattr__(self, "layout", "channels_last" if image else "nchw")
+        check(self.layout in ("nchw", "channels_last"), f"layout must be 'nchw' or 'channels_last', got {self.layout!r}")
+        check(image or self.layout == "nchw", f"layout 'channels_last' applies to image models only, not {self.model!r}")
+        for name in ("warmup", "steps", "profile_steps"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= (1 if name == "steps" else 0),
+                  f"{name} must be an integer >= {1 if name == 'steps' else 0}, got {value!r}")
+        if self.fault:
+            kind, _, rank = self.fault.partition("@")
+            check(kind in FAULTS and rank.isdigit() and int(rank) < self.gpus,
+                  f"fault must be '', 'raise@R' or 'hang@R' with R < gpus={self.gpus}, got {self.fault!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """Returns the point's fields as a plain dict (what a row starts with)."""
+        return asdict(self)
+
+    def label(self) -> str:
+        """Returns a short name like 'resnet50 b256 amp-fp16 x2 ddp hook=fp16' ('opt=sgd-fused' last
+        where the optimizer is not the default)."""
+        parts = [self.model, f"b{self.batch}", self.precision, f"x{self.gpus}"]
+        if self.gpus > 1:
+            parts.append(self.strategy)
+            if self.strategy == "ddp":
+                parts += [f"hook={self.comm_hook}", f"bucket={self.bucket_cap_mb:g}MB"]
+                if self.static_graph:
+                    parts.append("static_graph")
+                if not self.gradient_as_bucket_view:
+                    parts.append("no_bucket_view")
+                if not self.broadcast_buffers:
+                    parts.append("no_broadcast")
+            else:
+                parts.append(f"reduce={self.reduce_dtype}")
+        if self.optimizer != "sgd":
+            parts.append(f"opt={self.optimizer}")
+        return " ".join(parts)
+
+
+
+def point_fields() -> list[str]:
+    """Returns DistPoint's field names (the columns a row starts with)."""
+    return [f.name for f in fields(DistPoint)]
