@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from fp16lab import bench
+from fp16lab import measure
 from fp16lab.cli import main as cli_main
 
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     replace = "--replace" in argv
     argv = [a for a in argv if a != "--replace"]
     if "--out" not in argv:
-        argv += ["--out", str(bench.data_dir() if replace else bench.local_dir())]
+        argv += ["--out", str(measure.data_dir() if replace else measure.local_dir())]
     return cli_main(["claims", *argv])
 
 

@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fp16lab import bench
 from fp16lab import distributed as dist_lab
+from fp16lab import measure
 from fp16lab.bench import distributed_bare as bare
 
 TRANSFORMER = dict(model="transformer_stack", batch=32)
@@ -489,9 +489,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"this benchmark needs {args.gpus} CUDA GPUs, torch sees {have}; run with --quick for the CPU smoke test")
         return 2
     name = args.name or (f"distributed_{_gpu_slug()}x{args.gpus}" if device == "cuda" else "distributed_quick")
-    folder = args.out if args.out is not None else (bench.data_dir() if args.replace else bench.local_dir())
+    folder = args.out if args.out is not None else (measure.data_dir() if args.replace else measure.local_dir())
     try:  # before any work: a run of minutes must not end in a file it cannot write
-        bench.check_can_write(Path(folder) / f"{name}.json")
+        measure.check_can_write(Path(folder) / f"{name}.json")
     except ValueError as e:
         raise SystemExit(str(e))
     t0 = time.monotonic()
@@ -520,14 +520,14 @@ def main(argv: list[str] | None = None) -> int:
                    "wall_s": time.monotonic() - t0, "complete": complete}
         meta = {"summary": summary, "gpus": args.gpus, "env": env, "protocol": protocol,
                 "topology": topology, "allreduce_busbw": probe, "dropped": DROPPED}
-        return bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
+        return measure.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
 
     write(complete=False)
     for points, nccl_env in plan(args.gpus, device):
         rows += lab_rows(points, deadline, args.timeout_s, nccl_env)
         write(complete=False)  # what is measured so far survives a run cut short
     path = write(complete=True)
-    summary = bench.read_result(path)["meta"]["summary"]
+    summary = measure.read_result(path)["meta"]["summary"]
     print(f"\nwrote {path}")
     print(json.dumps(summary, indent=1, default=str))
     print(f"\n{'point':<62} {'samples/s':>10} {'eff':>6} {'comm':>6} {'exposed':>8} {'idle':>6}")

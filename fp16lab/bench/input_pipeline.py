@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from fp16lab import bench
+from fp16lab import measure
 from fp16lab.data import make_image_folder
 from fp16lab.feeding import measure_loader, measure_training, summary_lines
 from fp16lab.gpu_decode import GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             ips = row.get("images_per_s")
             print(f"{time.perf_counter() - t0:6.1f} s  {label:42s} {row['status']:7s} "
                   f"{'' if ips is None else f'{ips:8.0f} img/s'} {row['error'][:90]}", flush=True)
-        path = bench.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
+        path = measure.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
     print()
     print(f"{'row':42s} {'status':7s} {'img/s':>8s} {'CPU cores':>9s} {'CPU %':>6s}")
     for r in rows:

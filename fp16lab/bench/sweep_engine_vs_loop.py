@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fp16lab import bench, sweep
+from fp16lab import measure, sweep
 from fp16lab.models import NUM_CLASSES, build_model, input_shape
 from fp16lab.recipes import set_tf32
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"engine_vs_bare_within": 0.05, "repeat_spread_at_most": 0.03,
                   "telemetry_overhead_under": 0.01},
     }
-    path = bench.write_result(name, rows, meta={"summary": summary}, replace=args.replace)
+    path = measure.write_result(name, rows, meta={"summary": summary}, replace=args.replace)
     print()
     print(f"wrote {path} ({wall:.0f} s)")
     print(f"{'variant':>22} {'ms/step':>9} {'samples/s':>10} {'repeat spread':>14}")

@@ -117,7 +117,7 @@ def _sizes(quick: bool, full: Any, small: Any, tiny: Any) -> Any:
 
 
 def _timer(device: str) -> Callable[..., Any]:
-    from ..bench import time_cpu, time_cuda
+    from ..measure import time_cpu, time_cuda
     return time_cuda if device == "cuda" else time_cpu
 
 

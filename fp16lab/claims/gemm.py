@@ -25,14 +25,14 @@ def _gemm_tflops(n: int, dtype, *, repeat: int) -> float:
 def _gpu_kernel_name(fn: Callable[[], Any]) -> str:
     """Returns the name of the CUDA kernel that runs longest in one call of ``fn`` (torch.profiler).
 
-    The kernels come from ``bench.cuda_kernels``, as in fp16lab.bench.alignment; "Memset" and
+    The kernels come from ``measure.cuda_kernels``, as in fp16lab.bench.alignment; "Memset" and
     other helpers are shorter than the GEMM itself.
     """
     torch = _torch()
     if not torch.cuda.is_available():
         return "n/a (no CUDA)"
     try:
-        from ..bench import cuda_kernels
+        from ..measure import cuda_kernels
 
         kernels = cuda_kernels(fn, warmup=1)
         if not kernels:

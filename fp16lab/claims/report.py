@@ -23,7 +23,7 @@ def verdict_table(claims: Iterable[Claim]):
 def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
     """Returns the claims of the recorded GPU run, verdicts recomputed from its figures by the
     rules (an empty list when there is no recorded run)."""
-    from ..bench import describe_source
+    from ..measure import describe_source
 
     rec = recorded_gpu_result(data_dir)
     if rec is None:
@@ -58,7 +58,7 @@ def _ranges(ids: list[int]) -> str:
 def recorded_summary(data_dir: Path | None = None) -> str:
     """Returns where the recorded GPU run was measured, and when each of its claims was (claims
     kept from an earlier run carry that run's date), as a few lines; or says there is none."""
-    from ..bench import describe_source
+    from ..measure import describe_source
 
     rec = recorded_gpu_result(data_dir)
     if rec is None:
@@ -129,7 +129,7 @@ def markdown_table(claims: Iterable[Claim], *, rules: bool = True,
 
 def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
     """Returns the verdict table as a markdown document headed by where it was measured."""
-    from ..bench import describe_source
+    from ..measure import describe_source
 
     claims = list(claims)
     counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
@@ -143,14 +143,14 @@ def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
 def claims_folder(out_dir: Path | None = None) -> Path:
     """Returns the folder the claims files are written to, once it is known they can be.
 
-    ``out_dir`` by default is this machine's results folder (:func:`fp16lab.bench.local_dir`),
+    ``out_dir`` by default is this machine's results folder (:func:`fp16lab.measure.local_dir`),
     never the committed ``data/``. Checked before any claim runs: it is a folder (or can be made
     one), it can be written, and an earlier claims file in it can be read (it is merged with).
 
     Raises:
         ValueError: naming the path and what is wrong with it.
     """
-    from ..bench import check_can_write, local_dir
+    from ..measure import check_can_write, local_dir
     from ..device import device_info
 
     folder = Path(out_dir) if out_dir is not None else local_dir()
@@ -166,7 +166,7 @@ def claims_folder(out_dir: Path | None = None) -> Path:
 
 def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
     """Returns the claims of an earlier claims file that this run did not check ([] without one)."""
-    from ..bench import read_result
+    from ..measure import read_result
 
     if not path.exists():
         return []
@@ -198,7 +198,7 @@ def write_claims(claims: Iterable[Claim], out_dir: Path | None = None, *,
     file's ``meta["measured_at"]``); a kept claim keeps its row's time, or, where that earlier
     row has none, the earlier file's ``meta["measured_at"]``.
     """
-    from ..bench import read_result, write_result
+    from ..measure import read_result, write_result
     from ..device import device_info, metadata
 
     claims = list(claims)

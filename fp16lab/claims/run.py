@@ -42,7 +42,7 @@ def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
 
     Without ``data_dir``, this machine's results folder is searched before the committed one.
     """
-    from ..bench import data_dir as committed_dir, local_dir, read_result
+    from ..measure import data_dir as committed_dir, local_dir, read_result
 
     folders = [Path(data_dir)] if data_dir is not None else [local_dir(), committed_dir()]
     candidates = [f / f"{RECORDED_GPU_RESULT}.json" for f in folders]
@@ -85,7 +85,7 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
         data_dir: where to look for the recorded GPU run (default ``data/``).
         recorded: an already loaded recorded run (saves re-reading it for every claim).
     """
-    from ..bench import describe_source
+    from ..measure import describe_source
     from ..device import has_gpu, metadata
 
     c = get_claim(claim) if isinstance(claim, int) else claim

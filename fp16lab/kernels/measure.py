@@ -91,7 +91,7 @@ def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | No
     sustained runs: a few seconds, not a minute); ``kernels`` defaults to the ladder kernels that
     run here (:func:`runnable`)."""
     require_cupy()
-    from .. import bench
+    from .. import measure
 
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "fp16lab.bench.gemm", "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
@@ -104,4 +104,4 @@ def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | No
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if res.returncode != 0:
             raise RuntimeError(f"fp16lab.bench.gemm failed ({res.returncode}):\n{res.stderr[-3000:]}")
-        return bench.read_result(Path(tmp) / "gemm_local.json")
+        return measure.read_result(Path(tmp) / "gemm_local.json")

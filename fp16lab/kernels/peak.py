@@ -50,12 +50,12 @@ def mma_sync_peak(warps_per_sm: tuple[int, ...] = (4, 8, 16), iters: int = 20000
                   repeat: int = 10, operands: str = "constant") -> list[dict[str, Any]]:
     """Returns, per warps-per-SM setting, the median mma.sync rate in TFLOP/s over ``repeat`` runs
     of :func:`peak_launch` (``operands`` as there)."""
-    from .. import bench
+    from .. import measure
 
     rows = []
     for warps in warps_per_sm:
         launch, out, flops = peak_launch(operands, warps, iters)
-        t = bench.time_cuda(launch, warmup=2, repeat=repeat, backend="cupy")
+        t = measure.time_cuda(launch, warmup=2, repeat=repeat, backend="cupy")
         rows.append({"warps_per_sm": warps, "operands": operands,
                      "tflops": flops / (t.median_ms * 1e-3) / 1e12,
                      "median_ms": t.median_ms, "finite": bool(require_cupy().isfinite(out).all())})

@@ -1,7 +1,7 @@
 """Reading the measured GEMM results: tables, plots, a roofline and source diffs.
 
 The notebook calls these on files written by ``fp16lab.bench.gemm`` and ``fp16lab.bench.alignment``
-(loaded with :func:`fp16lab.bench.read_result`), so every number it shows comes from a measurement.
+(loaded with :func:`fp16lab.measure.read_result`), so every number it shows comes from a measurement.
 The alignment lesson's functions live in :mod:`fp16lab.alignment` and are re-exported here.
 """
 

@@ -115,7 +115,7 @@ def _time_steps(point: Point, built: Any, *, warmup: int, steps: int, telemetry:
     """Returns the timings, memory, scaler and telemetry of ``steps`` steps after ``warmup``."""
     import torch
 
-    from ..bench import summarize
+    from ..measure import summarize
     from ..telemetry import TelemetrySampler
 
     dev = point.device

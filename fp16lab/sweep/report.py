@@ -235,7 +235,7 @@ def _log2(x: pd.Series) -> pd.Series:
 
 def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
     """Returns the rows of a reference sweep in data/, or None (saying so) when it is absent."""
-    from ..bench import find_result
+    from ..measure import find_result
 
     path = find_result(name, ".parquet")
     if not path.exists():
@@ -250,7 +250,7 @@ def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
 
 def engine_check(name: str = "sweep_engine_vs_loop") -> str:
     """Returns the engine-versus-bare-loop benchmark's findings as a few lines of text."""
-    from ..bench import describe_source, read_result
+    from ..measure import describe_source, read_result
 
     try:
         r = read_result(name, meta_needs=[f"summary.{k}" for k in (

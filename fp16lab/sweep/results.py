@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
-from ..bench.results import check_can_write
+from ..measure.provenance import check_can_write
 from .axes import AXIS_DEFAULTS
 
 #: What a results row's ``status`` can be.
