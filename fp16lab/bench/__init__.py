@@ -5,6 +5,10 @@ Every module here is one benchmark, runnable as ``python -m fp16lab.bench.NAME``
 measured files with provenance) is :mod:`fp16lab.measure`.
 """
 
+from __future__ import annotations
+
+import argparse
+
 #: The benchmarks, in the order ``make benchmarks`` runs them, with what each measures.
 BENCHMARKS = {
     "census": "census throughput against the copy bandwidth",
@@ -24,4 +28,17 @@ BENCHMARKS = {
     "notebook_times": "minutes per notebook and per section, executed with nbclient",
 }
 
-__all__ = ["BENCHMARKS"]
+
+
+def argument_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """Returns the argument parser of benchmark ``name``, its usage line ``fp16lab bench NAME``.
+
+    Without ``prog`` argparse names the running program, ``fp16lab`` for the console command,
+    so ``fp16lab bench fp8 --help`` would print a usage line that does not run the benchmark.
+    """
+    if name not in BENCHMARKS:
+        raise ValueError(f"no benchmark {name!r}; the benchmarks are: {', '.join(BENCHMARKS)}")
+    return argparse.ArgumentParser(prog=f"fp16lab bench {name}", description=description)
+
+
+__all__ = ["BENCHMARKS", "argument_parser"]

@@ -10,13 +10,13 @@ the GPU kernels that torch.profiler records for one call. Results go to data/<na
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 
 from fp16lab import measure
 from fp16lab.alignment import gemm_kernel_names, uses_tensor_cores
+from fp16lab.bench import argument_parser
 
 
 def kernel_names(fn) -> list[str]:
@@ -56,7 +56,7 @@ def measure(base: int, ds: list[int], modes: list[str], warmup: int, repeat: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("alignment", __doc__.splitlines()[0])
     p.add_argument("--base", type=int, default=4096)
     p.add_argument("--max-d", type=int, default=16)
     p.add_argument("--modes", nargs="*", default=["square", "n_only"], choices=["square", "n_only"])

@@ -20,7 +20,6 @@ caller waits, without the events' own latency), and the torch fallback (several 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.census import census
 from fp16lab.kernels.census import cupy_kernel_launcher
 
@@ -152,7 +152,7 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("census", __doc__.splitlines()[0])
     p.add_argument("--size", type=float, default=1e8, help="elements (default 1e8)")
     p.add_argument("--format", default="fp16", help="census format (default fp16)")
     p.add_argument("--repeat", type=int, default=20)

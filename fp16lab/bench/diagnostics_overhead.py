@@ -22,7 +22,6 @@ kept from the existing file, and every row names the device and torch version th
 
 from __future__ import annotations
 
-import argparse
 import platform
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 from fp16lab import measure, recipes
+from fp16lab.bench import argument_parser
 from fp16lab.diagnostics import GradientMonitor, auto_backend
 from fp16lab.models import build_model, input_shape
 
@@ -159,7 +159,7 @@ def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("diagnostics_overhead", __doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=60, help="interleaved off/on block pairs")
     p.add_argument("--steps", type=int, default=4, help="steps per block")
     p.add_argument("--gpu-batch", type=int, default=128)

@@ -32,7 +32,6 @@ TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 set where the host
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -44,6 +43,7 @@ from typing import Any
 
 from fp16lab import distributed as dist_lab
 from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.bench import distributed_bare as bare
 
 TRANSFORMER = dict(model="transformer_stack", batch=32)
@@ -461,7 +461,7 @@ def _gpu_slug() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argument_parser("distributed", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CPU, two gloo ranks, tiny models: a smoke test")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder for the result file (default: data/local/, or data/ with --replace)")

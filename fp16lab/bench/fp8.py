@@ -44,8 +44,9 @@ from typing import Any
 
 import torch
 
-from fp16lab import measure
 from fp16lab import fp8
+from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.fp8.training import GPTConfig, train_curve
 
 SIZES = (1024, 2048, 4096, 8192)
@@ -187,7 +188,7 @@ def _result_name(device: str, quick: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the chosen parts, writes data/fp8_<gpu>.json and prints a table; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser("fp8", __doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and a few steps")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for the JSON (default: data/local/, or data/ with --replace)")

@@ -17,12 +17,12 @@ says what is missing and times the rest.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
 from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm, gemm_flops
 from fp16lab.kernels import wgmma as launcher
 from fp16lab.kernels.compiler import require_cupy
@@ -164,7 +164,7 @@ def versions(cupy) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("gemm", __doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="*", default=list(SIZES), help="square sizes")
     p.add_argument("--no-odd", action="store_true", help="skip the odd shapes")
     p.add_argument("--kernels", nargs="*", default=list(KERNELS), choices=list(KERNELS))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 
 from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm_flops
 from fp16lab.kernels.compiler import find_cuda_include, get_function, require_cupy
 from fp16lab.kernels.peak import peak_launch
@@ -138,7 +139,7 @@ def _triton_rows(size: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("gemm_ceiling", __doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=8192)
     p.add_argument("--kernel", default="mma_sync_256x128s4",
                    choices=[k for k, s in KERNELS.items() if s.uses_mma_ptx])

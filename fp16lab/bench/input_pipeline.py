@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.data import make_image_folder
 from fp16lab.feeding import measure_loader, measure_training, summary_lines
 from fp16lab.gpu_decode import GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS
@@ -140,7 +141,7 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("input_pipeline", __doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="small_cnn, batch 16, 64 pixels, 48 images, few steps (a smoke test)")
     p.add_argument("--out", type=Path, default=None,

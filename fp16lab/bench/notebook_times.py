@@ -14,7 +14,6 @@ openings read both files (:func:`section_minutes`) to say how long each section 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fp16lab import measure
+from fp16lab.bench import argument_parser
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -171,7 +171,7 @@ def update_workshop(path: Path = NOTEBOOKS_DIR / "WORKSHOP.md") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("notebook_times", __doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated notebook numbers, e.g. 03,04")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")

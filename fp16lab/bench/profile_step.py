@@ -49,9 +49,10 @@ from typing import Any
 
 import torch
 
-from fp16lab import measure
 from fp16lab import execution as E
+from fp16lab import measure
 from fp16lab import profile as P
+from fp16lab.bench import argument_parser
 from fp16lab.telemetry import TelemetrySampler
 
 #: Columns of the one-step timelines stored for the notebook.
@@ -320,7 +321,7 @@ def _num(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argument_parser("profile_step", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run (few points, steps)")
     ap.add_argument("--out", type=Path, default=None,
                     help="where the JSON goes (default: data/local/, or data/ with --replace)")

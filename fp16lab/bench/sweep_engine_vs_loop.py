@@ -18,7 +18,6 @@ of the bare loop, repeat spread at most 3%, telemetry overhead under 1%).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from fp16lab import measure, sweep
+from fp16lab.bench import argument_parser
 from fp16lab.models import NUM_CLASSES, build_model, input_shape
 from fp16lab.recipes import set_tf32
 
@@ -80,7 +80,7 @@ def bare_loop_ms(model_name: str, batch: int, layout: str, warmup: int, steps: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argument_parser("sweep_engine_vs_loop", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small_cnn on the CPU, few steps")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None)

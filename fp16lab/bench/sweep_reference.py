@@ -25,7 +25,6 @@ short resumes where it stopped when started again; how long each part took goes 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 from fp16lab import measure, sweep
+from fp16lab.bench import argument_parser
 from fp16lab.device import device_info
 from fp16lab.execution import EXECUTIONS
 from fp16lab.inputs import BACKENDS, unavailable_reason
@@ -110,7 +110,7 @@ def cpu_parts() -> dict[str, SweepSpec]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argument_parser("sweep_reference", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny CPU grid")
     ap.add_argument("--only", default=None, help="comma-separated part names to run")
     ap.add_argument("--replace", action="store_true",

@@ -11,12 +11,12 @@ the tiles and waves on this GPU's SMs (:mod:`fp16lab.waves`). Results go to
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from typing import Any
 
 from fp16lab import measure, waves
+from fp16lab.bench import argument_parser
 
 #: The Linear layer measured (in and out features), and the default batch range.
 FEATURES = 4096
@@ -61,7 +61,7 @@ def measure(batches: tuple[int, ...] = BATCHES, *, features: int = FEATURES, war
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("wave_quantization", __doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="three batches only")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")

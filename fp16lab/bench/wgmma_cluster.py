@@ -23,12 +23,12 @@ Each is first checked element by element against float64. Results go to data/wgm
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 
 from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, gemm_flops
 from fp16lab.kernels import wgmma as launcher
 from fp16lab.kernels.compiler import require_cupy
@@ -47,7 +47,7 @@ CASES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("wgmma_cluster", __doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192])
     p.add_argument("--data-dir", type=Path, default=None,
                    help="default: data/local/ (data/ with --replace)")
