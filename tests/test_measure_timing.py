@@ -120,3 +120,11 @@ def test_cuda_timing_and_copy_bandwidth():
     both = measure.time_cuda_interleaved({"one": lambda: x @ x, "two": lambda: (x @ x, x @ x)},
                                        rounds=3, repeat=5)
     assert 1.6 < both["two"].median_ms / both["one"].median_ms < 2.4
+
+
+def test_step_times_time_each_call_on_the_host_clock():
+    import time
+    sleeps = iter([0.040, 0.002])
+    ms = measure.step_times_ms(lambda: time.sleep(next(sleeps)), 2, "cpu")
+    assert len(ms) == 2
+    assert ms[0] >= 39 and ms[1] < 30  # each call's own time, not the running total

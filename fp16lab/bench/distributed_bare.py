@@ -114,6 +114,8 @@ def _make_step(variant: str, model: Any, x: Any, y: Any, fused: bool) -> tuple[C
     return step, opt, scaler
 
 
+# On purpose a copy of fp16lab.measure.step_times_ms: this loop is the independent oracle the
+# engine (fp16lab.distributed_worker) is held against, so it shares none of the engine's code.
 def _step_times_ms(step: Callable[[], None], steps: int, cuda: bool) -> list[float]:
     import torch
 

@@ -115,52 +115,40 @@ def _time_steps(point: Point, built: Any, *, warmup: int, steps: int, telemetry:
     """Returns the timings, memory, scaler and telemetry of ``steps`` steps after ``warmup``."""
     import torch
 
-    from ..measure import summarize
+    from ..measure import step_times_ms, summarize
     from ..telemetry import TelemetrySampler
 
     dev = point.device
     cuda = dev == "cuda"
     step = built.step
     history = _ScaleHistory(built.scaler)
+    calls, loss = 0, None
 
-    def one(i: int) -> Any:
+    def one() -> None:
+        nonlocal calls, loss
         if fault_injector is not None:
-            fault_injector(point, repeat, i)
-        out = step()
+            fault_injector(point, repeat, calls)
+        calls += 1
+        loss = step()
         history.record()
-        return out
 
-    for i in range(warmup):
-        one(i)
+    for _ in range(warmup):
+        one()
     sampler = TelemetrySampler(enabled=telemetry and cuda, interval_s=interval_s)
     if not cuda and telemetry:
         sampler.note = "CPU run: no GPU telemetry"
     if cuda:
-        torch.cuda.synchronize()
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        sampler.start()
-        try:
-            events[0].record()
-            for i in range(steps):
-                loss = one(warmup + i)
-                events[i + 1].record()
-            torch.cuda.synchronize()
-        finally:  # a failure mid-point must not leave the sampler thread running
-            tele = sampler.stop()
-        times = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
+        torch.cuda.synchronize()  # the warm-up finishes before the sampler starts
+    sampler.start()
+    try:
+        times = step_times_ms(one, steps, dev)
+    finally:  # a failure mid-point must not leave the sampler thread running
+        tele = sampler.stop()
+    if cuda:
         peak_alloc = torch.cuda.max_memory_allocated() / 2**20
         peak_res = torch.cuda.max_memory_reserved() / 2**20
         mem_note = ""
     else:
-        sampler.start()
-        times = []
-        try:
-            for i in range(steps):
-                t0 = time.perf_counter()
-                loss = one(warmup + i)
-                times.append((time.perf_counter() - t0) * 1e3)
-        finally:
-            tele = sampler.stop()
         peak_alloc = peak_res = None
         mem_note = "CPU run: torch keeps no peak-memory counter for host allocations"
     timing = summarize(times)
