@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -12,11 +11,9 @@ from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, read_results
-from .spec import check_tolerance
+from .spec import SCALER_FIELDS, check_tolerance
 
-#: The loss-scaler settings a point records, named as :class:`ScalerSettings` names them.
-_SCALER_FIELDS = tuple(f.name for f in dataclasses.fields(ScalerSettings))
-_POINT_COLUMNS = ("model", "batch", "layout", "precision", *_SCALER_FIELDS, "cudnn_benchmark",
+_POINT_COLUMNS = ("model", "batch", "layout", "precision", *SCALER_FIELDS, "cudnn_benchmark",
                   "device", *AXIS_DEFAULTS)
 
 
@@ -174,7 +171,7 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
     if model is not None:
         s = s[s["model"] == model]
     default = ScalerSettings()
-    for field in _SCALER_FIELDS:
+    for field in SCALER_FIELDS:
         s = s[s[field].isna() | (s[field] == getattr(default, field))]
     return s.pivot_table(index=index, columns=list(columns), values="samples_per_s",
                          aggfunc="median")
@@ -217,7 +214,7 @@ def scaler_table(rows: pd.DataFrame) -> pd.DataFrame:
     s = summarize_results(rows)
     s = s[s["precision"].isin(SCALED_PRECISIONS) & (s["status"] == "ok")]
     group = ["model", "batch", "layout", "precision"]
-    n = s.groupby(group)[list(_SCALER_FIELDS)].transform(lambda c: c.nunique()).max(axis=1) if len(s) else []
+    n = s.groupby(group)[list(SCALER_FIELDS)].transform(lambda c: c.nunique()).max(axis=1) if len(s) else []
     s = s[pd.Series(n, index=s.index) > 1] if len(s) else s
     steps = rows.groupby("key")[["warmup", "steps"]].first().sum(axis=1).rename("steps_per_repeat")
     s = s.join(steps, on="key")
