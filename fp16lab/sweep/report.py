@@ -129,7 +129,7 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         lines.append(f"the rows come from {len(protocols)} protocols (warm-up+steps "
                      f"{', '.join(_protocol(w, n) for w, n in protocols.itertuples(index=False))}); "
                      f"a point measured with two is shown once for each")
-    emulated = s[s["fp8_emulated"].fillna(False).astype(bool)]
+    emulated = s[s["fp8_emulated"].eq(True)]  # None where no FP8 ran; all-NaN floats from a CSV
     for _, e in emulated.iterrows():
         lines.append(f"{e['model']} b{e['batch']} {e['precision']}: FP8 matmuls emulated (no "
                      f"torch._scaled_mm for them here): its samples/s is not an FP8 speed")
