@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
 from fp16lab import measure
 from fp16lab.alignment import gemm_kernel_names, uses_tensor_cores
 from fp16lab.bench import argument_parser

@@ -23,13 +23,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
 import numpy as np
 
 from fp16lab import measure
 from fp16lab.bench import argument_parser
 from fp16lab.census import census
 from fp16lab.kernels.census import cupy_kernel_launcher
+from fp16lab.kernels.launch import direct_launches
 
 
 def cpu_copy_gbs(nbytes: int, repeat: int) -> float:
@@ -77,8 +77,6 @@ def row(device, backend, what, dtype, n, itemsize, t, copy_gbs, fmt, ok=True) ->
 def _with_launch_path(rows: list[dict]) -> list[dict]:
     """Returns rows stamped with whether the CUDA kernel went through the direct cuLaunchKernel path."""
     import importlib
-
-    from fp16lab.kernels.launch import direct_launches
 
     launched = bool(importlib.import_module("fp16lab.kernels.census")._STATES)
     direct = direct_launches() if launched else None

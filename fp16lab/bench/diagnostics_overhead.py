@@ -26,13 +26,13 @@ import platform
 import time
 from pathlib import Path
 
-
 import torch
 
 from fp16lab import measure, recipes
 from fp16lab.bench import argument_parser
 from fp16lab.diagnostics import GradientMonitor, auto_backend
 from fp16lab.models import build_model, input_shape
+from fp16lab.profile import torch_profiler
 
 NAME = "diagnostics_overhead"
 
@@ -135,8 +135,6 @@ def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> N
     """Prints where one GradientMonitor.statistics() call spends its time (torch.profiler: ops,
     kernel launches, device time) on the gradients of one real training step."""
     from torch.profiler import ProfilerActivity
-
-    from fp16lab.profile import torch_profiler
 
     model, step = make_step(model_name, device, batch, amp)
     mon = GradientMonitor(model)

@@ -30,7 +30,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from fp16lab import measure
 from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm_flops

@@ -42,6 +42,7 @@ import torch
 from fp16lab import measure
 from fp16lab.bench import argument_parser
 from fp16lab.data import make_image_folder
+from fp16lab.device import device_info
 from fp16lab.feeding import measure_loader, measure_training, summary_lines
 from fp16lab.gpu_decode import GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS
 from fp16lab.inputs import InputSettings, cpu_cores, default_workers
@@ -65,8 +66,6 @@ def protocol(a: argparse.Namespace) -> str:
 
 def default_name() -> str:
     """Returns the result name for this machine: input_pipeline_h200 on an H200."""
-    from fp16lab.device import device_info
-
     gpu = device_info().gpu_name
     if not gpu:
         return "input_pipeline_cpu"

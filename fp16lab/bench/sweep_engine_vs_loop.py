@@ -22,7 +22,6 @@ import statistics
 import sys
 import time
 
-
 import torch
 import torch.nn.functional as F
 

@@ -31,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 import torch
 
 from fp16lab import measure, sweep

@@ -26,7 +26,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
 from fp16lab import measure
 from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, gemm_flops

@@ -6,9 +6,10 @@ import re
 from typing import Any, Callable
 
 from ..alignment import uses_tensor_cores
+from ..measure import cuda_kernels
+from ..recipes import tf32 as _tf32
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, PARTLY, Claim, Figures, Judgement, _device, _ratio,
                    _sizes, _timer, _torch)
-from ..recipes import tf32 as _tf32
 
 
 def _gemm_tflops(n: int, dtype, *, repeat: int) -> float:
@@ -32,8 +33,6 @@ def _gpu_kernel_name(fn: Callable[[], Any]) -> str:
     if not torch.cuda.is_available():
         return "n/a (no CUDA)"
     try:
-        from ..measure import cuda_kernels
-
         kernels = cuda_kernels(fn, warmup=1)
         if not kernels:
             return "no kernel recorded"

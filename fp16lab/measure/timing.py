@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
+from ..profile import torch_profiler
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -243,8 +245,6 @@ def cuda_kernels(fn: Callable[[], Any], *, warmup: int = 0) -> list[tuple[str, f
     """
     import torch
     from torch.profiler import ProfilerActivity
-
-    from ..profile import torch_profiler
 
     if not torch.cuda.is_available():  # a CPU build of torch cannot profile CUDA at all
         return []

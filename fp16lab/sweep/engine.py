@@ -30,7 +30,12 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from .. import data, models  # modules, not names: tests replace their functions
+from ..device import metadata
+from ..measure import step_times_ms, summarize
 from ..recipes import LR, MOMENTUM, PRECISIONS, math_flags
+from ..telemetry import TelemetrySampler
+from .multi_gpu import measure_on_gpus
 from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
 from .spec import Point, SweepSpec
 from .steps import build_step, input_warmup
@@ -87,16 +92,14 @@ def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interv
     """Returns the measurements of one repeat of one point (raises on OOM and other failures)."""
     import torch
 
-    from ..models import NUM_CLASSES, build_model, input_shape
-
     dev = point.device
     torch.manual_seed(1234 + repeat)
     if dev == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(point.model).to(dev)
-    x = torch.randn(input_shape(point.model, point.batch), device=dev)
-    y = torch.randint(0, NUM_CLASSES, (point.batch,), device=dev)
+    model = models.build_model(point.model).to(dev)
+    x = torch.randn(models.input_shape(point.model, point.batch), device=dev)
+    y = torch.randint(0, models.NUM_CLASSES, (point.batch,), device=dev)
     if point.layout == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
@@ -114,9 +117,6 @@ def _time_steps(point: Point, built: Any, *, warmup: int, steps: int, telemetry:
                 fault_injector: FaultInjector | None) -> dict[str, Any]:
     """Returns the timings, memory, scaler and telemetry of ``steps`` steps after ``warmup``."""
     import torch
-
-    from ..measure import step_times_ms, summarize
-    from ..telemetry import TelemetrySampler
 
     dev = point.device
     cuda = dev == "cuda"
@@ -168,8 +168,6 @@ _META_CACHE: dict[str, Any] = {}
 
 def _provenance() -> dict[str, Any]:
     if not _META_CACHE:
-        from ..device import metadata
-
         meta = metadata()
         _META_CACHE.update({k: meta.get(k) for k in META_COLUMNS})
         if _META_CACHE.get("cudnn") is not None:
@@ -215,8 +213,6 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
     status, error = "ok", ""
     try:
         if point.gpus > 1:
-            from .multi_gpu import measure_on_gpus
-
             measured = measure_on_gpus(point, warmup=warmup, steps=steps)
             status, error = measured.pop("status"), measured.pop("error")
             row.update(measured)
@@ -251,12 +247,10 @@ def _prepare_images(spec: SweepSpec, points: list[Point]) -> None:
     then checks it is an image folder: a missing or empty one fails before any point runs."""
     if all(p.input == "synthetic" for p in points):
         return
-    from ..data import make_image_folder, scan_image_folder
-
     root = Path(spec.images_dir)
     if not root.exists() or not any(root.iterdir()):
-        make_image_folder(root, images=spec.images)
-    scan_image_folder(root)
+        data.make_image_folder(root, images=spec.images)
+    data.scan_image_folder(root)
 
 
 ResultCallback = Callable[[dict[str, Any], int, int], None]

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from ..measure import describe_source, find_result, read_result
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import AXIS_DEFAULTS, variant_label
@@ -232,8 +233,6 @@ def _log2(x: pd.Series) -> pd.Series:
 
 def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
     """Returns the rows of a reference sweep in data/, or None (saying so) when it is absent."""
-    from ..measure import find_result
-
     path = find_result(name, ".parquet")
     if not path.exists():
         print(f"{path.name} is not in {path.parent} yet: run `fp16lab bench sweep_reference` on a "
@@ -247,8 +246,6 @@ def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
 
 def engine_check(name: str = "sweep_engine_vs_loop") -> str:
     """Returns the engine-versus-bare-loop benchmark's findings as a few lines of text."""
-    from ..measure import describe_source, read_result
-
     try:
         r = read_result(name, meta_needs=[f"summary.{k}" for k in (
             "model", "batch", "layout", "precision", "repeats", "steps", "repeat_spread",

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from ..models import MODELS, is_image_model
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import (AXIS_DEFAULTS, BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS,
@@ -95,8 +96,6 @@ class Point:
     gpus: int = 1
 
     def __post_init__(self) -> None:
-        from ..models import MODELS, is_image_model
-
         _check_names("model", [self.model], MODELS)
         _check_names("layout", [self.layout], LAYOUTS)
         _check_names("precision", [self.precision], SWEEP_PRECISIONS)
@@ -224,8 +223,6 @@ class SweepSpec:
     telemetry_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
-        from ..models import MODELS
-
         for name in _GRID_AXES:
             value = getattr(self, name)
             if value is None or isinstance(value, (str, int, ScalerSettings, bool)):
