@@ -1,8 +1,4 @@
-"""Measuring that can be trusted: CUDA-event timing, and measured result files with their provenance.
-
-:mod:`.timing` times (CUDA events, warm-up, median and spread); :mod:`.provenance` writes and
-finds the measured files (the committed H200 results and yours) and says where each came from.
-"""
+"""Measuring that can be trusted: CUDA-event timing, and measured result files with provenance."""
 
 from .provenance import (check_can_write, data_dir, describe_source, find_result, local_dir,
                          merge_with_previous, read_result, write_result)
