@@ -12,21 +12,20 @@ import importlib
 import json
 import sys
 
+from .bench import BENCHMARKS
+from .device import device_info
+
 # Modules that contribute sub-commands (sweep, report, claims).
 _COMMAND_MODULES = ("fp16lab.sweep.cli", "fp16lab.claims.cli")
 
 
 def _info(args: argparse.Namespace) -> int:
-    from .device import device_info
-
     info = device_info()
     print(json.dumps(info.as_dict(), indent=2) if args.json else info.summary())
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import BENCHMARKS
-
     if args.list or not args.name:
         width = max(map(len, BENCHMARKS))
         for name, what in BENCHMARKS.items():

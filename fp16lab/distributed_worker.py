@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
+from .measure import step_times_ms
 from .models import NUM_CLASSES, build_model, input_shape
 from .recipes import LR, MOMENTUM, autocast_dtype, make_train_step, optimizer_factory, set_tf32
 
@@ -203,25 +204,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_ms(step: Callable[[], Any], steps: int, device: torch.device) -> list[float]:
-    """Returns the time of each of ``steps`` steps in ms (CUDA events on a GPU)."""
-    _sync(device)
-    if device.type == "cuda":
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        events[0].record()
-        for i in range(steps):
-            step()
-            events[i + 1].record()
-        torch.cuda.synchronize(device)
-        return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
-    out = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
 def _profiled(step: Callable[[], Any], steps: int, device: torch.device) -> dict[str, float]:
     """Returns :func:`comm_overlap` of ``steps`` steps read from torch.profiler's GPU kernels."""
     from fp16lab.profile import gpu_kernels
@@ -268,7 +250,7 @@ def train(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
             if kind == "raise":
                 raise RuntimeError(f"a fault planted for the test: rank {ctx.rank} raises")
             time.sleep(10 ** 6)  # kind == "hang"
-    ms = _timed_ms(step, point.steps, dev)
+    ms = step_times_ms(step, point.steps, dev)
     profile = {}
     if point.profile_steps and dev.type == "cuda":
         ctx.report.phase("profiled steps")

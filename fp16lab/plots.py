@@ -12,6 +12,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from .bits import ulp
+from .census import CensusResult, census
 from .formats import format_info
 
 #: One colour per format, so a format looks the same in every plot.
@@ -61,8 +63,6 @@ def plot_census(data: Any, formats: Iterable[str] = ("fp16",), ax=None, *,
             histogram by log2(scale) bins. Only applies to tensors, not to finished results.
         xlim: exponent range to show; default the data's range and the first format's range.
     """
-    from .census import CensusResult, census
-
     formats = tuple(formats)
     ax = _axes(ax)
     items = data.items() if isinstance(data, Mapping) else [(label, data)]
@@ -112,8 +112,6 @@ def plot_ulp(formats: Iterable[str] = ("fp16", "bf16"), ax=None, *, points: int 
     range and rising through the subnormals, where precision is lost. The x range defaults to
     the first format's range (``xlim`` overrides it).
     """
-    from .bits import ulp
-
     ax = _axes(ax)
     formats = tuple(formats)
     if xlim is None and formats:

@@ -1,122 +1,50 @@
-"""fp16lab.bench: summaries match numpy's percentiles; result files round-trip with provenance."""
+"""fp16lab.bench: the registry, and every benchmark's usage line naming the command that runs it."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from fp16lab import bench
-
-
-@given(st.lists(st.floats(0.001, 1e4), min_size=1, max_size=200))
-def test_summarize_matches_numpy(xs):
-    t = bench.summarize(xs)
-    assert t.median_ms == pytest.approx(np.median(xs))
-    assert t.p10_ms == pytest.approx(np.percentile(xs, 10))
-    assert t.p90_ms == pytest.approx(np.percentile(xs, 90))
-    assert t.n == len(xs)
+from fp16lab.bench import BENCHMARKS, argument_parser
+from fp16lab.cli import main
 
 
-def test_summarize_rejects_empty():
-    with pytest.raises(ValueError, match="at least one"):
-        bench.summarize([])
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_bench_help_names_the_benchmark(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", name, "--help"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: fp16lab bench {name} ")
 
 
-def test_time_cpu_measures_sleep():
-    import time
-    t = bench.time_cpu(lambda: time.sleep(0.01), warmup=0, repeat=3)
-    assert 9.0 <= t.median_ms < 200
+def test_argument_parser_refuses_an_unknown_benchmark():
+    with pytest.raises(ValueError, match="no benchmark 'gemmm'"):
+        argument_parser("gemmm", "")
 
 
-def test_bad_counts_and_backend():
-    with pytest.raises(ValueError, match="repeat"):
-        bench.time_cpu(lambda: None, repeat=0)
-    with pytest.raises(ValueError, match="backend"):
-        bench.time_cuda(lambda: None, backend="opencl")
+def test_nothing_below_the_benchmarks_imports_them():
+    # fp16lab.bench is the top floor but for the CLI that dispatches `fp16lab bench NAME`:
+    # every import of it (module level or in a function) outside fp16lab/bench/ and cli.py fails
+    import ast
+    from pathlib import Path
 
+    import fp16lab
 
-def test_interleaved_timing_rotates_the_order_and_pools_the_rounds(monkeypatch):
-    calls = []
-
-    def fake_samples(fn, warmup, repeat, backend):
-        name = fn()
-        calls.append(name)
-        base = {"a": 1.0, "b": 2.0, "c": 4.0}[name]
-        return [base * (1 + 0.1 * len(calls)) for _ in range(repeat)]  # a clock drifting upwards
-
-    monkeypatch.setattr(bench.timing, "_cuda_samples", fake_samples)
-    out = bench.time_cuda_interleaved({n: (lambda n=n: n) for n in "abc"}, rounds=3, repeat=2,
-                                      backend="cupy")
-    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert {n: t.n for n, t in out.items()} == {"a": 6, "b": 6, "c": 6}
-    # each function's samples are the ones it got in its three rounds
-    assert out["a"].median_ms == pytest.approx(np.median([1.1, 1.6, 1.8]))
-    assert out["c"].median_ms == pytest.approx(4 * np.median([1.3, 1.5, 1.7]))
-    with pytest.raises(ValueError, match="rounds"):
-        bench.time_cuda_interleaved({"a": lambda: "a"}, rounds=0)
-    with pytest.raises(ValueError, match="at least one function"):
-        bench.time_cuda_interleaved({})
-
-
-def test_nvidia_smi_id_follows_cuda_visible_devices(monkeypatch):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert bench.nvidia_smi_id(1) == "1"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
-    assert [bench.nvidia_smi_id(i) for i in (0, 1)] == ["3", "5"]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2a")
-    assert bench.nvidia_smi_id(0) == "GPU-8f2a"
-
-
-def test_sustained_timing_rejects_bad_lengths():
-    with pytest.raises(ValueError, match="seconds > 0"):
-        bench.time_cuda_sustained(lambda: None, seconds=0)
-
-
-@pytest.mark.gpu
-def test_sustained_timing_scales_with_the_work():
-    # copies: memory-bound, so their rate does not follow the SM clock, which a second of
-    # tensor-core work would pull down between the two measurements
-    cupy = pytest.importorskip("cupy")
-    src = cupy.ones(2**27, dtype=cupy.float32)
-    dst = cupy.empty_like(src)
-
-    def copy():
-        dst[...] = src
-    one = bench.time_cuda_sustained(copy, seconds=0.3)
-    two = bench.time_cuda_sustained(lambda: (copy(), copy()), seconds=0.3)
-    assert one["calls"] >= 3 and 0.2 < one["seconds"] < 3
-    assert 1.6 < two["ms_per_call"] / one["ms_per_call"] < 2.4
-    if one["sm_clock_mhz"] is not None:  # nvidia-smi was there
-        assert 100 < one["sm_clock_mhz"] < 5000 and one["power_w"] > 0
-
-
-def test_cuda_kernels_is_empty_without_a_gpu():
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    assert bench.cuda_kernels(lambda: torch.ones(8) + 1, warmup=1) == []
-
-
-@pytest.mark.gpu
-def test_cuda_kernels_names_the_gemm():
-    import torch
-    x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
-    kernels = bench.cuda_kernels(lambda: x @ x, warmup=1)
-    assert kernels and all(isinstance(n, str) and us >= 0 for n, us in kernels)
-    longest = max(kernels, key=lambda k: k[1])[0]
-    assert any(tag in longest.lower() for tag in ("gemm", "nvjet", "cutlass", "sm90", "sm80")), longest
-
-
-@pytest.mark.gpu
-def test_cuda_timing_and_copy_bandwidth():
-    import torch
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-    t = bench.time_cuda(lambda: x @ x, warmup=2, repeat=5)
-    assert t.median_ms > 0
-    assert bench.copy_bandwidth_gbs(2**28, repeat=5) > 100
-    # twice the work takes about twice the time, whichever of the two runs first
-    both = bench.time_cuda_interleaved({"one": lambda: x @ x, "two": lambda: (x @ x, x @ x)},
-                                       rounds=3, repeat=5)
-    assert 1.6 < both["two"].median_ms / both["one"].median_ms < 2.4
+    root = Path(fp16lab.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in ("bench", "measured") or rel == Path("cli.py"):
+            continue
+        package = ["fp16lab", *rel.parent.parts]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                names = [f"{module}.{a.name}" for a in node.names] + [module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if any(n == "fp16lab.bench" or n.startswith("fp16lab.bench.") for n in names):
+                found.append(f"{rel}:{node.lineno}")
+    assert found == []

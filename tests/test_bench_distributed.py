@@ -1,4 +1,4 @@
-"""fp16lab.bench.distributed and its bare loop: the arithmetic on rows made by hand, one CPU launch.
+"""fp16lab.bench.distributed, its report and its bare loop: the arithmetic on rows made by hand, one CPU launch.
 
 The summaries are checked against rates and efficiencies computed here from the step times; the
 launch runs the bare loop's worker on two gloo ranks (seconds) and checks what each rank did.
@@ -12,6 +12,7 @@ import pytest
 
 from fp16lab.bench import distributed as bd
 from fp16lab.bench import distributed_bare as bare
+from fp16lab.bench import distributed_report as bdr
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -93,7 +94,7 @@ def _rows():
 
 def test_summarize_matches_each_row_with_its_own_one_gpu_rate():
     rows = _rows()
-    out = bd.summarize(rows, 2, "resnet50", 256)
+    out = bdr.summarize(rows, 2, "resnet50", 256)
     eff = {r["label"]: r.get("efficiency") for r in rows}
     assert eff["bare sgd ddp"] == pytest.approx(10600 / (2 * 5800))  # against GPU 0, not GPU 1
     assert eff["bare sgd no-ddp"] == pytest.approx(11300 / (2 * 5800))
@@ -111,14 +112,14 @@ def test_summarize_keeps_the_engines_no_broadcast_points_apart():
                       for o in ("sgd", "sgd-fused"))
     rows += [{**default, "broadcast_buffers": False, "samples_per_s": 11300.0, "label": "no_broadcast"},
              {**fused, "broadcast_buffers": False, "samples_per_s": 11900.0, "label": "no_broadcast fused"}]
-    out = bd.summarize(rows, 2, "resnet50", 256)
+    out = bdr.summarize(rows, 2, "resnet50", 256)
     assert out["engine_efficiency"] == pytest.approx(10500 / (2 * 5850))  # not pooled with 11300
     assert out["engine_vs_bare"] == pytest.approx(10500 / 10600)
     assert out["engine_efficiency_fused"] == pytest.approx(11600 / (2 * 5990))
     assert out["engine_efficiency_no_broadcast"] == pytest.approx(11300 / (2 * 5850))
     assert out["engine_efficiency_no_broadcast_fused"] == pytest.approx(11900 / (2 * 5990))
     assert rows[-2]["efficiency"] == pytest.approx(11300 / (2 * 5850))  # against the one-GPU point
-    lines = bd.summary_lines(out)
+    lines = bdr.summary_lines(out)
     assert "fp16lab's point with broadcast_buffers=False: 0.966" in lines
     assert "fp16lab's point with broadcast_buffers=False: 0.993" in lines
     assert out["engine_best"] == {"setting": "-", "efficiency": pytest.approx(11900 / (2 * 5990))}
@@ -134,13 +135,13 @@ def test_summarize_keeps_other_bucket_sizes_and_static_graph_out_of_the_defaults
               "label": label.format("100MB")},
              {**fused, "broadcast_buffers": False, "samples_per_s": 11900.0, "static_graph": True,
               "label": label.format("25MB static_graph")}]
-    out = bd.summarize(rows, 2, "resnet50", 256)
+    out = bdr.summarize(rows, 2, "resnet50", 256)
     assert out["engine_efficiency_no_broadcast_fused"] == pytest.approx(11700 / (2 * 5990))
     assert out["engine_efficiency_fused"] == pytest.approx(11600 / (2 * 5990))
     assert out["engine_best"] == {"setting": "ddp hook=none bucket=100MB no_broadcast opt=sgd-fused",
                                   "efficiency": pytest.approx(11950 / (2 * 5990))}
     assert ("fp16lab's best amp-fp16 setting at this batch: ddp hook=none bucket=100MB no_broadcast "
-            "opt=sgd-fused, 0.997") in bd.summary_lines(out)
+            "opt=sgd-fused, 0.997") in bdr.summary_lines(out)
 
 
 def test_plan_measures_the_no_broadcast_points_right_after_the_batch_256_ddp_points():
@@ -160,8 +161,8 @@ def test_plan_measures_the_no_broadcast_points_right_after_the_batch_256_ddp_poi
 
 def test_diagnosis_sets_the_suspects_side_by_side():
     rows = _rows()
-    bd.summarize(rows, 2, "resnet50", 256)
-    got = bd.diagnosis(rows)
+    bdr.summarize(rows, 2, "resnet50", 256)
+    got = bdr.diagnosis(rows)
     sgd = got["sgd"]
     assert sgd["gpu1_over_gpu0"] == pytest.approx(5600 / 5800)
     assert sgd["vs_each_alone"] == pytest.approx(10600 / (5800 + 5600))
@@ -182,7 +183,7 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
                                           "nccl": 0.5, "exposed_nccl": 0.4},
                                          {"rank": 1, "step_ms": 55.3, "idle": 5.8, "compute": 41.6,
                                           "nccl": 12.9, "exposed_nccl": 12.7}]}}}
-    t = bd.diagnosis_table(diag)
+    t = bdr.diagnosis_table(diag)
     assert list(t.index) == [("fp16 + GradScaler, SGD", "GPU 0 alone", 0), ("fp16 + GradScaler, SGD", "DDP", 0),
                              ("fp16 + GradScaler, SGD", "DDP", 1)]
     assert t.loc[("fp16 + GradScaler, SGD", "DDP", 1), "exposed NCCL ms"] == 12.7
@@ -194,7 +195,7 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
                "transformer_default_efficiency": 0.5, "transformer_gap_recovered": 0.6,
                "transformer_best": {"setting": "ddp hook=none bucket=5MB", "efficiency": 0.8},
                "diagnosis": diag}
-    assert bd.summary_lines(summary) == [
+    assert bdr.summary_lines(summary) == [
         "hand-written DDP loop, ResNet-50 amp-fp16 with SGD: scaling efficiency 0.800",
         "fp16lab's point, same setting: 0.900 (1.12x the hand-written loop's samples/s)",
         "transformer stack, amp-bf16, DDP defaults: 0.500; best setting ddp hook=none bucket=5MB: "
@@ -202,10 +203,10 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
         "fp16 + GradScaler, SGD: DDP 0.800",
         "  under DDP, in a profiled step, rank 1 waits 12.7 ms in NCCL with no compute beside it, while "
         "rank 0's GPU sits idle 17.0 ms waiting for its host (a step without the profiler: 55.3 ms)"]
-    assert bd.summary_lines({}) == [] and len(bd.diagnosis_table({})) == 0
+    assert bdr.summary_lines({}) == [] and len(bdr.diagnosis_table({})) == 0
     defaults_best = {"transformer_default_efficiency": 0.82, "transformer_gap_recovered": 0.0,
-                     "transformer_best": {"setting": bd.DEFAULT_SETTING, "efficiency": 0.82}}
-    assert bd.summary_lines(defaults_best) == [
+                     "transformer_best": {"setting": bdr.DEFAULT_SETTING, "efficiency": 0.82}}
+    assert bdr.summary_lines(defaults_best) == [
         "transformer stack, amp-bf16, DDP defaults: 0.820; no other setting did better in this run"]
 
 
@@ -213,11 +214,11 @@ def test_wait_shares_take_each_from_the_rank_where_it_shows():
     ranks = [{"rank": 0, "span_us": 100.0, "compute_us": 70.0, "exposed_comm_share": 0.01, "idle_share": 0.29},
              {"rank": 1, "span_us": 100.0, "compute_us": 60.0, "exposed_comm_share": 0.25, "idle_share": 0.15}]
     row = {"per_rank": ranks, "exposed_comm_share": 0.01, "idle_share": 0.29, "span_us": 100.0, "compute_us": 70.0}
-    assert bd.wait_shares(row) == pytest.approx({"compute_share": 0.6, "exposed_comm_share": 0.25, "idle_share": 0.29})
+    assert bdr.wait_shares(row) == pytest.approx({"compute_share": 0.6, "exposed_comm_share": 0.25, "idle_share": 0.29})
     alone = {k: v for k, v in row.items() if k != "per_rank"}  # no per-rank profile: the row's own
-    assert bd.wait_shares(alone) == pytest.approx({"compute_share": 0.7, "exposed_comm_share": 0.01, "idle_share": 0.29})
-    assert bd.wait_shares({"per_rank": None}) == {"compute_share": None, "exposed_comm_share": None, "idle_share": None}
-    assert bd.wait_shares({**alone, "per_rank": float("nan")}) == bd.wait_shares(alone)  # a table's missing cell
+    assert bdr.wait_shares(alone) == pytest.approx({"compute_share": 0.7, "exposed_comm_share": 0.01, "idle_share": 0.29})
+    assert bdr.wait_shares({"per_rank": None}) == {"compute_share": None, "exposed_comm_share": None, "idle_share": None}
+    assert bdr.wait_shares({**alone, "per_rank": float("nan")}) == bdr.wait_shares(alone)  # a table's missing cell
 
 
 def test_setting_effects_compare_with_the_defaults_of_the_same_kind():
@@ -231,12 +232,12 @@ def test_setting_effects_compare_with_the_defaults_of_the_same_kind():
             row("transformer_stack b32 amp-fp16 x2 ddp hook=fp16 bucket=25MB", 0.40, precision="amp-fp16"),
             row("resnet50 b256 amp-bf16 x2 ddp hook=bf16 bucket=25MB", 0.9, status="error", model="resnet50"),
             {**row("bare resnet50 b256 amp-fp16 x2", 0.8), "kind": "bare"}]
-    t = bd.setting_effects(rows)
+    t = bdr.setting_effects(rows)
     assert t["setting"].tolist() == ["ddp hook=none bucket=5MB", "ddp hook=bf16 bucket=25MB"]
     assert t["defaults"].tolist() == [0.55, 0.55]  # the median of the two default runs
     assert t["change"].tolist() == pytest.approx([0.25, -0.10])
     older = [{**r, "optimizer": float("nan")} for r in rows]  # read back from a table without the field
-    assert bd.setting_effects(older)["change"].tolist() == pytest.approx([0.25, -0.10])
+    assert bdr.setting_effects(older)["change"].tolist() == pytest.approx([0.25, -0.10])
 
 
 def pd_isna(x):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fp16lab import bench
+from fp16lab import measure
 from fp16lab.bench import fp8 as bf
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -14,13 +14,13 @@ def test_a_run_of_some_parts_keeps_the_other_parts_rows(tmp_path, monkeypatch):
     clock = iter(["2026-01-01T00:00:00+00:00", "2026-02-02T00:00:00+00:00", "2026-03-03T00:00:00+00:00"])
     monkeypatch.setattr(bf, "_utc_now", lambda: next(clock))
     assert bf.main(["--quick", "--parts", "gemm", "--out", str(tmp_path)]) == 0
-    first = bench.read_result(next(tmp_path.glob("fp8_*.json")))
+    first = measure.read_result(next(tmp_path.glob("fp8_*.json")))
     gemm = [r for r in first["rows"] if r["part"] == "gemm"]
     assert gemm and {r["part"] for r in first["rows"]} == {"gemm"}
     assert first["meta"]["parts_measured_at"] == {"gemm": "2026-01-01T00:00:00+00:00"}
 
     assert bf.main(["--quick", "--parts", "recipes", "--out", str(tmp_path)]) == 0
-    second = bench.read_result(next(tmp_path.glob("fp8_*.json")))
+    second = measure.read_result(next(tmp_path.glob("fp8_*.json")))
     assert [r for r in second["rows"] if r["part"] == "gemm"] == gemm  # kept as they were
     assert {r["precision"] for r in second["rows"] if r["part"] == "training"} == \
         {"fp32", *(f"fp8-{r}" for r in bf.fp8.RECIPES)}
@@ -28,7 +28,7 @@ def test_a_run_of_some_parts_keeps_the_other_parts_rows(tmp_path, monkeypatch):
                                                    "training": "2026-02-02T00:00:00+00:00"}
 
     assert bf.main(["--quick", "--parts", "gemm", "--out", str(tmp_path)]) == 0  # gemm again
-    third = bench.read_result(next(tmp_path.glob("fp8_*.json")))
+    third = measure.read_result(next(tmp_path.glob("fp8_*.json")))
     assert sum(r["part"] == "gemm" for r in third["rows"]) == len(gemm)  # replaced, not doubled
     assert third["meta"]["parts_measured_at"]["gemm"] == "2026-03-03T00:00:00+00:00"
     assert third["meta"]["parts_measured_at"]["training"] == "2026-02-02T00:00:00+00:00"
@@ -43,7 +43,7 @@ def test_a_full_size_run_does_not_keep_quick_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(bf, "training_rows", lambda *a, **k: [{"part": "training", "precision": "fp32",
                                                               "mode": "eager", "error": "stub"}])
     assert bf.main(["--parts", "recipes", "--out", str(tmp_path)]) == 0
-    rows = bench.read_result(path)["rows"]
+    rows = measure.read_result(path)["rows"]
     assert {r["part"] for r in rows} == {"training"}  # the quick gemm rows were not mixed in
 
 

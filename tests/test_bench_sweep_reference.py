@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from fp16lab import bench
+from fp16lab import measure
 from fp16lab.bench import sweep_reference
 
 
 def test_a_kept_part_without_a_wall_time_is_printed_and_kept(tmp_path, monkeypatch, capsys):
     """A part measured in an earlier run that was cut short has no wall time; the next run of
     another part keeps its timing row as it was and prints it with a dash."""
-    monkeypatch.setattr(bench, "local_dir", lambda: tmp_path)
+    monkeypatch.setattr(measure, "local_dir", lambda: tmp_path)
     kept = {"part": "kept_part", "points": 3, "repeats": 2, "warmup": 1, "steps": 4, "wall_s": None,
             "measured": 6, "resumed": True, "ok": 3, "unstable": 0}
-    bench.write_result("sweep_reference_cpu", [kept], data_dir=tmp_path)
+    measure.write_result("sweep_reference_cpu", [kept], data_dir=tmp_path)
     assert sweep_reference.main(["--quick", "--only", "mlp_fp8_cpu"]) == 0
-    rows = {r["part"]: r for r in bench.read_result("sweep_reference_cpu", data_dir=tmp_path)["rows"]}
+    rows = {r["part"]: r for r in measure.read_result("sweep_reference_cpu", data_dir=tmp_path)["rows"]}
     assert rows["kept_part"] == kept
     assert rows["mlp_fp8_cpu"]["measured"] == 4 and rows["mlp_fp8_cpu"]["wall_s"] > 0
     out = capsys.readouterr().out

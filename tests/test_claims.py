@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fp16lab import bench, claims
+from fp16lab import claims, measure
 from fp16lab.alignment import uses_tensor_cores
 from fp16lab.claims import FAILS, HOLDS, NONEXISTENT, PARTLY, UNTESTABLE, VERDICTS
 
@@ -330,7 +330,7 @@ def test_gpu_claim_without_gpu_or_record_cannot_be_tested(tmp_path):
 def test_gpu_claim_judged_from_recorded_figures(tmp_path):
     figures = {"n": 8192, "fp16_tflops": 720.0, "fp32_tflops": 50.0, "tf32_tflops": 380.0,
                "ratio_fp16_fp32": 14.4, "ratio_fp16_tf32": 1.9}
-    bench.write_result("claims_h200", [{"id": 11, "figures": figures, "verdict": "stale"}],
+    measure.write_result("claims_h200", [{"id": 11, "figures": figures, "verdict": "stale"}],
                        meta={"gpu_name": "NVIDIA H200", "driver_version": "580"},
                        data_dir=tmp_path)
     c = claims.check(11, data_dir=tmp_path)
@@ -417,7 +417,7 @@ def test_tensor_core_kernel_names():
 
 @NO_GPU
 def test_recorded_figures_that_do_not_fit_the_rule_are_reported(tmp_path):
-    bench.write_result("claims_h200", [{"id": 11, "figures": {"n": 8192}}],
+    measure.write_result("claims_h200", [{"id": 11, "figures": {"n": 8192}}],
                        meta={"gpu_name": "NVIDIA H200"}, data_dir=tmp_path)
     c = claims.check(11, data_dir=tmp_path)
     assert c.verdict == UNTESTABLE and "do not fit this rule" in c.reason
@@ -469,7 +469,7 @@ def test_write_claims_gives_each_row_its_own_measured_at(tmp_path, monkeypatch):
     earlier = [{"id": i, "verdict": HOLDS, "reason": f"earlier {i}", "figures": {"x": i}}
                for i in range(1, 13)]
     earlier[5]["measured_at"] = t_own                      # claim 6 carries its own time
-    bench.write_result(f"claims_{slug}", earlier, meta={"measured_at": t0}, data_dir=tmp_path)
+    measure.write_result(f"claims_{slug}", earlier, meta={"measured_at": t0}, data_dir=tmp_path)
 
     real = fp16lab.device.metadata
     monkeypatch.setattr(fp16lab.device, "metadata", lambda: {**real(), "measured_at": t1})
@@ -489,7 +489,7 @@ def test_recorded_claims_name_each_rows_date(tmp_path):
     t0, t1 = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00"
     figures = {"n": 8192, "fp16_tflops": 720.0, "fp32_tflops": 50.0, "tf32_tflops": 380.0,
                "ratio_fp16_fp32": 14.4, "ratio_fp16_tf32": 1.9}
-    bench.write_result("claims_h200", [{"id": 11, "figures": figures, "verdict": FAILS},
+    measure.write_result("claims_h200", [{"id": 11, "figures": figures, "verdict": FAILS},
                                        {"id": 1, "figures": {"error": "x"}, "verdict": UNTESTABLE,
                                         "measured_at": t0}],
                        meta={"gpu_name": "NVIDIA H200", "measured_at": t1}, data_dir=tmp_path)
@@ -565,7 +565,7 @@ def test_recorded_summary_lists_each_date_with_its_claims(tmp_path):
     t0, t1 = "2026-01-01T10:00:00+00:00", "2026-01-02T11:00:00+00:00"
     rows = [{"id": i, "verdict": HOLDS, "measured_at": t1 if i in (2, 3, 4, 5) else t0}
             for i in range(1, 13)]
-    bench.write_result("claims_h200", rows, meta={"gpu_name": "NVIDIA H200", "measured_at": t1},
+    measure.write_result("claims_h200", rows, meta={"gpu_name": "NVIDIA H200", "measured_at": t1},
                        data_dir=tmp_path)
     text = claims.recorded_summary(tmp_path)
     assert f"claims 1, 6-12 measured at {t0}" in text and f"claims 2-5 measured at {t1}" in text

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fp16lab.bench import data_dir
+from fp16lab.measure import data_dir
 from fp16lab.exercises import ch03 as ex
 
 

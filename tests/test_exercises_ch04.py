@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fp16lab.bench import find_result
+from fp16lab.measure import find_result
 from fp16lab.exercises import ch04 as ex
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fp16lab.bench import data_dir
+from fp16lab.measure import data_dir
 from fp16lab.exercises import ch05 as ex
 
 

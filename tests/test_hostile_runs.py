@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fp16lab import bench, sweep
+from fp16lab import measure, sweep
 from fp16lab.claims.run import device_slug, get_claim
 from fp16lab.cli import main
 from fp16lab.device import device_info
@@ -294,7 +294,7 @@ GOOD_META = {"measured_at": "2026-01-01T00:00:00+00:00", "gpu_name": "NVIDIA H20
 def test_a_measured_file_with_a_wrong_schema_is_named_with_its_field(tmp_path, payload, words):
     p = _measured(tmp_path, payload)
     with pytest.raises(ValueError) as info:
-        bench.read_result(p)
+        measure.read_result(p)
     assert str(p) in str(info.value)
     for w in words:
         assert w in str(info.value)
@@ -304,14 +304,14 @@ def test_a_loader_names_the_row_or_meta_field_it_needs(tmp_path):
     p = _measured(tmp_path, {"meta": {**GOOD_META, "summary": {"model": "x"}},
                              "rows": [{"id": 1}, {"name": "no id"}]})
     with pytest.raises(ValueError, match=r"row 1 lacks the field 'id'"):
-        bench.read_result(p, rows_need=("id",))
+        measure.read_result(p, rows_need=("id",))
     with pytest.raises(ValueError, match=r"meta lacks the field 'summary.bare_ms'"):
-        bench.read_result(p, meta_needs=("summary.model", "summary.bare_ms"))
+        measure.read_result(p, meta_needs=("summary.model", "summary.bare_ms"))
 
 
 def test_package_loaders_name_the_file_and_field(tmp_path, monkeypatch):
     monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
-    bench.write_result("sweep_engine_vs_loop", [], meta={"summary": {"model": "resnet50"}},
+    measure.write_result("sweep_engine_vs_loop", [], meta={"summary": {"model": "resnet50"}},
                        data_dir=tmp_path)
     with pytest.raises(ValueError, match="sweep_engine_vs_loop.json: meta lacks the field "
                                          "'summary.batch'"):
@@ -327,10 +327,10 @@ def test_package_loaders_name_the_file_and_field(tmp_path, monkeypatch):
 
 
 def test_a_meta_without_provenance_never_reads_as_a_cpu_run():
-    line = bench.describe_source({})
+    line = measure.describe_source({})
     assert "CPU" not in line and "?" not in line
     assert "an unrecorded device" in line and "an unrecorded time" in line
-    cpu = bench.describe_source({"gpu_name": None, "measured_at": "2026-01-01", "torch": "2.13"})
+    cpu = measure.describe_source({"gpu_name": None, "measured_at": "2026-01-01", "torch": "2.13"})
     assert cpu.startswith("measured on CPU") and "2026-01-01" in cpu
 
 

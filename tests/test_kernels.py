@@ -431,8 +431,8 @@ def test_notebook_helpers_check_and_benchmark():
 def test_a_kernel_has_the_same_colour_in_the_ladder_and_the_roofline():
     import matplotlib
     matplotlib.use("Agg")
-    from fp16lab import bench
-    g = bench.read_result("gemm")
+    from fp16lab import measure
+    g = measure.read_result("gemm")
     colours = []
     for plot in (report.plot_ladder, report.plot_roofline):
         ax = plot(g)

@@ -57,7 +57,7 @@ def test_ci_runs_make_test():
 
 
 def test_the_package_ships_the_measured_results():
-    # the wheel's fp16lab/measured is the checkout's data/ (fp16lab.bench.results finds it there)
+    # the wheel's fp16lab/measured is the checkout's data/ (fp16lab.measure.provenance finds it there)
     assert (ROOT / "fp16lab" / "measured").resolve() == (ROOT / "data").resolve()
     shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"]["fp16lab.measured"]

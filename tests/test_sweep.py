@@ -442,14 +442,14 @@ def test_load_reference_says_when_the_file_is_absent(tmp_path, monkeypatch, caps
 
 
 def test_engine_check_reads_the_benchmark_summary(tmp_path, monkeypatch):
-    import fp16lab.bench
+    import fp16lab.measure
 
     monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
     summary = {"model": "resnet50", "batch": 256, "layout": "channels_last",
                "precision": "amp-fp16", "repeats": 5, "steps": 30, "bare_ms": 80.0,
                "engine_ms": 81.0, "engine_vs_bare": 81.0 / 80.0, "telemetry_overhead": 0.002,
                "repeat_spread": {"bare": 0.01, "engine": 0.025}}
-    fp16lab.bench.write_result("vs", [], meta={"summary": summary})
+    fp16lab.measure.write_result("vs", [], meta={"summary": summary})
     text = sweep.engine_check("vs")
     assert "1.012x the bare loop" in text and "within 2.50%" in text and "+0.20%" in text
     assert "goal" not in text

@@ -1,15 +1,13 @@
-"""Benchmarks and what they rest on: trustworthy timing and measured result files with provenance.
+"""The benchmarks: each module measures on the local GPU and writes a result file to data/.
 
-:mod:`fp16lab.bench.timing` times (CUDA events, warm-up, median and spread);
-:mod:`fp16lab.bench.results` writes and finds the measured files (the committed H200 results and
-yours). Every other module here is one benchmark, runnable as ``python -m fp16lab.bench.NAME``
-or ``fp16lab bench NAME`` (``fp16lab bench --list`` lists them).
+Every module here is one benchmark, runnable as ``python -m fp16lab.bench.NAME`` or
+``fp16lab bench NAME`` (``fp16lab bench --list`` lists them); what they rest on (timing,
+measured files with provenance) is :mod:`fp16lab.measure`.
 """
 
-from .results import (check_can_write, data_dir, describe_source, find_result, local_dir,
-                      merge_with_previous, read_result, write_result)
-from .timing import (Timing, copy_bandwidth_gbs, cuda_kernels, cuda_missing, nvidia_smi_id,
-                     summarize, time_cpu, time_cuda, time_cuda_interleaved, time_cuda_sustained)
+from __future__ import annotations
+
+import argparse
 
 #: The benchmarks, in the order ``make benchmarks`` runs them, with what each measures.
 BENCHMARKS = {
@@ -30,7 +28,17 @@ BENCHMARKS = {
     "notebook_times": "minutes per notebook and per section, executed with nbclient",
 }
 
-__all__ = ["check_can_write", "BENCHMARKS", "Timing", "copy_bandwidth_gbs", "cuda_kernels", "cuda_missing", "data_dir",
-           "describe_source", "find_result", "local_dir", "merge_with_previous", "nvidia_smi_id",
-           "read_result", "summarize", "time_cpu", "time_cuda", "time_cuda_interleaved",
-           "time_cuda_sustained", "write_result"]
+
+
+def argument_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """Returns the argument parser of benchmark ``name``, its usage line ``fp16lab bench NAME``.
+
+    Without ``prog`` argparse names the running program, ``fp16lab`` for the console command,
+    so ``fp16lab bench fp8 --help`` would print a usage line that does not run the benchmark.
+    """
+    if name not in BENCHMARKS:
+        raise ValueError(f"no benchmark {name!r}; the benchmarks are: {', '.join(BENCHMARKS)}")
+    return argparse.ArgumentParser(prog=f"fp16lab bench {name}", description=description)
+
+
+__all__ = ["BENCHMARKS", "argument_parser"]

@@ -4,7 +4,7 @@ A census reads every element once, so its floor is the time to read the input: a
 pass at full bandwidth moves half the bytes of a copy of the same tensor, and the issue's goal,
 "at least half the copy bandwidth", means a census of N bytes may take as long as copying them.
 Reported per row: GB/s = input bytes / median time, and ratio = that / copy GB/s (copy GB/s
-counts bytes read plus written, as bench.copy_bandwidth_gbs does).
+counts bytes read plus written, as measure.copy_bandwidth_gbs does).
 
 Rows: CPU (numpy, chunked) for fp32 and fp16 input; on a GPU, the one-pass CuPy kernel alone
 ("kernel": one launch, no synchronisation), the full census() call including everything a caller
@@ -20,23 +20,23 @@ caller waits, without the events' own latency), and the torch fallback (several 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-
 import numpy as np
 
-from fp16lab import bench
+from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.census import census
 from fp16lab.kernels.census import cupy_kernel_launcher
+from fp16lab.kernels.launch import direct_launches
 
 
 def cpu_copy_gbs(nbytes: int, repeat: int) -> float:
     """Returns the host memory copy rate in GB/s (bytes read plus written) for nbytes."""
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    t = bench.time_cpu(lambda: np.copyto(dst, src), warmup=1, repeat=repeat)
+    t = measure.time_cpu(lambda: np.copyto(dst, src), warmup=1, repeat=repeat)
     return 2 * src.nbytes / (t.median_ms * 1e-3) / 1e9
 
 
@@ -78,8 +78,6 @@ def _with_launch_path(rows: list[dict]) -> list[dict]:
     """Returns rows stamped with whether the CUDA kernel went through the direct cuLaunchKernel path."""
     import importlib
 
-    from fp16lab.kernels.launch import direct_launches
-
     launched = bool(importlib.import_module("fp16lab.kernels.census")._STATES)
     direct = direct_launches() if launched else None
     print(f"kernel launched by one cuLaunchKernel call (not CuPy's argument path): {direct}",
@@ -94,7 +92,7 @@ def run_cpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
     copy = cpu_copy_gbs(x32.nbytes, repeat)
     rows = []
     for name, x in (("float32", x32), ("float16", x32.astype(np.float16))):
-        t = bench.time_cpu(lambda: census(x, fmt), warmup=1, repeat=repeat)
+        t = measure.time_cpu(lambda: census(x, fmt), warmup=1, repeat=repeat)
         rows.append(row("cpu", "numpy", "census()", name, n, x.itemsize, t, copy, fmt))
         print(f"cpu {name}: {rows[-1]['gbs']:.2f} GB/s (copy {copy:.2f})", flush=True)
         del x
@@ -105,7 +103,7 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
     import torch
 
     n = x32.size
-    copy = bench.copy_bandwidth_gbs(max(x32.nbytes, 2**28))
+    copy = measure.copy_bandwidth_gbs(max(x32.nbytes, 2**28))
     print(f"device-to-device copy: {copy:.0f} GB/s", flush=True)
     rows = []
     xg32 = torch.from_numpy(x32).cuda()
@@ -119,7 +117,7 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
             ok = agrees(np.array_equal(small().cpu().numpy(), kernel_layout(ref)),
                         f"{name} kernel")
             launch = got[0]
-            t = bench.time_cuda(launch, warmup=3, repeat=repeat)
+            t = measure.time_cuda(launch, warmup=3, repeat=repeat)
             rows.append(row("cuda", "cupy", "kernel", name, n, x.element_size(), t, copy, fmt,
                             ok))
             check = census(x[1: 2**24 + 1], fmt, backend="cupy")  # an unaligned start too
@@ -127,12 +125,12 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
             ok = agrees(check.counts == ref1.counts and np.array_equal(check.hist, ref1.hist),
                         f"{name} census(backend='cupy')")
             # everything a caller pays: launch, the copy of the counts to the host, the result
-            t = bench.time_cuda(lambda: census(x, fmt, backend="cupy"), warmup=3, repeat=repeat)
+            t = measure.time_cuda(lambda: census(x, fmt, backend="cupy"), warmup=3, repeat=repeat)
             rows.append(row("cuda", "cupy", "census()", name, n, x.element_size(), t, copy, fmt,
                             ok))
             # census() returns only when its result is on the host: the time its caller waits,
             # by the host's clock (the events above also count their own records' latency)
-            t = bench.time_cpu(lambda: census(x, fmt, backend="cupy"), warmup=3, repeat=repeat)
+            t = measure.time_cpu(lambda: census(x, fmt, backend="cupy"), warmup=3, repeat=repeat)
             rows.append(row("cuda", "cupy", "census() wall clock", name, n, x.element_size(), t,
                             copy, fmt, ok))
         else:
@@ -140,7 +138,7 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
         check = census(x[: 2**24], fmt, backend="torch")
         ok = agrees(check.counts == ref.counts and np.array_equal(check.hist, ref.hist),
                     f"{name} census(backend='torch')")
-        t = bench.time_cuda(lambda: census(x, fmt, backend="torch"), warmup=2,
+        t = measure.time_cuda(lambda: census(x, fmt, backend="torch"), warmup=2,
                             repeat=max(3, repeat // 4))
         rows.append(row("cuda", "torch", "census()", name, n, x.element_size(), t, copy, fmt, ok))
         for r in rows:
@@ -152,7 +150,7 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("census", __doc__.splitlines()[0])
     p.add_argument("--size", type=float, default=1e8, help="elements (default 1e8)")
     p.add_argument("--format", default="fp16", help="census format (default fp16)")
     p.add_argument("--repeat", type=int, default=20)
@@ -178,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("no CUDA GPU: GPU rows skipped", flush=True)
     if not a.quick:  # keep the rows of the device not measured now (e.g. CPU with --gpu-only)
-        rows = bench.merge_with_previous(a.name, rows, data_dir=bench.data_dir() if a.replace else None)
+        rows = measure.merge_with_previous(a.name, rows, data_dir=measure.data_dir() if a.replace else None)
     import tempfile
 
     data_dir = Path(tempfile.mkdtemp()) if a.quick else None  # a smoke test leaves data/ alone
-    path = bench.write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
+    path = measure.write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
                               meta={"benchmark": "census", "n": n, "format": a.format,
                                     "quick": a.quick})
     print(f"\nwrote {path}")

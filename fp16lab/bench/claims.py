@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import sys
 
-from fp16lab import bench
-from fp16lab.cli import main as cli_main
+from fp16lab import measure
+from fp16lab.bench import argument_parser
+from fp16lab.claims import cli as claims_cli
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs ``fp16lab claims`` writing into this machine's results folder (or data/ with --replace)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    replace = "--replace" in argv
-    argv = [a for a in argv if a != "--replace"]
-    if "--out" not in argv:
-        argv += ["--out", str(bench.data_dir() if replace else bench.local_dir())]
-    return cli_main(["claims", *argv])
+    p = argument_parser("claims", __doc__.splitlines()[0])
+    claims_cli.add_arguments(p)
+    p.add_argument("--replace", action="store_true",
+                   help="write the committed files in data/ (default: --out, else data/local/)")
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = measure.data_dir() if args.replace else measure.local_dir()
+    try:
+        return claims_cli.run(args)
+    except (ValueError, FileNotFoundError) as e:  # as fp16lab claims reports them
+        print(f"fp16lab bench claims: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -22,17 +22,17 @@ kept from the existing file, and every row names the device and torch version th
 
 from __future__ import annotations
 
-import argparse
 import platform
 import time
 from pathlib import Path
 
-
 import torch
 
-from fp16lab import bench, recipes
+from fp16lab import measure, recipes
+from fp16lab.bench import argument_parser
 from fp16lab.diagnostics import GradientMonitor, auto_backend
 from fp16lab.models import build_model, input_shape
+from fp16lab.profile import torch_profiler
 
 NAME = "diagnostics_overhead"
 
@@ -112,9 +112,9 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
     else:
         dev_name = platform.processor() or platform.machine()
     rows = []
-    off = bench.summarize(samples["hooks off"])
+    off = measure.summarize(samples["hooks off"])
     for variant, xs in samples.items():
-        t = bench.summarize(xs)
+        t = measure.summarize(xs)
         row = {"device": device, "device_name": dev_name, "torch": torch.__version__,
                "model": model_name, "batch": batch, "amp": amp, "variant": variant,
                "n_params": n_params, "threads": torch.get_num_threads(),
@@ -124,7 +124,7 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
                # the fast tail is what load from other processes disturbs least
                "overhead_p10_pct": 100 * (t.p10_ms / off.p10_ms - 1)}
         if cpu[variant]:
-            c, c_off = bench.summarize(cpu[variant]), bench.summarize(cpu["hooks off"])
+            c, c_off = measure.summarize(cpu[variant]), measure.summarize(cpu["hooks off"])
             row.update(cpu_time_median_ms=c.median_ms,
                        cpu_time_overhead_pct=100 * (c.median_ms / c_off.median_ms - 1))
         rows.append(row)
@@ -135,8 +135,6 @@ def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> N
     """Prints where one GradientMonitor.statistics() call spends its time (torch.profiler: ops,
     kernel launches, device time) on the gradients of one real training step."""
     from torch.profiler import ProfilerActivity
-
-    from fp16lab.profile import torch_profiler
 
     model, step = make_step(model_name, device, batch, amp)
     mon = GradientMonitor(model)
@@ -159,7 +157,7 @@ def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("diagnostics_overhead", __doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=60, help="interleaved off/on block pairs")
     p.add_argument("--steps", type=int, default=4, help="steps per block")
     p.add_argument("--gpu-batch", type=int, default=128)
@@ -195,11 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         rows += measure("small_cnn", "cpu", a.cpu_batch, False, a.rounds, a.steps, warmup=3)
     if not a.quick:  # keep the rows of the device not measured now (e.g. CPU with --gpu-only)
-        rows = bench.merge_with_previous(a.name, rows, data_dir=bench.data_dir() if a.replace else None)
+        rows = measure.merge_with_previous(a.name, rows, data_dir=measure.data_dir() if a.replace else None)
     import tempfile
 
     data_dir = Path(tempfile.mkdtemp()) if a.quick else None  # a smoke test leaves data/ alone
-    path = bench.write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
+    path = measure.write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
                               meta={"benchmark": "fp16lab.bench.diagnostics_overhead",
                                     "rounds": a.rounds, "steps_per_block": a.steps})
     print(f"wrote {path}")

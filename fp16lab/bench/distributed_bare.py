@@ -31,6 +31,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fp16lab.distributed import bus_bandwidth_gbs, comm_overlap
+from fp16lab.distributed_worker import Reporter
+from fp16lab.models import NUM_CLASSES, build_model, input_shape
+from fp16lab.profile import gpu_kernels
+from fp16lab.recipes import set_tf32
+from fp16lab.telemetry import TelemetrySampler
+
 #: What the step does; each is written out in :func:`_make_step`.
 VARIANTS = {
     "sgd": ("autocast fp16 + GradScaler + torch.optim.SGD (foreach): the loop as written; "
@@ -114,6 +121,8 @@ def _make_step(variant: str, model: Any, x: Any, y: Any, fused: bool) -> tuple[C
     return step, opt, scaler
 
 
+# On purpose a copy of fp16lab.measure.step_times_ms: this loop is the independent oracle the
+# engine (fp16lab.distributed_worker) is held against, so it shares none of the engine's code.
 def _step_times_ms(step: Callable[[], None], steps: int, cuda: bool) -> list[float]:
     import torch
 
@@ -138,9 +147,6 @@ def _profile_split(step: Callable[[], None], steps: int) -> dict[str, float]:
     """Returns :func:`fp16lab.distributed.comm_overlap` of ``steps`` steps' GPU kernels."""
     import torch
 
-    from fp16lab.distributed import comm_overlap
-    from fp16lab.profile import gpu_kernels
-
     return comm_overlap(gpu_kernels(step, steps, torch.cuda.synchronize), steps=steps)
 
 
@@ -149,9 +155,6 @@ def _loop(item: dict[str, Any], rank: int, local: int, control: Any) -> dict[str
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from fp16lab.models import NUM_CLASSES, build_model, input_shape
-    from fp16lab.telemetry import TelemetrySampler
 
     mine: dict[str, Any] = {"rank": rank, "trained": trains(item["mode"], rank),
                             "cpus": len(os.sched_getaffinity(0))}
@@ -225,10 +228,6 @@ def worker(workdir: Path) -> int:
     """One rank: runs the job's items in order, rank 0 writes a row per item."""
     import torch
     import torch.distributed as dist
-
-    from fp16lab.distributed import bus_bandwidth_gbs
-    from fp16lab.distributed_worker import Reporter
-    from fp16lab.recipes import set_tf32
 
     items = json.loads((workdir / "job.json").read_text())["items"]
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))

@@ -3,7 +3,7 @@
 Part 1, GEMM, for each square size N (1024 .. 8192): fp16 and bf16 ``torch.matmul``, the FP8 e4m3
 GEMM through ``fp16lab.fp8.fp8_mm`` (``torch._scaled_mm``, tensorwise scales, fast accumulation,
 operands already cast) and the same including the cast of both operands (what a layer pays each
-step). All variants of one size are timed interleaved with CUDA events (``bench.time_cuda_interleaved``:
+step). All variants of one size are timed interleaved with CUDA events (``measure.time_cuda_interleaved``:
 ``ROUNDS`` rounds of ``REPEAT`` calls after ``WARMUP``), so the ratios come from one run.
 
 Part 2, accumulation (GPU only): the relative error of the FP8 GEMM (tensorwise, random operands)
@@ -44,8 +44,9 @@ from typing import Any
 
 import torch
 
-from fp16lab import bench
 from fp16lab import fp8
+from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.fp8.training import GPTConfig, train_curve
 
 SIZES = (1024, 2048, 4096, 8192)
@@ -103,9 +104,9 @@ def gemm_rows(sizes: tuple[int, ...], device: str) -> list[dict[str, Any]]:
                 out_dtype=torch.bfloat16, backend=backend, fast_accum=True),
         }
         if device == "cuda":
-            timings = bench.time_cuda_interleaved(fns, rounds=ROUNDS, warmup=WARMUP, repeat=REPEAT)
+            timings = measure.time_cuda_interleaved(fns, rounds=ROUNDS, warmup=WARMUP, repeat=REPEAT)
         else:
-            timings = {k: bench.time_cpu(f, warmup=1, repeat=3) for k, f in fns.items()}
+            timings = {k: measure.time_cpu(f, warmup=1, repeat=3) for k, f in fns.items()}
         base = timings["fp16 matmul"].median_ms
         for name, t in timings.items():
             rows.append({"part": "gemm", "n": n, "variant": name, "backend": backend,
@@ -187,7 +188,7 @@ def _result_name(device: str, quick: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the chosen parts, writes data/fp8_<gpu>.json and prints a table; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser("fp8", __doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and a few steps")
     parser.add_argument("--out", type=Path, default=None,
                         help="directory for the JSON (default: data/local/, or data/ with --replace)")
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if path is None:
         print("nothing to run on this device for --parts", args.parts)
         return 1
-    print(f"device: {bench.describe_source(bench.read_result(path)['meta'])}")
+    print(f"device: {measure.describe_source(measure.read_result(path)['meta'])}")
     print(f"{'GEMM N':>7} {'variant':<22} {'TFLOP/s':>9} {'x fp16':>7}")
     for r in rows:
         if r["part"] == "gemm":
@@ -263,12 +264,12 @@ def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> P
     file already there (as ``--parts speed`` next to an earlier full run); ``meta.parts_measured_at``
     says when each part was measured."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    folder = Path(args.out) if args.out is not None else (bench.data_dir() if args.replace else bench.local_dir())
+    folder = Path(args.out) if args.out is not None else (measure.data_dir() if args.replace else measure.local_dir())
     now = getattr(args, "started_at", None) or _utc_now()
     run_parts = set(args.parts.split(","))
     kept, when = [], {}
     try:
-        earlier = bench.read_result(folder / f"{name}.json")
+        earlier = measure.read_result(folder / f"{name}.json")
     except (FileNotFoundError, ValueError):
         earlier = None
     if earlier is not None and bool(earlier["meta"].get("quick")) == bool(args.quick):
@@ -281,7 +282,7 @@ def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> P
             f"{WARMUP_STEPS} warm-up steps (compile included there), synchronized; accumulation: "
             f"normwise error against float64", "quick": args.quick,
             "scaled_mm": fp8.scaled_mm_available(device), "parts_measured_at": when}
-    return bench.write_result(name, kept + rows, meta=meta, data_dir=folder)
+    return measure.write_result(name, kept + rows, meta=meta, data_dir=folder)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 For each shape: fresh random fp16 inputs (several sets, rotated, when they would fit in L2), each
 result checked against a float64 reference, CUDA-event medians after a warm-up, TFLOP/s and the
 ratio to cupy.matmul's cuBLAS taken in the same run. Each implementation is timed in alternating
-blocks with cuBLAS (``bench.time_cuda_interleaved``): the H200's clock drifts by 10% within
+blocks with cuBLAS (``measure.time_cuda_interleaved``): the H200's clock drifts by 10% within
 seconds as it meets its power limit, so a ratio of two timings taken seconds apart would measure
 the drift as much as the kernels. The device-to-device copy rate is measured too, for the
 roofline. Results go to data/<name>.json with device, driver and versions. Step 6 (the wgmma
@@ -17,12 +17,12 @@ says what is missing and times the rest.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
-from fp16lab import bench
+from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm, gemm_flops
 from fp16lab.kernels import wgmma as launcher
 from fp16lab.kernels.compiler import require_cupy
@@ -71,7 +71,7 @@ def bench_shape(m: int, n: int, k: int, kernels: list[str], *, warmup: int, repe
         cupy.cuda.runtime.deviceSynchronize()
         err = _rel_err(cupy, cupy.asarray(out), ref)
         fns = {"impl": cycled(fn)} if impl == "cupy.matmul" else {"impl": cycled(fn), "cublas": cublas}
-        ts = bench.time_cuda_interleaved(fns, rounds=rounds, warmup=warmup, repeat=repeat,
+        ts = measure.time_cuda_interleaved(fns, rounds=rounds, warmup=warmup, repeat=repeat,
                                          backend="cupy")  # CuPy's events see torch's work too
         t = ts["impl"]
         timing = t.as_dict()
@@ -134,8 +134,8 @@ def sustained_best(size: int, rows: list[dict], *, seconds: float, out_dtype: st
     flops = gemm_flops(size, size, size)
     print(f"\nsustained, {shape}, about {seconds} s each (kernel right after cuBLAS):", flush=True)
     for step, r in sorted(best.items()):
-        cb = bench.time_cuda_sustained(lambda: cupy.matmul(a, b, out=c), seconds=seconds)
-        k = bench.time_cuda_sustained(
+        cb = measure.time_cuda_sustained(lambda: cupy.matmul(a, b, out=c), seconds=seconds)
+        k = measure.time_cuda_sustained(
             lambda: gemm(a, b, kernel=r["impl"], out_dtype=out_dtype, out=out), seconds=seconds)
         r.update({"sustained_tflops": flops / (k["ms_per_call"] * 1e-3) / 1e12,
                   "sustained_cublas_tflops": flops / (cb["ms_per_call"] * 1e-3) / 1e12,
@@ -164,7 +164,7 @@ def versions(cupy) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("gemm", __doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="*", default=list(SIZES), help="square sizes")
     p.add_argument("--no-odd", action="store_true", help="skip the odd shapes")
     p.add_argument("--kernels", nargs="*", default=list(KERNELS), choices=list(KERNELS))
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(s, s, s) for s in args.sizes] + ([] if args.no_odd else list(ODD_SHAPES))
     if args.quick:
         shapes, args.repeat, args.rounds, args.sustained = [(1024, 1024, 1024), (1000, 1001, 1003)], 5, 2, 0
-    copy_gbs = bench.copy_bandwidth_gbs() if with_torch else None
+    copy_gbs = measure.copy_bandwidth_gbs() if with_torch else None
     print(f"device-to-device copy: {copy_gbs and round(copy_gbs)} GB/s", flush=True)
     peak = mma_sync_peak(repeat=5 if args.quick else 10)
     for p_ in peak:
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"benchmark": "fp16lab.bench.gemm", "sustained_seconds": args.sustained, "copy_gbs": copy_gbs, "mma_sync_peak": peak,
             "repeat": args.repeat, "rounds": args.rounds, "timing": "interleaved with cupy.matmul",
             "warmup": args.warmup, "out_dtype": args.out_dtype, **versions(cupy)}
-    path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir, replace=args.replace)
+    path = measure.write_result(args.name, rows, meta=meta, data_dir=args.data_dir, replace=args.replace)
     print(f"\nwrote {path}\n")
     print("mma.sync peak: " + ", ".join(f"{p_['tflops']:.0f} TFLOP/s at {p_['warps_per_sm']} warps/SM"
                                         for p_ in peak))

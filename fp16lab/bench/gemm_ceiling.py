@@ -13,7 +13,7 @@ Every row is an M = N = K = SIZE product in fp16 with fp32 accumulation, or a ra
   few tile configurations each: what a mature compiler gets out of each instruction here.
 
 Two measurements per row. *Burst*: CUDA events over alternating blocks of every row and cuBLAS
-(``bench.time_cuda_interleaved``), as in ``fp16lab.bench.gemm``. *Sustained*: about a second of
+(``measure.time_cuda_interleaved``), as in ``fp16lab.bench.gemm``. *Sustained*: about a second of
 back-to-back calls while nvidia-smi samples the SM clock and the board power every 50 ms; the
 card holds its top clock only while under its power limit. Triton rows have burst figures only
 (they run in a subprocess, paired with torch.matmul there).
@@ -30,8 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-
-from fp16lab import bench
+from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm_flops
 from fp16lab.kernels.compiler import find_cuda_include, get_function, require_cupy
 from fp16lab.kernels.peak import peak_launch
@@ -51,7 +51,7 @@ def _ablated(spec, copies: bool, ldmatrix: bool):
 
 def _sustained(fn, flops_per_call: float, seconds: float) -> dict:
     """Returns TFLOP/s, median SM clock (MHz) and board power (W) over ~``seconds`` of calls."""
-    r = bench.time_cuda_sustained(fn, seconds=seconds)
+    r = measure.time_cuda_sustained(fn, seconds=seconds)
     return {"sustained_tflops": flops_per_call / (r["ms_per_call"] * 1e-3) / 1e12,
             "sustained_ms": r["seconds"] * 1e3, "sm_clock_mhz": r["sm_clock_mhz"],
             "power_w": r["power_w"]}
@@ -105,7 +105,7 @@ def triton_worker(size: int) -> list[dict]:
         torch.cuda.synchronize()
         ptx = compiled.asm.get("ptx", "")
         instr = "wgmma" if "wgmma" in ptx else "mma.sync" if "mma.sync" in ptx else "unknown"
-        ts = bench.time_cuda_interleaved({"impl": run, "cublas": lambda: torch.matmul(a, b, out=c)},
+        ts = measure.time_cuda_interleaved({"impl": run, "cublas": lambda: torch.matmul(a, b, out=c)},
                                          rounds=4, repeat=10, backend="torch")
         flops = gemm_flops(size, size, size)
         rows.append({"what": f"Triton GEMM, {'forced to mma.sync' if forced else 'free (wgmma)'}",
@@ -138,7 +138,7 @@ def _triton_rows(size: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("gemm_ceiling", __doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=8192)
     p.add_argument("--kernel", default="mma_sync_256x128s4",
                    choices=[k for k, s in KERNELS.items() if s.uses_mma_ptx])
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         raise RuntimeError(f"{args.kernel} compiled for the ablations gives relative error {err:.1e}")
 
     print(f"{n}^3: burst timings, interleaved with cuBLAS", flush=True)
-    ts = bench.time_cuda_interleaved({k: v[1] for k, v in calls.items()}, rounds=4, repeat=10,
+    ts = measure.time_cuda_interleaved({k: v[1] for k, v in calls.items()}, rounds=4, repeat=10,
                                      backend="cupy")
     base = ts["cuBLAS (cupy.matmul)"].median_ms
     rows = []
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             "relative_error_of_kernel": err, "sustained_seconds": args.seconds,
             "timing": "burst: 4 interleaved rounds of 10 calls; sustained: one run of about "
                       f"{args.seconds} s with nvidia-smi sampled every 50 ms"}
-    path = bench.write_result(args.name, rows, meta=meta, data_dir=args.data_dir, replace=args.replace)
+    path = measure.write_result(args.name, rows, meta=meta, data_dir=args.data_dir, replace=args.replace)
     print(f"\nwrote {path}")
     return 0
 

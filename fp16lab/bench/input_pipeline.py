@@ -39,7 +39,9 @@ from typing import Any, Callable
 
 import torch
 
-from fp16lab import bench
+from fp16lab import measure
+from fp16lab.bench import argument_parser
+from fp16lab.device import device_info
 from fp16lab.inputs import (GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS, InputSettings, cpu_cores,
                             default_workers, make_image_folder, measure_loader, measure_training,
                             summary_lines)
@@ -63,8 +65,6 @@ def protocol(a: argparse.Namespace) -> str:
 
 def default_name() -> str:
     """Returns the result name for this machine: input_pipeline_h200 on an H200."""
-    from fp16lab.device import device_info
-
     gpu = device_info().gpu_name
     if not gpu:
         return "input_pipeline_cpu"
@@ -139,7 +139,7 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("input_pipeline", __doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="small_cnn, batch 16, 64 pixels, 48 images, few steps (a smoke test)")
     p.add_argument("--out", type=Path, default=None,
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             ips = row.get("images_per_s")
             print(f"{time.perf_counter() - t0:6.1f} s  {label:42s} {row['status']:7s} "
                   f"{'' if ips is None else f'{ips:8.0f} img/s'} {row['error'][:90]}", flush=True)
-        path = bench.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
+        path = measure.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
     print()
     print(f"{'row':42s} {'status':7s} {'img/s':>8s} {'CPU cores':>9s} {'CPU %':>6s}")
     for r in rows:

@@ -14,7 +14,6 @@ openings read both files (:func:`section_minutes`) to say how long each section 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -22,7 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fp16lab import bench
+from fp16lab import measure
+from fp16lab.bench import argument_parser
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -109,7 +109,7 @@ def section_minutes(notebook: str):
     for gpu in (False, True):
         label = "minutes on a GPU" if gpu else "minutes on a CPU"
         try:
-            payload = bench.read_result(result_name(gpu))
+            payload = measure.read_result(result_name(gpu))
         except FileNotFoundError:
             payload = {"rows": [], "meta": {}}
         row = next((r for r in payload["rows"] if r["notebook"].startswith(notebook)), None)
@@ -138,7 +138,7 @@ def workshop_table() -> str:
     found = {}
     for gpu in (False, True):
         try:
-            found[gpu] = bench.read_result(result_name(gpu))
+            found[gpu] = measure.read_result(result_name(gpu))
         except FileNotFoundError:
             found[gpu] = None
     gpu_name = (found[True] or {}).get("meta", {}).get("gpu_name") or "a GPU"
@@ -153,7 +153,7 @@ def workshop_table() -> str:
     for name in sorted(rows):
         lines.append(f"| `{name}` | {rows[name].get(False, 'no measurement')} | "
                      f"{rows[name].get(True, 'no measurement')} |")
-    sources = [f"{result_name(gpu)}.json: {bench.describe_source(p['meta'], with_file=False)}"
+    sources = [f"{result_name(gpu)}.json: {measure.describe_source(p['meta'], with_file=False)}"
                for gpu, p in found.items() if p is not None]
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in sources) + "\n"
 
@@ -171,7 +171,7 @@ def update_workshop(path: Path = NOTEBOOKS_DIR / "WORKSHOP.md") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("notebook_times", __doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated notebook numbers, e.g. 03,04")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = [x for x in paths if x.name[:2] in wanted]
     gpu = torch.cuda.is_available()
     name = result_name(gpu)
-    folder = bench.data_dir() if args.replace else bench.local_dir()
+    folder = measure.data_dir() if args.replace else measure.local_dir()
     rows: list[dict[str, Any]] = []
     for path in paths:
         row = execute(path, save_to=Path(args.save_executed) if args.save_executed else None)
@@ -205,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in row["problems"]:
             print(f"    {problem}", flush=True)
         # written after every notebook, so a run cut short keeps what it measured
-        rows = sorted(bench.merge_with_previous(name, [row], key="notebook", data_dir=folder),
+        rows = sorted(measure.merge_with_previous(name, [row], key="notebook", data_dir=folder),
                       key=lambda r: r["notebook"])
-        written = bench.write_result(name, rows, meta={"benchmark": "fp16lab.bench.notebook_times"},
+        written = measure.write_result(name, rows, meta={"benchmark": "fp16lab.bench.notebook_times"},
                                      data_dir=folder)
     print(f"\nwrote {written}\n\n{'notebook':40s} {'minutes':>8s}  problems")
     for r in rows:

@@ -4,7 +4,7 @@ For each point (model, batch, layout, precision, execution) one script run measu
 
 - samples/s: ``--repeats`` blocks of ``--steps`` back-to-back steps, each block timed with CUDA
   events (perf_counter on a CPU) after the warm-up; the median block gives the rate, and the
-  spread is (p90 - p10) / median of the blocks (``fp16lab.bench.summarize``);
+  spread is (p90 - p10) / median of the blocks (``fp16lab.measure.summarize``);
 - from a torch.profiler trace of ``--profile-steps`` more steps: the GPU idle fraction of the
   window (first step's start to last kernel's end), the summed kernel time per step and where
   it goes by kind (fp16lab.profile); the window's idle splits into the lead-in (first step's
@@ -49,9 +49,10 @@ from typing import Any
 
 import torch
 
-from fp16lab import bench
 from fp16lab import execution as E
+from fp16lab import measure
 from fp16lab import profile as P
+from fp16lab.bench import argument_parser
 from fp16lab.telemetry import TelemetrySampler
 
 #: Columns of the one-step timelines stored for the notebook.
@@ -183,7 +184,7 @@ def measure(point: dict[str, Any], args: argparse.Namespace, cuda: bool,
         sampler = TelemetrySampler(enabled=cuda, interval_s=0.05)
         with sampler:
             blocks = time_blocks(step, cuda=cuda, steps=args.steps, repeats=args.repeats)
-        t = bench.summarize(blocks)
+        t = measure.summarize(blocks)
         row.update(step_ms=t.median_ms, step_ms_p10=t.p10_ms, step_ms_p90=t.p90_ms,
                    spread=t.spread, repeats=args.repeats, steps=args.steps,
                    samples_per_s=point["batch"] / (t.median_ms / 1e3),
@@ -304,8 +305,8 @@ def save(args: argparse.Namespace, cuda: bool, rows: list[dict[str, Any]],
                         "no host sync inside a block; idle fraction and kernel time from a "
                         "torch.profiler trace of further steps; timed idle = 1 - trace busy "
                         "time per step / timed step time"}
-    path = bench.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
-    tl_path = bench.write_result(f"{name}_timelines", [
+    path = measure.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
+    tl_path = measure.write_result(f"{name}_timelines", [
         {"point": k, **v} for k, v in timelines.items()], meta={"benchmark": "profile_step"},
         data_dir=args.out, replace=args.replace)
     return path, tl_path
@@ -320,7 +321,7 @@ def _num(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argument_parser("profile_step", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run (few points, steps)")
     ap.add_argument("--out", type=Path, default=None,
                     help="where the JSON goes (default: data/local/, or data/ with --replace)")

@@ -18,16 +18,15 @@ of the bare loop, repeat spread at most 3%, telemetry overhead under 1%).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
-
 import torch
 import torch.nn.functional as F
 
-from fp16lab import bench, sweep
+from fp16lab import measure, sweep
+from fp16lab.bench import argument_parser
 from fp16lab.models import NUM_CLASSES, build_model, input_shape
 from fp16lab.recipes import set_tf32
 
@@ -80,7 +79,7 @@ def bare_loop_ms(model_name: str, batch: int, layout: str, warmup: int, steps: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argument_parser("sweep_engine_vs_loop", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small_cnn on the CPU, few steps")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None)
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"engine_vs_bare_within": 0.05, "repeat_spread_at_most": 0.03,
                   "telemetry_overhead_under": 0.01},
     }
-    path = bench.write_result(name, rows, meta={"summary": summary}, replace=args.replace)
+    path = measure.write_result(name, rows, meta={"summary": summary}, replace=args.replace)
     print()
     print(f"wrote {path} ({wall:.0f} s)")
     print(f"{'variant':>22} {'ms/step':>9} {'samples/s':>10} {'repeat spread':>14}")

@@ -25,17 +25,16 @@ short resumes where it stopped when started again; how long each part took goes 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-
 import torch
 
-from fp16lab import bench, sweep
+from fp16lab import measure, sweep
+from fp16lab.bench import argument_parser
 from fp16lab.device import device_info
 from fp16lab.execution import EXECUTIONS
 from fp16lab.inputs import BACKENDS, unavailable_reason
@@ -110,7 +109,7 @@ def cpu_parts() -> dict[str, SweepSpec]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argument_parser("sweep_reference", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny CPU grid")
     ap.add_argument("--only", default=None, help="comma-separated part names to run")
     ap.add_argument("--replace", action="store_true",
@@ -135,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         slug = "cpu"
     stem = f"sweep_reference_{slug}"
-    out = (bench.data_dir() if args.replace else bench.local_dir()) / f"{stem}.parquet"
+    out = (measure.data_dir() if args.replace else measure.local_dir()) / f"{stem}.parquet"
     total_points = sum(len(s.points()) * s.repeats for s in parts.values())
     print(f"{len(parts)} sweeps, {total_points} measurements, results to {out}")
     # a resumed run keeps the timings of parts it had nothing left to measure
     try:
-        timings = {t["part"]: t for t in bench.read_result(stem, data_dir=out.parent)["rows"]}
+        timings = {t["part"]: t for t in measure.read_result(stem, data_dir=out.parent)["rows"]}
     except (FileNotFoundError, ValueError):
         timings = {}
     t_all = time.perf_counter()
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                              "unstable": int(s["unstable"].sum())}
     total = time.perf_counter() - t_all
     timings = list(timings.values())
-    bench.write_result(stem, timings, meta={"results_file": out.name, "wall_s_this_run": total},
+    measure.write_result(stem, timings, meta={"results_file": out.name, "wall_s_this_run": total},
                        data_dir=out.parent)
     print()
     print(sweep.format_report(sweep.read_results(out)))

@@ -23,12 +23,11 @@ Each is first checked element by element against float64. Results go to data/wgm
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-
-from fp16lab import bench
+from fp16lab import measure
+from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, gemm_flops
 from fp16lab.kernels import wgmma as launcher
 from fp16lab.kernels.compiler import require_cupy
@@ -47,7 +46,7 @@ CASES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser("wgmma_cluster", __doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192])
     p.add_argument("--data-dir", type=Path, default=None,
                    help="default: data/local/ (data/ with --replace)")
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             cupy.cuda.runtime.deviceSynchronize()
             errors[label] = worst_error_ratio(out, a, b, "float16") if n <= 4096 else None
             fns[label] = call
-        ts = bench.time_cuda_interleaved(fns, rounds=4, warmup=3, repeat=10, backend="cupy")
+        ts = measure.time_cuda_interleaved(fns, rounds=4, warmup=3, repeat=10, backend="cupy")
         base = ts["cuBLAS (cupy.matmul)"].median_ms
         for label, t in ts.items():
             rows.append({"size": n, "what": label, "median_ms": t.median_ms, "spread": t.spread,
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                          "worst_error_over_bound": errors.get(label)})
         del a, b, c
         cupy.get_default_memory_pool().free_all_blocks()
-    path = bench.write_result("wgmma_cluster", rows, meta={"benchmark": "fp16lab.bench.wgmma_cluster",
+    path = measure.write_result("wgmma_cluster", rows, meta={"benchmark": "fp16lab.bench.wgmma_cluster",
                                                           "timing": "interleaved with cupy.matmul",
                                                           "rounds": 4, "repeat": 10, "warmup": 3},
                               data_dir=args.data_dir, replace=args.replace)

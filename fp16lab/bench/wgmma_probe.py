@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from fp16lab.kernels import KERNELS, gemm
 from fp16lab.kernels import wgmma as launcher
 from fp16lab.kernels.compiler import require_cupy

@@ -6,11 +6,12 @@ import inspect
 import math
 from typing import Any
 
+from ..models import build_model, input_shape
+from ..recipes import tf32 as _tf32, tf32_state
 from . import core
 from .core import (FAILS, HOLDS, NONEXISTENT, PARTLY, Claim, Figures, Judgement,
                    saved_activation_bytes, _autocast_dtype, _device, _outcome, _sizes,
                    _torch)
-from ..recipes import tf32 as _tf32, tf32_state
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,8 +189,6 @@ def experiment_amp_ratio(quick: bool = True) -> Figures:
     autocast, and saved-activation bytes with autocast everywhere, with the FFN kept in fp32,
     and in fp32."""
     torch = _torch()
-    from ..models import build_model, input_shape
-
     dev = _device()
     dtype = _autocast_dtype(dev)
     knobs = {"torch.autocast": list(inspect.signature(torch.autocast).parameters),

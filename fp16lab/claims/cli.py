@@ -8,13 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..device import has_gpu
 from .report import claims_folder, write_claims
 from .run import check_all, get_claim
 
 
-def _run_cli(args: argparse.Namespace) -> int:
-    from ..device import has_gpu
-
+def run(args: argparse.Namespace) -> int:
+    """Returns 0 after checking the claims ``args`` name (see :func:`add_arguments`), printing the
+    verdict table and writing claims_<device>.md and .json."""
     ids = None
     if args.only:
         try:
@@ -40,10 +41,8 @@ def _run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers: Any) -> None:
-    """Adds ``fp16lab claims`` to the command line."""
-    p = subparsers.add_parser(
-        "claims", help="check popular mixed-precision claims on this device; write the table")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Adds the options of ``fp16lab claims`` (--quick, --out, --data, --only) to ``p``."""
     p.add_argument("--quick", action="store_true",
                    help="small sizes (always on without a GPU)")
     p.add_argument("--out", type=Path, default=None,
@@ -52,4 +51,11 @@ def register_cli(subparsers: Any) -> None:
                    help="folder holding the recorded GPU run shown for GPU-only claims on a CPU "
                         "(default: data/local/, then data/)")
     p.add_argument("--only", default="", help="comma-separated claim numbers, e.g. 1,6,8")
-    p.set_defaults(func=_run_cli)
+
+
+def register_cli(subparsers: Any) -> None:
+    """Adds ``fp16lab claims`` to the command line."""
+    p = subparsers.add_parser(
+        "claims", help="check popular mixed-precision claims on this device; write the table")
+    add_arguments(p)
+    p.set_defaults(func=run)

@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..measure import time_cpu, time_cuda
+
 
 HOLDS = "holds"
 PARTLY = "holds in part"
@@ -117,7 +119,6 @@ def _sizes(quick: bool, full: Any, small: Any, tiny: Any) -> Any:
 
 
 def _timer(device: str) -> Callable[..., Any]:
-    from ..bench import time_cpu, time_cuda
     return time_cuda if device == "cuda" else time_cpu
 
 

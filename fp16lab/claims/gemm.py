@@ -6,9 +6,10 @@ import re
 from typing import Any, Callable
 
 from ..alignment import uses_tensor_cores
+from ..measure import cuda_kernels
+from ..recipes import tf32 as _tf32
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, PARTLY, Claim, Figures, Judgement, _device, _ratio,
                    _sizes, _timer, _torch)
-from ..recipes import tf32 as _tf32
 
 
 def _gemm_tflops(n: int, dtype, *, repeat: int) -> float:
@@ -25,15 +26,13 @@ def _gemm_tflops(n: int, dtype, *, repeat: int) -> float:
 def _gpu_kernel_name(fn: Callable[[], Any]) -> str:
     """Returns the name of the CUDA kernel that runs longest in one call of ``fn`` (torch.profiler).
 
-    The kernels come from ``bench.cuda_kernels``, as in fp16lab.bench.alignment; "Memset" and
+    The kernels come from ``measure.cuda_kernels``, as in fp16lab.bench.alignment; "Memset" and
     other helpers are shorter than the GEMM itself.
     """
     torch = _torch()
     if not torch.cuda.is_available():
         return "n/a (no CUDA)"
     try:
-        from ..bench import cuda_kernels
-
         kernels = cuda_kernels(fn, warmup=1)
         if not kernels:
             return "no kernel recorded"

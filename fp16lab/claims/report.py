@@ -7,8 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from .run import device_slug, get_claim, recorded_gpu_result, row_measured_at, _judge_recorded
+from .. import device  # the module, not its names: tests replace its functions
+from ..measure import check_can_write, describe_source, local_dir, read_result, write_result
 from .core import VERDICTS, Claim
+from .run import _judge_recorded, device_slug, get_claim, recorded_gpu_result, row_measured_at
 
 
 def verdict_table(claims: Iterable[Claim]):
@@ -23,8 +25,6 @@ def verdict_table(claims: Iterable[Claim]):
 def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
     """Returns the claims of the recorded GPU run, verdicts recomputed from its figures by the
     rules (an empty list when there is no recorded run)."""
-    from ..bench import describe_source
-
     rec = recorded_gpu_result(data_dir)
     if rec is None:
         return []
@@ -58,8 +58,6 @@ def _ranges(ids: list[int]) -> str:
 def recorded_summary(data_dir: Path | None = None) -> str:
     """Returns where the recorded GPU run was measured, and when each of its claims was (claims
     kept from an earlier run carry that run's date), as a few lines; or says there is none."""
-    from ..bench import describe_source
-
     rec = recorded_gpu_result(data_dir)
     if rec is None:
         return "recorded GPU run: none in data/"
@@ -129,8 +127,6 @@ def markdown_table(claims: Iterable[Claim], *, rules: bool = True,
 
 def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
     """Returns the verdict table as a markdown document headed by where it was measured."""
-    from ..bench import describe_source
-
     claims = list(claims)
     counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
     return "\n".join([
@@ -143,21 +139,18 @@ def to_markdown(claims: Iterable[Claim], meta: dict[str, Any]) -> str:
 def claims_folder(out_dir: Path | None = None) -> Path:
     """Returns the folder the claims files are written to, once it is known they can be.
 
-    ``out_dir`` by default is this machine's results folder (:func:`fp16lab.bench.local_dir`),
+    ``out_dir`` by default is this machine's results folder (:func:`fp16lab.measure.local_dir`),
     never the committed ``data/``. Checked before any claim runs: it is a folder (or can be made
     one), it can be written, and an earlier claims file in it can be read (it is merged with).
 
     Raises:
         ValueError: naming the path and what is wrong with it.
     """
-    from ..bench import check_can_write, local_dir
-    from ..device import device_info
-
     folder = Path(out_dir) if out_dir is not None else local_dir()
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file; --out takes a folder (claims_<device>.md and "
                          f".json are written in it)")
-    slug = device_slug(device_info().gpu_name)
+    slug = device_slug(device.device_info().gpu_name)
     for f in (folder / f"claims_{slug}.json", folder / f"claims_{slug}.md"):
         check_can_write(f)
     _earlier_claims(folder / f"claims_{slug}.json", set())  # raises when it cannot be read
@@ -166,8 +159,6 @@ def claims_folder(out_dir: Path | None = None) -> Path:
 
 def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
     """Returns the claims of an earlier claims file that this run did not check ([] without one)."""
-    from ..bench import read_result
-
     if not path.exists():
         return []
     earlier = read_result(path, rows_need=("id", "verdict"))
@@ -198,13 +189,10 @@ def write_claims(claims: Iterable[Claim], out_dir: Path | None = None, *,
     file's ``meta["measured_at"]``); a kept claim keeps its row's time, or, where that earlier
     row has none, the earlier file's ``meta["measured_at"]``.
     """
-    from ..bench import read_result, write_result
-    from ..device import device_info, metadata
-
     claims = list(claims)
     folder = claims_folder(out_dir)
-    name = f"claims_{device_slug(device_info().gpu_name)}"
-    run_at = metadata()["measured_at"]
+    name = f"claims_{device_slug(device.device_info().gpu_name)}"
+    run_at = device.metadata()["measured_at"]
     now = {c.id for c in claims}
     merged = sorted([replace(c, measured_at=run_at) for c in claims]
                     + _earlier_claims(folder / f"{name}.json", now), key=lambda c: c.id)

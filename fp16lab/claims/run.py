@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import device  # the module, not its names: tests replace its functions
+from ..measure import data_dir as committed_dir, describe_source, local_dir, read_result
 from . import autocast, gemm, scaling, training
 from .core import RECORDED_GPU_RESULT, UNTESTABLE, Claim, Figures, Judgement
 
@@ -42,8 +44,6 @@ def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
 
     Without ``data_dir``, this machine's results folder is searched before the committed one.
     """
-    from ..bench import data_dir as committed_dir, local_dir, read_result
-
     folders = [Path(data_dir)] if data_dir is not None else [local_dir(), committed_dir()]
     candidates = [f / f"{RECORDED_GPU_RESULT}.json" for f in folders]
     for f in folders:
@@ -85,11 +85,8 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
         data_dir: where to look for the recorded GPU run (default ``data/``).
         recorded: an already loaded recorded run (saves re-reading it for every claim).
     """
-    from ..bench import describe_source
-    from ..device import has_gpu, metadata
-
     c = get_claim(claim) if isinstance(claim, int) else claim
-    gpu = has_gpu()
+    gpu = device.has_gpu()
     quick = (not gpu) if quick is None else quick
     if c.needs_gpu and not gpu:
         rec = recorded if recorded is not None else recorded_gpu_result(data_dir)
@@ -109,13 +106,13 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
         figures = c.experiment(quick)
     except Exception as e:
         detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-        meta = metadata()
+        meta = device.metadata()
         return replace(c, figures={"error": detail}, verdict=UNTESTABLE,
                        reason=f"the experiment failed here: {detail}",
                        source="here: " + describe_source(meta), measured_at=meta["measured_at"])
     figures["elapsed_s"] = round(time.perf_counter() - t0, 3)
     verdict, reason = c.judge(figures)
-    meta = metadata()
+    meta = device.metadata()
     return replace(c, figures=figures, verdict=verdict, reason=reason,
                    source="here: " + describe_source(meta), measured_at=meta["measured_at"])
 

@@ -6,6 +6,8 @@ import inspect
 import math
 from typing import Any
 
+from ..models import build_model
+from ..scaling import GradScalerRecorder
 from .core import (FAILS, HOLDS, PARTLY, Claim, Figures, Judgement, _autocast_dtype, _device,
                    _sizes, _torch)
 
@@ -21,8 +23,6 @@ def experiment_gradscaler(quick: bool = True) -> Figures:
     gradient (not a multiple of the interval), steps 10-12 have inf gradients.
     """
     torch = _torch()
-    from ..scaling import GradScalerRecorder
-
     dev = _device()
     interval, init, n_steps = 4, 2.0**10, 16
     planted = {2: math.nan, 10: math.inf, 11: math.inf, 12: math.inf}
@@ -103,8 +103,6 @@ def experiment_clipping(quick: bool = True) -> Figures:
     """Returns final losses of a short fp16 training with no clipping, clip 1.0 (after unscale_),
     clip 1.0 before unscale_, and the per-epoch mean-|g| threshold, plus gradient-norm figures."""
     torch = _torch()
-    from ..models import build_model
-
     dev = _device()
     dtype = _autocast_dtype(dev)
     epochs, batches, batch = _sizes(quick, (12, 16, 128), (4, 6, 32), (2, 2, 8))

@@ -7,6 +7,8 @@ import math
 import warnings
 from typing import Any
 
+from .. import sweep  # the module, not its names: tests replace its functions
+from ..models import build_model, input_shape
 from . import core
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, NONEXISTENT, PARTLY, UNTESTABLE, Claim, Figures,
                    Judgement, _autocast_dtype, _device, _sizes, _timer, _torch,
@@ -41,14 +43,13 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
         steps: timed steps.
         telemetry: sample NVML during the timed steps.
     """
-    from ..sweep import GPU_PROTOCOL, Point, measure_point
-
     dev = _device()
     if dev != "cuda" and not core.EXERCISE_ON_CPU:
         raise RuntimeError("train_step_figures needs a CUDA GPU; torch sees none")
-    point = Point(model=model_name, batch=batch, layout=layout, precision=precision,
-                  cudnn_benchmark=GPU_PROTOCOL.cudnn_benchmark, device=dev)
-    row = measure_point(point, warmup=GPU_PROTOCOL.warmup, steps=steps, telemetry=telemetry)
+    point = sweep.Point(model=model_name, batch=batch, layout=layout, precision=precision,
+                        cudnn_benchmark=sweep.GPU_PROTOCOL.cudnn_benchmark, device=dev)
+    row = sweep.measure_point(point, warmup=sweep.GPU_PROTOCOL.warmup, steps=steps,
+                              telemetry=telemetry)
     if row["status"] != "ok":
         raise RuntimeError(f"training point {point.label()} ended with {row['status']}: "
                            f"{row['error']}")
@@ -66,9 +67,7 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
 
 def _train_sizes(quick: bool) -> tuple[int, int]:
     """Returns (batch, timed steps) for the GPU training claims (full: the sweep's protocol)."""
-    from ..sweep import GPU_PROTOCOL
-
-    return _sizes(quick, (128, GPU_PROTOCOL.steps), (16, 5), (2, 2))
+    return _sizes(quick, (128, sweep.GPU_PROTOCOL.steps), (16, 5), (2, 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,8 +118,6 @@ def experiment_bf16_memory(quick: bool = True) -> Figures:
     """Returns element sizes, parameter bytes and saved-activation bytes in fp16 and bf16, plus
     peak training memory under AMP fp16 and bf16 on a GPU."""
     torch = _torch()
-    from ..models import build_model, input_shape
-
     dev = _device()
     torch.manual_seed(0)
     model = build_model("transformer_block").to(dev)
@@ -259,8 +256,6 @@ def judge_utilisation(f: Figures) -> Judgement:
 def experiment_profiling_executor(quick: bool = True) -> Figures:
     """Returns eager and TorchScript training-step times with the profiling executor on and off."""
     torch = _torch()
-    from ..models import build_model, input_shape
-
     dev = _device()
     if not hasattr(torch._C, "_jit_set_profiling_executor"):
         return {"device": dev, "available": False}

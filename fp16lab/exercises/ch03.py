@@ -91,7 +91,7 @@ Q2_SIZES = tuple(range(4096, 4113))
 
 
 def _fast_sizes() -> tuple[set[int], str]:
-    from ..bench import describe_source, read_result
+    from ..measure import describe_source, read_result
 
     payload = read_result("alignment")
     fast = {r["n"] for r in payload["rows"] if r["mode"] == "square"

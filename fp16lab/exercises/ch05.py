@@ -10,7 +10,7 @@ _VERDICTS = ("holds", "holds in part", "does not hold")
 
 
 def _recorded_figures(claim_id: int) -> tuple[dict, str]:
-    from ..bench import describe_source
+    from ..measure import describe_source
     from ..claims import recorded_gpu_result
 
     payload = recorded_gpu_result()

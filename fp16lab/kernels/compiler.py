@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .launch import cupy_or_none
+
 #: Directory that holds the ``.cu`` sources.
 SOURCE_DIR = Path(__file__).resolve().parent
 
@@ -87,8 +89,6 @@ def require_cupy() -> Any:
     Raises:
         KernelUnavailable: saying whether CuPy or the GPU is what is missing.
     """
-    from .launch import cupy_or_none
-
     cupy = cupy_or_none()
     if cupy is None:
         raise KernelUnavailable(

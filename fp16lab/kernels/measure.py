@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..measure import read_result
+from ..testing.bounds import error_ratio
 from . import KERNELS, LADDER, gemm
 from . import wgmma as _step6
 from .compiler import require_cupy
@@ -46,8 +48,6 @@ def worst_error_ratio(out: Any, a: Any, b: Any, out_dtype: str = "float32") -> f
     truncate); an fp16 output adds one rounding, 2^-11 of |a@b|. A result of at most 1 is as
     right as fp32 accumulation allows; a NaN anywhere gives infinity.
     """
-    from fp16lab.testing.bounds import error_ratio
-
     return error_ratio(out, a, b, out_dtype=out_dtype)
 
 
@@ -91,8 +91,6 @@ def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | No
     sustained runs: a few seconds, not a minute); ``kernels`` defaults to the ladder kernels that
     run here (:func:`runnable`)."""
     require_cupy()
-    from .. import bench
-
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "fp16lab.bench.gemm", "--no-odd", "--name", "gemm_local", "--data-dir", tmp,
                "--sustained", "0", "--sizes", *map(str, sizes)]
@@ -104,4 +102,4 @@ def run_benchmark(sizes: tuple[int, ...] = (2048, 4096), kernels: list[str] | No
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if res.returncode != 0:
             raise RuntimeError(f"fp16lab.bench.gemm failed ({res.returncode}):\n{res.stderr[-3000:]}")
-        return bench.read_result(Path(tmp) / "gemm_local.json")
+        return read_result(Path(tmp) / "gemm_local.json")

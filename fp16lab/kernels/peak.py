@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..measure import time_cuda
 from .compiler import get_function, require_cupy
 
 _ACC = 16                 # accumulators per warp in mma_peak.cu
@@ -50,12 +51,10 @@ def mma_sync_peak(warps_per_sm: tuple[int, ...] = (4, 8, 16), iters: int = 20000
                   repeat: int = 10, operands: str = "constant") -> list[dict[str, Any]]:
     """Returns, per warps-per-SM setting, the median mma.sync rate in TFLOP/s over ``repeat`` runs
     of :func:`peak_launch` (``operands`` as there)."""
-    from .. import bench
-
     rows = []
     for warps in warps_per_sm:
         launch, out, flops = peak_launch(operands, warps, iters)
-        t = bench.time_cuda(launch, warmup=2, repeat=repeat, backend="cupy")
+        t = time_cuda(launch, warmup=2, repeat=repeat, backend="cupy")
         rows.append({"warps_per_sm": warps, "operands": operands,
                      "tflops": flops / (t.median_ms * 1e-3) / 1e12,
                      "median_ms": t.median_ms, "finite": bool(require_cupy().isfinite(out).all())})

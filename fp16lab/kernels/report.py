@@ -1,7 +1,7 @@
 """Reading the measured GEMM results: tables, plots, a roofline and source diffs.
 
 The notebook calls these on files written by ``fp16lab.bench.gemm`` and ``fp16lab.bench.alignment``
-(loaded with :func:`fp16lab.bench.read_result`), so every number it shows comes from a measurement.
+(loaded with :func:`fp16lab.measure.read_result`), so every number it shows comes from a measurement.
 The alignment lesson's functions live in :mod:`fp16lab.alignment` and are re-exported here.
 """
 
@@ -13,6 +13,8 @@ from typing import Any
 
 from ..alignment import (alignment_classes, alignment_finding, alignment_table,  # noqa: F401
                          gemm_kernel_names, plot_alignment, uses_tensor_cores)
+from ..bits import decode
+from . import KERNELS, LADDER
 from .compiler import source_path
 
 
@@ -20,8 +22,6 @@ def kernels_table(variants: bool = False):
     """Returns a DataFrame describing the ladder's kernels, one per step (step, tiles, threads,
     shared memory); with ``variants=True`` the tuning variants of steps 4-6 too."""
     import pandas as pd
-
-    from . import KERNELS, LADDER
 
     specs = (KERNELS if variants else LADDER).values()
     return pd.DataFrame([{"step": k.step, "kernel": k.name, "what it adds": k.title,
@@ -32,8 +32,6 @@ def kernels_table(variants: bool = False):
 
 def _rows(payload: dict[str, Any]):
     import pandas as pd
-
-    from . import KERNELS
 
     df = pd.DataFrame(payload["rows"])
     # keep the kernels this version of the package still has, and cuBLAS
@@ -301,8 +299,6 @@ def bits_table(values: Any, printed: str | None = None):
     """
     import numpy as np
     import pandas as pd
-
-    from ..bits import decode
 
     v = np.asarray(values, dtype=np.float16).ravel()
     codes = v.view(np.uint16).astype(np.int64)

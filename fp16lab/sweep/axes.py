@@ -22,8 +22,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..execution import COMPILE_MODES, EXECUTIONS
+from .. import distributed
+from ..execution import COMPILE_MODES, EXECUTIONS, check_execution
+from ..fp8 import convert_to_fp8
 from ..inputs import BACKENDS
+from ..models import build_model, is_image_model
 from ..recipes import PRECISIONS, check_precision, precisions
 from ..scaling import ScalerSettings
 
@@ -57,14 +60,10 @@ def fp8_problem(model: str, precision: str) -> str | None:
     The recipe converts the model's eligible linear layers (:func:`fp16lab.fp8.convert_to_fp8`,
     tried on a weightless copy); image models keep their convolutions and are refused outright.
     """
-    from ..models import build_model, is_image_model
-
     if is_image_model(model):
         return (f"{precision} converts linear layers to FP8; {model!r} is an image model (its "
                 f"convolutions stay in high precision): use transformer_block or mlp")
     import torch
-
-    from ..fp8 import convert_to_fp8
 
     with torch.device("meta"):
         weightless = build_model(model)
@@ -77,8 +76,6 @@ def fp8_problem(model: str, precision: str) -> str | None:
 def check_execution_axis(execution: str, compile_mode: str | None, *, precision: str,
                          device: str) -> str | None:
     """Returns the compile mode a point keeps ('default' filled in for compile, else None)."""
-    from ..execution import check_execution
-
     _one_of("execution", execution, EXECUTIONS)
     if execution == "eager":
         return None
@@ -98,7 +95,6 @@ def check_input_axis(input: str, *, model: str, device: str, images_dir: Any,
     ``pin_memory``, ``non_blocking`` and ``normalize_on`` apply to the dataloader only.
     """
     from ..inputs import default_workers, unavailable_reason
-    from ..models import is_image_model
 
     _one_of("input", input, BACKENDS)
     kept: dict[str, Any] = dict.fromkeys(("num_workers", "pin_memory", "non_blocking",
@@ -132,8 +128,6 @@ def check_input_axis(input: str, *, model: str, device: str, images_dir: Any,
 def check_gpus_axis(gpus: Any, *, device: str, precision: str, execution: str, input: str,
                     scaler: ScalerSettings | None, cudnn_benchmark: bool) -> None:
     """Raises ValueError unless ``gpus`` is 1, or 2..device_count() for what the ranks run."""
-    from .. import distributed
-
     _check(not isinstance(gpus, bool) and isinstance(gpus, int) and gpus >= 1,
            f"gpus must be a positive integer, got {gpus!r}")
     if gpus == 1:

@@ -30,7 +30,13 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from .. import models  # a module, not names: tests replace its functions
+from ..device import metadata
+from ..inputs import dataset  # a module too: tests replace its image-folder makers
+from ..measure import step_times_ms, summarize
 from ..recipes import LR, MOMENTUM, math_flags
+from ..telemetry import TelemetrySampler
+from .multi_gpu import measure_on_gpus
 from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
 from .spec import Point, SweepSpec
 from .steps import build_step, input_warmup
@@ -87,16 +93,14 @@ def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interv
     """Returns the measurements of one repeat of one point (raises on OOM and other failures)."""
     import torch
 
-    from ..models import NUM_CLASSES, build_model, input_shape
-
     dev = point.device
     torch.manual_seed(1234 + repeat)
     if dev == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    model = build_model(point.model).to(dev)
-    x = torch.randn(input_shape(point.model, point.batch), device=dev)
-    y = torch.randint(0, NUM_CLASSES, (point.batch,), device=dev)
+    model = models.build_model(point.model).to(dev)
+    x = torch.randn(models.input_shape(point.model, point.batch), device=dev)
+    y = torch.randint(0, models.NUM_CLASSES, (point.batch,), device=dev)
     if point.layout == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
@@ -115,52 +119,37 @@ def _time_steps(point: Point, built: Any, *, warmup: int, steps: int, telemetry:
     """Returns the timings, memory, scaler and telemetry of ``steps`` steps after ``warmup``."""
     import torch
 
-    from ..bench import summarize
-    from ..telemetry import TelemetrySampler
-
     dev = point.device
     cuda = dev == "cuda"
     step = built.step
     history = _ScaleHistory(built.scaler)
+    calls, loss = 0, None
 
-    def one(i: int) -> Any:
+    def one() -> None:
+        nonlocal calls, loss
         if fault_injector is not None:
-            fault_injector(point, repeat, i)
-        out = step()
+            fault_injector(point, repeat, calls)
+        calls += 1
+        loss = step()
         history.record()
-        return out
 
-    for i in range(warmup):
-        one(i)
+    for _ in range(warmup):
+        one()
     sampler = TelemetrySampler(enabled=telemetry and cuda, interval_s=interval_s)
     if not cuda and telemetry:
         sampler.note = "CPU run: no GPU telemetry"
     if cuda:
-        torch.cuda.synchronize()
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        sampler.start()
-        try:
-            events[0].record()
-            for i in range(steps):
-                loss = one(warmup + i)
-                events[i + 1].record()
-            torch.cuda.synchronize()
-        finally:  # a failure mid-point must not leave the sampler thread running
-            tele = sampler.stop()
-        times = [events[i].elapsed_time(events[i + 1]) for i in range(steps)]
+        torch.cuda.synchronize()  # the warm-up finishes before the sampler starts
+    sampler.start()
+    try:
+        times = step_times_ms(one, steps, dev)
+    finally:  # a failure mid-point must not leave the sampler thread running
+        tele = sampler.stop()
+    if cuda:
         peak_alloc = torch.cuda.max_memory_allocated() / 2**20
         peak_res = torch.cuda.max_memory_reserved() / 2**20
         mem_note = ""
     else:
-        sampler.start()
-        times = []
-        try:
-            for i in range(steps):
-                t0 = time.perf_counter()
-                loss = one(warmup + i)
-                times.append((time.perf_counter() - t0) * 1e3)
-        finally:
-            tele = sampler.stop()
         peak_alloc = peak_res = None
         mem_note = "CPU run: torch keeps no peak-memory counter for host allocations"
     timing = summarize(times)
@@ -180,8 +169,6 @@ _META_CACHE: dict[str, Any] = {}
 
 def _provenance() -> dict[str, Any]:
     if not _META_CACHE:
-        from ..device import metadata
-
         meta = metadata()
         _META_CACHE.update({k: meta.get(k) for k in META_COLUMNS})
         if _META_CACHE.get("cudnn") is not None:
@@ -227,8 +214,6 @@ def measure_point(point: Point, *, repeat: int = 0, warmup: int = 3, steps: int 
     status, error = "ok", ""
     try:
         if point.gpus > 1:
-            from .multi_gpu import measure_on_gpus
-
             measured = measure_on_gpus(point, warmup=warmup, steps=steps)
             status, error = measured.pop("status"), measured.pop("error")
             row.update(measured)
@@ -262,12 +247,10 @@ def _prepare_images(spec: SweepSpec, points: list[Point]) -> None:
     then checks it is an image folder: a missing or empty one fails before any point runs."""
     if all(p.input == "synthetic" for p in points):
         return
-    from ..inputs.dataset import make_image_folder, scan_image_folder
-
     root = Path(spec.images_dir)
     if not root.exists() or not any(root.iterdir()):
-        make_image_folder(root, images=spec.images)
-    scan_image_folder(root)
+        dataset.make_image_folder(root, images=spec.images)
+    dataset.scan_image_folder(root)
 
 
 ResultCallback = Callable[[dict[str, Any], int, int], None]
@@ -280,7 +263,7 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
 
     Args:
         spec: the grid and how to measure it. With a file input, ``spec.images_dir`` is
-            written first when it holds no images yet (:func:`fp16lab.data.make_image_folder`).
+            written first when it holds no images yet (:func:`fp16lab.inputs.make_image_folder`).
         out: a ``.parquet`` results file, checked before anything runs; each finished repeat
             is appended at once (with a CSV copy). Repeats the file already holds with this
             spec's protocol (``warmup`` and ``steps``) are skipped, as are the remaining repeats

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import distributed
 from .spec import Point
 
 
 def measure_on_gpus(point: Point, *, warmup: int, steps: int,
                     timeout_s: float | None = None) -> dict[str, Any]:
     """Returns the row columns of one repeat of a ``gpus > 1`` point, with status and error."""
-    from .. import distributed
-
     dp = distributed.DistPoint(model=point.model, batch=point.batch, precision=point.precision,
                                gpus=point.gpus, layout=point.layout, device=point.device,
                                warmup=warmup, steps=steps)

@@ -7,6 +7,7 @@ layout, and a dotted line with a marker of its own for a variant.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
@@ -14,6 +15,7 @@ import pandas as pd
 from ..scaling import ScalerSettings
 from .axes import SWEEP_PRECISIONS, variant_label
 from .report import summarize_results
+from .spec import SCALER_FIELDS
 
 _LAYOUT_STYLE = {"nchw": ("-", "o"), "channels_last": ("--", "s")}
 #: Marker of a variant, by its first word (execution, input, or xN for several GPUs).
@@ -36,11 +38,8 @@ def _plot_points(rows: pd.DataFrame, model: str | None) -> pd.DataFrame:
     s = s[s["status"] == "ok"]
     if model is not None:
         s = s[s["model"] == model]
-    d = ScalerSettings()
-    default = (s["init_scale"].isna()
-               | ((s["init_scale"] == d.init_scale) & (s["growth_factor"] == d.growth_factor)
-                  & (s["backoff_factor"] == d.backoff_factor)
-                  & (s["growth_interval"] == d.growth_interval)))
+    scaler = s[list(SCALER_FIELDS)]
+    default = scaler.isna().all(axis=1) | (scaler == pd.Series(asdict(ScalerSettings()))).all(axis=1)
     return s[default]
 
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Sequence
 
 import pandas as pd
 
+from ..measure import describe_source, find_result, read_result
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, read_results
-from .spec import check_tolerance
+from .spec import SCALER_FIELDS, check_tolerance
 
-#: The loss-scaler settings a point records, named as :class:`ScalerSettings` names them.
-_SCALER_FIELDS = tuple(f.name for f in dataclasses.fields(ScalerSettings))
-_POINT_COLUMNS = ("model", "batch", "layout", "precision", *_SCALER_FIELDS, "cudnn_benchmark",
+_POINT_COLUMNS = ("model", "batch", "layout", "precision", *SCALER_FIELDS, "cudnn_benchmark",
                   "device", *AXIS_DEFAULTS)
 
 
@@ -132,7 +130,7 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
         lines.append(f"the rows come from {len(protocols)} protocols (warm-up+steps "
                      f"{', '.join(_protocol(w, n) for w, n in protocols.itertuples(index=False))}); "
                      f"a point measured with two is shown once for each")
-    emulated = s[s["fp8_emulated"].fillna(False).astype(bool)]
+    emulated = s[s["fp8_emulated"].eq(True)]  # None where no FP8 ran; all-NaN floats from a CSV
     for _, e in emulated.iterrows():
         lines.append(f"{e['model']} b{e['batch']} {e['precision']}: FP8 matmuls emulated (no "
                      f"torch._scaled_mm for them here): its samples/s is not an FP8 speed")
@@ -174,7 +172,7 @@ def throughput_table(rows: pd.DataFrame, *, model: str | None = None,
     if model is not None:
         s = s[s["model"] == model]
     default = ScalerSettings()
-    for field in _SCALER_FIELDS:
+    for field in SCALER_FIELDS:
         s = s[s[field].isna() | (s[field] == getattr(default, field))]
     return s.pivot_table(index=index, columns=list(columns), values="samples_per_s",
                          aggfunc="median")
@@ -217,7 +215,7 @@ def scaler_table(rows: pd.DataFrame) -> pd.DataFrame:
     s = summarize_results(rows)
     s = s[s["precision"].isin(SCALED_PRECISIONS) & (s["status"] == "ok")]
     group = ["model", "batch", "layout", "precision"]
-    n = s.groupby(group)[list(_SCALER_FIELDS)].transform(lambda c: c.nunique()).max(axis=1) if len(s) else []
+    n = s.groupby(group)[list(SCALER_FIELDS)].transform(lambda c: c.nunique()).max(axis=1) if len(s) else []
     s = s[pd.Series(n, index=s.index) > 1] if len(s) else s
     steps = rows.groupby("key")[["warmup", "steps"]].first().sum(axis=1).rename("steps_per_repeat")
     s = s.join(steps, on="key")
@@ -235,8 +233,6 @@ def _log2(x: pd.Series) -> pd.Series:
 
 def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
     """Returns the rows of a reference sweep in data/, or None (saying so) when it is absent."""
-    from ..bench import find_result
-
     path = find_result(name, ".parquet")
     if not path.exists():
         print(f"{path.name} is not in {path.parent} yet: run `fp16lab bench sweep_reference` on a "
@@ -250,8 +246,6 @@ def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
 
 def engine_check(name: str = "sweep_engine_vs_loop") -> str:
     """Returns the engine-versus-bare-loop benchmark's findings as a few lines of text."""
-    from ..bench import describe_source, read_result
-
     try:
         r = read_result(name, meta_needs=[f"summary.{k}" for k in (
             "model", "batch", "layout", "precision", "repeats", "steps", "repeat_spread",

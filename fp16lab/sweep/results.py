@@ -30,8 +30,9 @@ from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
-from ..bench.results import check_can_write
+from ..measure.provenance import check_can_write
 from .axes import AXIS_DEFAULTS
+from .spec import SCALER_FIELDS
 
 #: What a results row's ``status`` can be.
 STATUSES = ("ok", "oom", "error")
@@ -42,8 +43,8 @@ META_COLUMNS = ("gpu_name", "compute_capability", "driver_version", "cuda_driver
 
 #: Every row's columns, in order.
 ROW_COLUMNS = (
-    "key", "model", "batch", "layout", "precision", "init_scale", "growth_factor",
-    "backoff_factor", "growth_interval", "cudnn_benchmark", "device", *AXIS_DEFAULTS,
+    "key", "model", "batch", "layout", "precision", *SCALER_FIELDS, "cudnn_benchmark", "device",
+    *AXIS_DEFAULTS,
     "images_dir", "repeat", "status",
     "error", "warmup", "steps", "tolerance", "step_ms_median", "step_ms_p10", "step_ms_p90",
     "spread", "samples_per_s", "peak_mem_allocated_mb", "peak_mem_reserved_mb", "memory_note",

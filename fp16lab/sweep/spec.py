@@ -9,6 +9,7 @@ applies to no point is an error before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -16,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from ..models import MODELS, is_image_model
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import (AXIS_DEFAULTS, BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS,
@@ -27,6 +29,9 @@ LAYOUTS = {
     "nchw": "contiguous NCHW tensors (PyTorch's default)",
     "channels_last": "NHWC in memory (torch.channels_last), what tensor-core convolutions prefer",
 }
+
+#: The loss-scaler settings a point records as columns, named as :class:`ScalerSettings` names them.
+SCALER_FIELDS = tuple(f.name for f in dataclasses.fields(ScalerSettings))
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,6 @@ class Point:
     gpus: int = 1
 
     def __post_init__(self) -> None:
-        from ..models import MODELS, is_image_model
-
         _check_names("model", [self.model], MODELS)
         _check_names("layout", [self.layout], LAYOUTS)
         _check_names("precision", [self.precision], SWEEP_PRECISIONS)
@@ -129,10 +132,8 @@ class Point:
         return {
             "model": self.model, "batch": self.batch, "layout": self.layout,
             "precision": self.precision,
-            "init_scale": float(s.init_scale) if s else None,
-            "growth_factor": float(s.growth_factor) if s else None,
-            "backoff_factor": float(s.backoff_factor) if s else None,
-            "growth_interval": int(s.growth_interval) if s else None,
+            **{f.name: type(f.default)(getattr(s, f.name)) if s else None  # as typed: 2000, not 2000.0
+               for f in dataclasses.fields(ScalerSettings)},
             "cudnn_benchmark": bool(self.cudnn_benchmark), "device": self.device,
             **{name: getattr(self, name) for name in AXIS_DEFAULTS},
             "images_dir": self.images_dir,
@@ -222,8 +223,6 @@ class SweepSpec:
     telemetry_interval_s: float = 0.05
 
     def __post_init__(self) -> None:
-        from ..models import MODELS
-
         for name in _GRID_AXES:
             value = getattr(self, name)
             if value is None or isinstance(value, (str, int, ScalerSettings, bool)):
@@ -297,8 +296,11 @@ class SweepSpec:
                         "pin_memory": pin, "non_blocking": nb, "normalize_on": norm,
                         "layouts": lay, "cudnn_benchmark": bench, "batches": b}
                 try:
-                    p = Point(m, b, lay, prec, s, bench, device, ex, mode, inp, nw, pin, nb,
-                              norm, self.images_dir, g)
+                    p = Point(model=m, batch=b, layout=lay, precision=prec, scaler=s,
+                              cudnn_benchmark=bench, device=device, execution=ex,
+                              compile_mode=mode, input=inp, num_workers=nw, pin_memory=pin,
+                              non_blocking=nb, normalize_on=norm, images_dir=self.images_dir,
+                              gpus=g)
                 except ValueError as e:  # this combination does not apply; others may
                     for name, v in axes.items():
                         why.setdefault((name, v), str(e))

@@ -22,7 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..models import NUM_CLASSES
+from .. import fp8, inputs  # modules, not names: tests replace inputs.make_input
+from ..execution import make_step
+from ..fp8 import training as fp8_training  # a module too (tests replace make_fp8_step)
+from ..models import NUM_CLASSES, input_shape
 from ..recipes import PRECISIONS, make_train_step, sgd
 from .spec import Point
 
@@ -86,25 +89,20 @@ def _feeder(point: Point, train: Any) -> Callable[[Any, Any], Any]:
 
 
 def _pipeline(point: Point) -> Any:
-    from ..inputs import InputSettings, make_input
-    from ..models import input_shape
-
-    settings = InputSettings(
+    settings = inputs.InputSettings(
         backend=point.input, batch=point.batch,
         image_size=input_shape(point.model, point.batch)[-1], num_workers=point.num_workers,
         pin_memory=True if point.pin_memory is None else point.pin_memory,
         non_blocking=True if point.non_blocking is None else point.non_blocking,
         channels_last=point.layout == "channels_last",
         normalize_on=point.normalize_on or "cpu")
-    return make_input(settings, point.images_dir, device=point.device, num_classes=NUM_CLASSES)
+    return inputs.make_input(settings, point.images_dir, device=point.device, num_classes=NUM_CLASSES)
 
 
 def _train_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
     if PRECISIONS[point.precision].fp8:
         return _fp8_step(point, model, x, y)
     if point.execution != "eager":
-        from ..execution import make_step
-
         step = make_step(model, x, y, precision=point.precision, execution=point.execution,
                          compile_mode=point.compile_mode or "default", scaler=point.scaler)
         return PointStep(step, step.scaler, {"execution_notes": "; ".join(step.notes)})
@@ -114,11 +112,9 @@ def _train_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
 
 
 def _fp8_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
-    from .. import fp8
-    from ..fp8.training import make_fp8_step
-
     recipe = PRECISIONS[point.precision].fp8_recipe
-    step = make_fp8_step(model, x, y, recipe, optimizer=sgd(model.parameters()), autocast=True)
+    step = fp8_training.make_fp8_step(model, x, y, recipe, optimizer=sgd(model.parameters()),
+                                      autocast=True)
     fast = fp8.scaled_mm_available(point.device)
     # FALLBACKS keys start with the scale kind _scaled_mm was asked for: tensorwise (also the
     # delayed recipe's), rowwise, or "tiles" (blockwise, always emulated)

@@ -22,7 +22,7 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
-from .. import sweep
+from .. import sweep, telemetry  # telemetry the module: tests replace its functions
 from ..execution import COMPILE_MODES, EXECUTIONS
 from ..inputs import BACKENDS, unavailable_reason
 from ..models import MODELS
@@ -192,9 +192,7 @@ class SweepPanel:
 
     def check_sharing(self) -> str:
         """Returns (and shows) a warning when other processes compute on the GPU, else ''."""
-        from ..telemetry import other_gpu_processes
-
-        others, _ = other_gpu_processes() if self.device == "cuda" else ([], "")
+        others, _ = telemetry.other_gpu_processes() if self.device == "cuda" else ([], "")
         self.sharing.value = "" if not others else (
             f"<span style='color:#b00'>warning: {len(others)} other process(es) use this GPU "
             f"(pid {', '.join(str(p['pid']) for p in others)}); their kernels run between "

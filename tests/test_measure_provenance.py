@@ -7,55 +7,55 @@ import json
 import numpy as np
 import pytest
 
-from fp16lab import bench
-from fp16lab.bench import results
+from fp16lab import measure
+from fp16lab.measure import provenance
 
 
 def test_result_roundtrip(tmp_path):
     rows = [{"size": 4096, "tflops": np.float32(1.5)}]
-    path = bench.write_result("demo", rows, meta={"note": "x"}, data_dir=tmp_path)
-    back = bench.read_result("demo", data_dir=tmp_path)
+    path = measure.write_result("demo", rows, meta={"note": "x"}, data_dir=tmp_path)
+    back = measure.read_result("demo", data_dir=tmp_path)
     assert back["rows"] == [{"size": 4096, "tflops": 1.5}]
     assert back["meta"]["note"] == "x" and "torch" in back["meta"]
-    assert bench.read_result(path)["rows"] == back["rows"]
-    assert "measured on" in bench.describe_source(back["meta"])
+    assert measure.read_result(path)["rows"] == back["rows"]
+    assert "measured on" in measure.describe_source(back["meta"])
 
 
 def test_result_errors(tmp_path):
     with pytest.raises(ValueError, match="plain file stem"):
-        bench.write_result("../x", [], data_dir=tmp_path)
+        measure.write_result("../x", [], data_dir=tmp_path)
     with pytest.raises(FileNotFoundError, match="no measured result"):
-        bench.read_result("missing", data_dir=tmp_path)
+        measure.read_result("missing", data_dir=tmp_path)
 
 
 def test_merge_keeps_other_devices_with_their_source(tmp_path):
-    old_path = bench.write_result("merge", [{"device": "cpu", "x": 1}, {"device": "cuda", "x": 2}],
+    old_path = measure.write_result("merge", [{"device": "cpu", "x": 1}, {"device": "cuda", "x": 2}],
                                   meta={"gpu_name": "Elsewhere GPU"}, data_dir=tmp_path)
-    old_meta = bench.read_result(old_path)["meta"]
-    merged = bench.merge_with_previous("merge", [{"device": "cuda", "x": 3}], data_dir=tmp_path)
+    old_meta = measure.read_result(old_path)["meta"]
+    merged = measure.merge_with_previous("merge", [{"device": "cuda", "x": 3}], data_dir=tmp_path)
     assert [(r["device"], r["x"]) for r in merged] == [("cpu", 1), ("cuda", 3)]
-    assert merged[0]["measured_on"] == bench.describe_source(old_meta)
+    assert merged[0]["measured_on"] == measure.describe_source(old_meta)
     assert "Elsewhere GPU" in merged[0]["measured_on"]
     assert merged[1]["measured_on"] != merged[0]["measured_on"] or old_meta["gpu_name"] is None
 
 
 def test_merge_without_previous_file(tmp_path):
-    rows = bench.merge_with_previous("none", [{"device": "cpu"}], data_dir=tmp_path)
+    rows = measure.merge_with_previous("none", [{"device": "cpu"}], data_dir=tmp_path)
     assert len(rows) == 1 and "measured on" in rows[0]["measured_on"]
 
 
 def test_an_empty_data_setting_is_refused(monkeypatch):
     monkeypatch.setenv("FP16LAB_DATA", "")
     with pytest.raises(ValueError, match="FP16LAB_DATA is set but empty"):
-        bench.data_dir()
+        measure.data_dir()
     with pytest.raises(ValueError, match="FP16LAB_DATA"):
-        bench.read_result("gemm")
+        measure.read_result("gemm")
 
 
 def test_the_data_setting_names_the_committed_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
-    assert bench.data_dir() == tmp_path
-    assert bench.local_dir() == tmp_path / "local"
+    assert measure.data_dir() == tmp_path
+    assert measure.local_dir() == tmp_path / "local"
 
 
 def test_without_the_setting_a_checkout_uses_its_data_folder(monkeypatch):
@@ -63,29 +63,29 @@ def test_without_the_setting_a_checkout_uses_its_data_folder(monkeypatch):
     import fp16lab
     from pathlib import Path
     root = Path(fp16lab.__file__).resolve().parents[1]
-    assert bench.data_dir() == root / "data"
-    assert (bench.data_dir() / "gemm.json").is_file()
+    assert measure.data_dir() == root / "data"
+    assert (measure.data_dir() / "gemm.json").is_file()
 
 
 def test_an_installed_package_uses_the_data_it_ships(tmp_path, monkeypatch):
     # no pyproject.toml beside the package: not a checkout
     monkeypatch.delenv("FP16LAB_DATA", raising=False)
-    monkeypatch.setattr(results, "_PACKAGE", tmp_path / "site-packages" / "fp16lab")
+    monkeypatch.setattr(provenance, "_PACKAGE", tmp_path / "site-packages" / "fp16lab")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert bench.data_dir() == tmp_path / "site-packages" / "fp16lab" / "measured"
-    assert bench.local_dir() == tmp_path / "cache" / "fp16lab"  # not inside site-packages
+    assert measure.data_dir() == tmp_path / "site-packages" / "fp16lab" / "measured"
+    assert measure.local_dir() == tmp_path / "cache" / "fp16lab"  # not inside site-packages
 
 
 def test_a_benchmark_writes_locally_unless_told_to_replace(tmp_path, monkeypatch):
     monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
-    committed = bench.write_result("demo", [{"x": 1}], meta={"gpu_name": "H200"}, replace=True)
+    committed = measure.write_result("demo", [{"x": 1}], meta={"gpu_name": "H200"}, replace=True)
     assert committed == tmp_path / "demo.json"
-    r = bench.read_result("demo")
-    assert r["rows"] == [{"x": 1}] and "(committed)" in bench.describe_source(r["meta"])
-    mine = bench.write_result("demo", [{"x": 2}])
+    r = measure.read_result("demo")
+    assert r["rows"] == [{"x": 1}] and "(committed)" in measure.describe_source(r["meta"])
+    mine = measure.write_result("demo", [{"x": 2}])
     assert mine == tmp_path / "local" / "demo.json"
     assert json.loads(committed.read_text())["rows"] == [{"x": 1}]  # left alone
-    r = bench.read_result("demo")
+    r = measure.read_result("demo")
     assert r["rows"] == [{"x": 2}]
-    assert "demo.json (measured on this machine)" in bench.describe_source(r["meta"])
-    assert bench.find_result("demo") == mine
+    assert "demo.json (measured on this machine)" in measure.describe_source(r["meta"])
+    assert measure.find_result("demo") == mine

@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import device  # the module, not its names: tests replace its functions
+
 #: Name of the setting that overrides where the committed results are.
 DATA_ENV = "FP16LAB_DATA"
 
@@ -106,13 +108,11 @@ def write_result(name: str, rows: list[dict[str, Any]], *, meta: dict[str, Any] 
     The folder is ``data_dir`` when given, else the committed data folder when ``replace``,
     else this machine's :func:`local_dir`.
     """
-    from ..device import metadata
-
     _check_name(name)
     folder = Path(data_dir) if data_dir is not None else (_data_dir() if replace else local_dir())
     path = folder / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": {**metadata(), **(meta or {})}, "rows": rows}
+    payload = {"meta": {**device.metadata(), **(meta or {})}, "rows": rows}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
     tmp.replace(path)  # atomic: a reader never sees half a file
@@ -194,9 +194,7 @@ def merge_with_previous(name: str, rows: list[dict[str, Any]], *, key: str = "de
     measured elsewhere (the CPU rows). Each row says where it was measured in ``measured_on``,
     since the file's ``meta`` describes only the latest run.
     """
-    from ..device import metadata
-
-    here = describe_source(metadata())
+    here = describe_source(device.metadata())
     rows = [{**r, "measured_on": r.get("measured_on", here)} for r in rows]
     try:
         old = read_result(name, data_dir=data_dir)

@@ -1,6 +1,7 @@
 """Timing that can be trusted: CUDA events or perf_counter, warm-up, median and spread.
 
-GPU work is asynchronous, so GPU timings use CUDA events around the region after a warm-up;
+GPU work is asynchronous, so GPU timings use CUDA events around the region after a warm-up (a
+training loop's steps: one event between consecutive steps, :func:`step_times_ms`);
 CPU timings use ``time.perf_counter``. Every timing is many repeats summarised by the median
 and the spread (10th to 90th percentile), never a single run.
 """
@@ -12,6 +13,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
+
+from ..profile import torch_profiler
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,34 @@ def _cuda_samples(fn: Callable[[], Any], warmup: int, repeat: int, backend: str)
     return [cupy.cuda.get_elapsed_time(a, b) for a, b in pairs]
 
 
+def step_times_ms(step: Callable[[], Any], steps: int, device: Any = "cuda") -> list[float]:
+    """Returns the time in ms of each of ``steps`` back-to-back calls of ``step`` (a training step).
+
+    On a CUDA ``device`` (a ``torch.device`` or its name) one CUDA event is recorded before the
+    first call and one after each, so every step is timed on the GPU from the end of the one
+    before, with nothing between them; the device is synchronized before and after. Elsewhere
+    each call is timed on the host clock.
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        out = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+    torch.cuda.synchronize(dev)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    events[0].record()
+    for i in range(steps):
+        step()
+        events[i + 1].record()
+    torch.cuda.synchronize(dev)
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
 def nvidia_smi_id(cuda_device: int) -> str:
     """Returns what ``nvidia-smi --id`` calls CUDA device ``cuda_device`` of this process.
 
@@ -214,8 +245,6 @@ def cuda_kernels(fn: Callable[[], Any], *, warmup: int = 0) -> list[tuple[str, f
     """
     import torch
     from torch.profiler import ProfilerActivity
-
-    from ..profile import torch_profiler
 
     if not torch.cuda.is_available():  # a CPU build of torch cannot profile CUDA at all
         return []
