@@ -33,6 +33,7 @@ from torch import nn
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
 from .measure import step_times_ms
 from .models import NUM_CLASSES, build_model, input_shape
+from .profile import gpu_kernels
 from .recipes import LR, MOMENTUM, autocast_dtype, make_train_step, optimizer_factory, set_tf32
 
 #: The reduce dtypes of FSDP points, by name.
@@ -206,8 +207,6 @@ def _sync(device: torch.device) -> None:
 
 def _profiled(step: Callable[[], Any], steps: int, device: torch.device) -> dict[str, float]:
     """Returns :func:`comm_overlap` of ``steps`` steps read from torch.profiler's GPU kernels."""
-    from fp16lab.profile import gpu_kernels
-
     kernels = gpu_kernels(step, steps, lambda: _sync(device))
     return {**comm_overlap(kernels, steps=steps), "profiled_kernels": len(kernels)}
 

@@ -9,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..scaling import replay_with_gradscaler, simulate_dynamic
+from ..training import reference_gradients
 from .core import Exercise, Wrong, expect_power_of_two
 
 __all__ = ["q1", "q2", "q3", "q4"]
@@ -29,7 +31,6 @@ def kept_in_fp16(grad: torch.Tensor, scale: float) -> float:
 
 
 def _check_q1(answer: object) -> str:
-    from ..training import reference_gradients
 
     value = expect_power_of_two(answer, "the scale")
     name, grad = reference_gradients()[0]
@@ -58,7 +59,6 @@ q1 = Exercise(
 
 
 def _check_q2(answer: object) -> str:
-    from ..scaling import replay_with_gradscaler
 
     value = expect_power_of_two(answer, "the scale")
     used = [e.scale for e in replay_with_gradscaler(Q2_FOUND_INF, **Q2_SETTINGS)]
@@ -231,7 +231,6 @@ q3 = Exercise(
 
 
 def _check_q4(answer: object) -> str:
-    from ..scaling import simulate_dynamic
 
     try:
         value = int(answer)

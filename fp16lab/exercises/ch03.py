@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..measure import describe_source, read_result
 from .core import Exercise, Wrong
 
 __all__ = ["q1", "q2", "q3", "Q2_SIZES", "Q3_BATCH", "Q3_FEATURES", "Q3_SMS", "Q3_TILE",
@@ -91,7 +92,6 @@ Q2_SIZES = tuple(range(4096, 4113))
 
 
 def _fast_sizes() -> tuple[set[int], str]:
-    from ..measure import describe_source, read_result
 
     payload = read_result("alignment")
     fast = {r["n"] for r in payload["rows"] if r["mode"] == "square"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ..scaling import ScalerSettings
+from ..sweep import load_reference
 from .core import Exercise, Wrong, expect_close
 
 __all__ = ["q1", "q2", "q3", "q4", "Q2_MODELS", "Q3_REPEAT_MS", "Q3_TOLERANCE", "Q4_INIT_SCALE",
@@ -11,7 +13,6 @@ __all__ = ["q1", "q2", "q3", "q4", "Q2_MODELS", "Q3_REPEAT_MS", "Q3_TOLERANCE", 
 
 
 def _reference():
-    from ..sweep import load_reference
 
     import contextlib
     import io
@@ -187,7 +188,6 @@ Q4_INIT_SCALE, Q4_OVERFLOW_ABOVE = 2.0**40, 2.0**16
 
 
 def _check_q4(answer: object) -> str:
-    from ..scaling import ScalerSettings
 
     backoff = ScalerSettings().backoff_factor
     scale, skipped = Q4_INIT_SCALE, 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..claims import recorded_gpu_result
+from ..measure import describe_source
 from .core import Exercise, Wrong, expect_close
 
 __all__ = ["q1", "q2", "q3", "Q3_GRAD_NORM", "Q3_SCALE", "Q3_MAX_NORM"]
@@ -10,8 +12,6 @@ _VERDICTS = ("holds", "holds in part", "does not hold")
 
 
 def _recorded_figures(claim_id: int) -> tuple[dict, str]:
-    from ..measure import describe_source
-    from ..claims import recorded_gpu_result
 
     payload = recorded_gpu_result()
     if payload is None:

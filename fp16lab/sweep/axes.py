@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .. import distributed
+from .. import distributed, inputs  # inputs a module: tests replace unavailable_reason
 from ..execution import COMPILE_MODES, EXECUTIONS, check_execution
 from ..fp8 import convert_to_fp8
 from ..inputs import BACKENDS
@@ -94,8 +94,6 @@ def check_input_axis(input: str, *, model: str, device: str, images_dir: Any,
     ``num_workers`` None becomes 75% of the cores (:func:`fp16lab.inputs.default_workers`);
     ``pin_memory``, ``non_blocking`` and ``normalize_on`` apply to the dataloader only.
     """
-    from ..inputs import default_workers, unavailable_reason
-
     _one_of("input", input, BACKENDS)
     kept: dict[str, Any] = dict.fromkeys(("num_workers", "pin_memory", "non_blocking",
                                           "normalize_on", "images_dir"))
@@ -103,11 +101,11 @@ def check_input_axis(input: str, *, model: str, device: str, images_dir: Any,
         return kept
     _check(is_image_model(model), f"input {input!r} reads image files; {model!r} takes no "
                                   f"images (file inputs feed small_cnn, resnet18, resnet50)")
-    reason = unavailable_reason(input, device)
+    reason = inputs.unavailable_reason(input, device)
     _check(reason is None, f"input {input!r} cannot run here: {reason}")
     _check(images_dir is not None, f"input {input!r} reads image files: give images_dir, an "
-                                   f"image folder (fp16lab.data.make_image_folder makes one)")
-    w = default_workers() if num_workers is None else num_workers
+                                   f"image folder (fp16lab.inputs.make_image_folder makes one)")
+    w = inputs.default_workers() if num_workers is None else num_workers
     low = 0 if input == "dataloader" else 1
     _check(not isinstance(w, bool) and isinstance(w, int) and w >= low,
            f"num_workers must be None (75% of the cores) or an integer >= {low} for input "
