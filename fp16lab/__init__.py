@@ -1,12 +1,13 @@
 """fp16lab: FP16 and mixed-precision training, bit by bit, on your own GPU.
 
-Modules by concept: ``formats`` (number formats), ``bits`` (encode/decode/explain),
-``census`` (where a tensor's values fall), ``scaling`` (loss scalers), ``recipes`` (the training
-step per precision), ``training`` (notebook 02's runs), ``diagnostics`` (per-layer gradient
-health), ``kernels`` (every CUDA kernel, compiled and launched through CuPy), ``alignment`` (the
-cuBLAS alignment lesson), ``bench`` (timing, measured files, the benchmarks), ``sweep``
-(training sweeps), ``claims``, ``models``, ``widgets``, ``plots``, ``device``, ``cli``.
-"""
+Modules by concept: ``validate`` (checks for what a user passes), ``formats`` (number formats),
+``bits`` (encode/decode/explain), ``census`` (where a tensor's values fall), ``scaling`` (loss
+scalers), ``recipes`` (the precisions and the training step of each), ``training`` (notebook 02's
+runs), ``diagnostics`` (per-layer gradient health), ``kernels`` (every CUDA kernel, compiled and
+launched through CuPy), ``alignment`` (the cuBLAS alignment lesson), ``measure`` (timing,
+measured files), ``inputs`` (the input pipeline), ``sweep`` (training sweeps), ``distributed``,
+``fp8``, ``claims``, ``bench`` (the benchmarks), ``models``, ``widgets``, ``plots``, ``device``,
+``cli``."""
 
 __version__ = "0.1.0"
 
