@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fp16lab import measure
+from fp16lab.measure import cuda_kernels, cuda_missing, time_cuda, write_result
 from fp16lab.alignment import gemm_kernel_names, uses_tensor_cores
 from fp16lab.bench import argument_parser
 
@@ -21,7 +21,7 @@ from fp16lab.bench import argument_parser
 def kernel_names(fn) -> list[str]:
     """Returns the distinct names of the CUDA kernels one call of ``fn`` launches, in order."""
     names: list[str] = []
-    for name, _ in measure.cuda_kernels(fn):
+    for name, _ in cuda_kernels(fn):
         if name not in names:
             names.append(name)
     return names
@@ -39,7 +39,7 @@ def measure(base: int, ds: list[int], modes: list[str], warmup: int, repeat: int
             a = torch.randn(m, k, device="cuda", dtype=torch.float16)
             b = torch.randn(k, n, device="cuda", dtype=torch.float16)
             fn = lambda: torch.matmul(a, b)  # noqa: E731
-            t = measure.time_cuda(fn, warmup=warmup, repeat=repeat)
+            t = time_cuda(fn, warmup=warmup, repeat=repeat)
             names = gemm_kernel_names(kernel_names(fn))
             tc = [uses_tensor_cores(x) for x in names]
             timing = t.as_dict()
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)
-    why = measure.cuda_missing("fp16lab.bench.alignment")
+    why = cuda_missing("fp16lab.bench.alignment")
     if why:
         print(why, file=sys.stderr)
         return 2
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.base, ds, args.repeat = 1024, [0, 1, 8], 5
     rows = measure(args.base, ds, args.modes, args.warmup, args.repeat)
-    path = measure.write_result(args.name, rows, meta={"benchmark": "fp16lab.bench.alignment",
+    path = write_result(args.name, rows, meta={"benchmark": "fp16lab.bench.alignment",
                                                      "base": args.base, "repeat": args.repeat},
                               data_dir=args.data_dir, replace=args.replace)
     print(f"\nwrote {path}\n\n{'mode':7s} {'d':>3s} {'TFLOP/s':>8s} tensor-core kernel")

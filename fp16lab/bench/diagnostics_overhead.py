@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from fp16lab import measure, recipes
+from fp16lab.measure import data_dir as committed_dir, merge_with_previous, summarize, write_result
+from fp16lab import recipes
 from fp16lab.bench import argument_parser
 from fp16lab.diagnostics import GradientMonitor, auto_backend
 from fp16lab.models import build_model, input_shape
@@ -112,9 +113,9 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
     else:
         dev_name = platform.processor() or platform.machine()
     rows = []
-    off = measure.summarize(samples["hooks off"])
+    off = summarize(samples["hooks off"])
     for variant, xs in samples.items():
-        t = measure.summarize(xs)
+        t = summarize(xs)
         row = {"device": device, "device_name": dev_name, "torch": torch.__version__,
                "model": model_name, "batch": batch, "amp": amp, "variant": variant,
                "n_params": n_params, "threads": torch.get_num_threads(),
@@ -124,7 +125,7 @@ def measure(model_name: str, device: str, batch: int, amp: bool, rounds: int,
                # the fast tail is what load from other processes disturbs least
                "overhead_p10_pct": 100 * (t.p10_ms / off.p10_ms - 1)}
         if cpu[variant]:
-            c, c_off = measure.summarize(cpu[variant]), measure.summarize(cpu["hooks off"])
+            c, c_off = summarize(cpu[variant]), summarize(cpu["hooks off"])
             row.update(cpu_time_median_ms=c.median_ms,
                        cpu_time_overhead_pct=100 * (c.median_ms / c_off.median_ms - 1))
         rows.append(row)
@@ -193,11 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         rows += measure("small_cnn", "cpu", a.cpu_batch, False, a.rounds, a.steps, warmup=3)
     if not a.quick:  # keep the rows of the device not measured now (e.g. CPU with --gpu-only)
-        rows = measure.merge_with_previous(a.name, rows, data_dir=measure.data_dir() if a.replace else None)
+        rows = merge_with_previous(a.name, rows, data_dir=committed_dir() if a.replace else None)
     import tempfile
 
     data_dir = Path(tempfile.mkdtemp()) if a.quick else None  # a smoke test leaves data/ alone
-    path = measure.write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
+    path = write_result(a.name, rows, data_dir=data_dir, replace=a.replace,
                               meta={"benchmark": "fp16lab.bench.diagnostics_overhead",
                                     "rounds": a.rounds, "steps_per_block": a.steps})
     print(f"wrote {path}")

@@ -1,6 +1,6 @@
 """Which side caps ResNet-50 training on real JPEGs: the input pipeline, or the model?
 
-One run measures, on a JPEG data set made by ``fp16lab.data.make_image_folder`` (500x375,
+One run measures, on a JPEG data set made by ``fp16lab.inputs.make_image_folder`` (500x375,
 quality 90, about 105 kB a file):
 
 1. **loader only**: images/s of each input backend (``fp16lab.inputs.BACKENDS``; hw-decode
@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from fp16lab import measure
+from fp16lab.measure import write_result
 from fp16lab.bench import argument_parser
 from fp16lab.device import device_info
 from fp16lab.inputs import (GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS, InputSettings, cpu_cores,
@@ -181,18 +181,18 @@ def main(argv: list[str] | None = None) -> int:
         meta["host_note"] = a.host_note
     rows: list[dict[str, Any]] = []
     path = None
-    for label, measure in plan(a, device):
+    for label, measure_row in plan(a, device):
         spent = time.perf_counter() - t0
         if spent > a.budget_s:
             rows.append({"label": label, "status": "skipped",
                          "error": f"time budget of {a.budget_s:.0f} s spent"})
         else:
-            row = {"label": label, **measure()}
+            row = {"label": label, **measure_row()}
             rows.append(row)
             ips = row.get("images_per_s")
             print(f"{time.perf_counter() - t0:6.1f} s  {label:42s} {row['status']:7s} "
                   f"{'' if ips is None else f'{ips:8.0f} img/s'} {row['error'][:90]}", flush=True)
-        path = measure.write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
+        path = write_result(name, rows, meta=meta, data_dir=out, replace=a.replace)  # a kill keeps what ran
     print()
     print(f"{'row':42s} {'status':7s} {'img/s':>8s} {'CPU cores':>9s} {'CPU %':>6s}")
     for r in rows:

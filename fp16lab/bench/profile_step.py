@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from fp16lab import execution as E
-from fp16lab import measure
+from fp16lab.measure import summarize, write_result
 from fp16lab import profile as P
 from fp16lab.bench import argument_parser
 from fp16lab.telemetry import TelemetrySampler
@@ -184,7 +184,7 @@ def measure(point: dict[str, Any], args: argparse.Namespace, cuda: bool,
         sampler = TelemetrySampler(enabled=cuda, interval_s=0.05)
         with sampler:
             blocks = time_blocks(step, cuda=cuda, steps=args.steps, repeats=args.repeats)
-        t = measure.summarize(blocks)
+        t = summarize(blocks)
         row.update(step_ms=t.median_ms, step_ms_p10=t.p10_ms, step_ms_p90=t.p90_ms,
                    spread=t.spread, repeats=args.repeats, steps=args.steps,
                    samples_per_s=point["batch"] / (t.median_ms / 1e3),
@@ -305,8 +305,8 @@ def save(args: argparse.Namespace, cuda: bool, rows: list[dict[str, Any]],
                         "no host sync inside a block; idle fraction and kernel time from a "
                         "torch.profiler trace of further steps; timed idle = 1 - trace busy "
                         "time per step / timed step time"}
-    path = measure.write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
-    tl_path = measure.write_result(f"{name}_timelines", [
+    path = write_result(name, rows, meta=meta, data_dir=args.out, replace=args.replace)
+    tl_path = write_result(f"{name}_timelines", [
         {"point": k, **v} for k, v in timelines.items()], meta={"benchmark": "profile_step"},
         data_dir=args.out, replace=args.replace)
     return path, tl_path

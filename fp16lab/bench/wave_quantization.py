@@ -15,7 +15,8 @@ import re
 import sys
 from typing import Any
 
-from fp16lab import measure, waves
+from fp16lab.measure import cuda_kernels, cuda_missing, time_cuda, write_result
+from fp16lab import waves
 from fp16lab.bench import argument_parser
 
 #: The Linear layer measured (in and out features), and the default batch range.
@@ -43,8 +44,8 @@ def measure(batches: tuple[int, ...] = BATCHES, *, features: int = FEATURES, war
     for m in batches:
         x = torch.randn(m, features, device="cuda", dtype=torch.float16)
         fn = lambda: F.linear(x, w)  # noqa: E731
-        t = measure.time_cuda(fn, warmup=warmup, repeat=repeat)
-        names = [n for n, _ in measure.cuda_kernels(fn)]
+        t = time_cuda(fn, warmup=warmup, repeat=repeat)
+        names = [n for n, _ in cuda_kernels(fn)]
         kernel = next((n for n in names if waves.tile_from_kernel(n)), names[0] if names else "")
         tile = waves.tile_from_kernel(kernel)
         row = {"batch": m, "n": features, "k": features, "median_ms": t.median_ms,
@@ -66,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)
-    why = measure.cuda_missing("fp16lab.bench.wave_quantization")
+    why = cuda_missing("fp16lab.bench.wave_quantization")
     if why:
         print(why, file=sys.stderr)
         return 2
     batches = (128, 256, 320) if args.quick else BATCHES
     rows = measure(batches, repeat=10 if args.quick else 50)
-    path = measure.write_result(f"wave_quantization_{gpu_slug()}", rows,
+    path = write_result(f"wave_quantization_{gpu_slug()}", rows,
                               meta={"benchmark": "fp16lab.bench.wave_quantization",
                                     "features": FEATURES, "dtype": "float16"},
                               replace=args.replace)

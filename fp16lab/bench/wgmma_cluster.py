@@ -30,7 +30,7 @@ from fp16lab import measure
 from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, gemm_flops
 from fp16lab.kernels import wgmma as launcher
-from fp16lab.kernels.compiler import require_cupy
+from fp16lab.kernels.compiler import KernelUnavailable, require_cupy
 from fp16lab.kernels.measure import worst_error_ratio
 
 CASES = {
@@ -52,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="default: data/local/ (data/ with --replace)")
     p.add_argument("--replace", action="store_true", help="write the committed file in data/")
     args = p.parse_args(argv)
-    cupy = require_cupy()
-    launcher.require()
+    try:
+        cupy = require_cupy()
+        launcher.require()
+    except KernelUnavailable as e:
+        print(f"fp16lab.bench.wgmma_cluster needs a Hopper GPU with CuPy, nvcc and cuda-bindings: {e}", file=sys.stderr)
+        return 2
     rng = cupy.random.default_rng()
     rows = []
     for n in args.sizes:

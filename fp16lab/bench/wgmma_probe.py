@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fp16lab.kernels import KERNELS, gemm
 from fp16lab.kernels import wgmma as launcher
-from fp16lab.kernels.compiler import require_cupy
+from fp16lab.kernels.compiler import KernelUnavailable, require_cupy
 from fp16lab.kernels.measure import worst_error_ratio
 
 SHAPES = ((128, 256, 64), (256, 512, 256), (129, 264, 72), (1000, 1001, 1003), (2048, 2048, 2048))
@@ -28,8 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ok-file", type=Path, help="append the name of each kernel that passed here")
     args = p.parse_args(argv)
-    cupy = require_cupy()
-    launcher.require()
+    try:
+        cupy = require_cupy()
+        launcher.require()
+    except KernelUnavailable as e:
+        print(f"fp16lab.bench.wgmma_probe needs a Hopper GPU with CuPy, nvcc and cuda-bindings: {e}", file=sys.stderr)
+        return 2
     rng = cupy.random.default_rng()
     failed = []
     for name in [k for k, s in KERNELS.items() if s.layout == "tma"]:
