@@ -87,6 +87,10 @@ class CensusResult:
         span = f"; log2|x| in [{rng[0]}, {rng[1]}]" if rng else ""
         return f"census of {self.n:,} {self.dtype} values in {self.fmt}: {parts}{span}"
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython's plain-text display: the sentence of __str__, not the dataclass's field dump
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         fr = self.fractions
         head = "".join(f"<th>{k}</th>" for k in CLASSES)

@@ -133,3 +133,15 @@ def test_execute_saves_the_executed_notebook_even_when_a_cell_fails(tmp_path):
     assert saved.cells[2].outputs[0]["ename"] == "ValueError"
     assert saved.cells[3].get("outputs") == []
     assert any("ValueError: planted" in p for p in row["problems"])
+
+
+def test_section_summary_names_only_the_long_sections(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
+    assert nt.section_summary("03") == "No timings of this notebook in data/."
+    row = {"notebook": "03_x", "wall_s": 150.0, "finished": True, "error": "", "problems": [],
+           "sections": [{"section": "opening", "seconds": 6.0}, {"section": "1. A", "seconds": 144.0}]}
+    (tmp_path / "notebook_times_cpu.json").write_text(json.dumps({"meta": META, "rows": [row]}))
+    text = nt.section_summary("03")
+    assert text == ("Running every cell takes about 2 min on a CPU. Sections that take a minute or "
+                    "more: '1. A' (about 2 min on a CPU).")
+    assert "opening" not in text

@@ -5,7 +5,8 @@ timing nbclient writes into every cell, the minutes each ``## `` section took, w
 warnings and tracebacks found in the outputs. On a GPU the file is
 ``notebook_times.json``, on a CPU ``notebook_times_cpu.json`` (data/local/, or data/ with
 ``--replace``); a run of some notebooks keeps the earlier rows of the others. The notebooks'
-openings read both files (:func:`section_minutes`) to say how long each section takes.
+openings read both files (:func:`section_summary`) to say how long the notebook and its longer
+sections take.
 
     python -m fp16lab.bench.notebook_times               # every notebook
     python -m fp16lab.bench.notebook_times --only 03,04  # some of them
@@ -127,6 +128,44 @@ def section_minutes(notebook: str):
     return pd.DataFrame({label: [c.get(k, "") for k in index] if c is not None
                          else ["no measurement"] * len(index)
                          for label, c in columns.items()}, index=index)
+
+
+def _minutes_text(seconds: float) -> str:
+    minutes = seconds / 60
+    if minutes < 1:
+        return "under a minute"
+    return f"about {minutes:.0f} min" if minutes >= 2 else f"about {minutes:.1f} min"
+
+
+def section_summary(notebook: str) -> str:
+    """Returns, in a sentence or two, how long running every cell of a notebook (by number, e.g.
+    '03') took on a CPU and on a GPU, naming only the sections that took a minute or more; read
+    from the measured files. The notebooks' openings print it."""
+    totals, long, unsplit = [], [], []
+    for gpu in (False, True):
+        try:
+            payload = measure.read_result(result_name(gpu))
+        except FileNotFoundError:
+            continue
+        row = next((r for r in payload["rows"] if r["notebook"].startswith(notebook)), None)
+        if row is None:
+            continue
+        where = f"the {payload['meta']['gpu_name']}" if gpu and payload["meta"].get("gpu_name") \
+            else "a GPU" if gpu else "a CPU"
+        done = "" if row.get("finished", True) else " (it did not finish)"
+        totals.append(f"{_minutes_text(row['wall_s'])} on {where}{done}")
+        long += [f"{s['section']!r} ({_minutes_text(s['seconds'])} on {where})"
+                 for s in row["sections"] if s["seconds"] >= 60]
+        if not row["sections"]:
+            unsplit.append(where)
+    if not totals:
+        return "No timings of this notebook in data/."
+    text = f"Running every cell takes {' and '.join(totals)}."
+    if long:
+        return text + f" Sections that take a minute or more: {', '.join(long)}."
+    if unsplit:
+        return text + f" (The run on {' and '.join(unsplit)} recorded no time per section.)"
+    return text + " No section takes a minute."
 
 
 #: notebooks/WORKSHOP.md's measured-minutes table sits between these two lines.

@@ -122,6 +122,11 @@ class Explanation:
         width = max(len(k) for k, _ in self.rows())
         return "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows())
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython's plain-text display (a console, a notebook's text output): the table, not the
+        # dataclass's field dump
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         import html
 

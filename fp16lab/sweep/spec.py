@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -177,6 +178,15 @@ def check_tolerance(tolerance: Any, name: str = "tolerance") -> None:
                          f"apart), got {tolerance!r}")
 
 
+def _axis_text(value: Any) -> str:
+    if isinstance(value, ScalerSettings):
+        log2 = math.log2(value.init_scale)
+        init = f"2^{log2:.0f}" if log2.is_integer() else f"{value.init_scale:.4g}"
+        return (f"scaler(init {init}, growth x{value.growth_factor:g} every "
+                f"{value.growth_interval}, backoff x{value.backoff_factor:g})")
+    return str(value)
+
+
 def _check_batches(batches: Sequence[Any]) -> None:
     if not batches:
         raise ValueError("the sweep needs at least one batch size (a positive integer)")
@@ -257,6 +267,24 @@ class SweepSpec:
             raise ValueError(f"telemetry_interval_s must be > 0, got {self.telemetry_interval_s!r}")
         self.resolved_device()  # fails now if 'cuda' was asked for without a GPU
         self.points()  # fails now if a value is bad or applies to no point
+
+    def __str__(self) -> str:
+        """Returns the grid in a few lines: the axes that vary or differ from the defaults, the
+        number of points, and how each is measured."""
+        defaults = SweepSpec.__dataclass_fields__
+        lines = []
+        for name in _GRID_AXES:
+            value = getattr(self, name)
+            if name in ("models", "batches", "precisions") or len(value) > 1 \
+                    or value != defaults[name].default:
+                shown = [_axis_text(v) for v in value]
+                lines.append(f"  {name.replace('_', ' ')}: {', '.join(shown)}")
+        n = len(self.points())
+        return (f"a sweep of {n} point{'s' if n != 1 else ''} on {self.resolved_device()}:\n"
+                + "\n".join(lines) + "\n"
+                f"  each: {self.warmup} warm-up + {self.steps} timed steps, {self.repeats} "
+                f"repeat{'s' if self.repeats != 1 else ''} interleaved, UNSTABLE above "
+                f"{self.tolerance:.0%} spread")
 
     def resolved_device(self) -> str:
         """Returns 'cuda' or 'cpu': where the points run."""
