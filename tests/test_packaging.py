@@ -85,8 +85,13 @@ def _make_n_setup(tmp_path, *variables: str) -> list[str]:
     if shutil.which("make") is None:
         import pytest
         pytest.skip("no `make` here")
+    import os
+
+    # the Makefile's defaults, not what the caller exported (CI exports TORCH_SPEC, VISION_SPEC)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_SPEC", "VISION_SPEC", "TORCH_INDEX", "CUDA_MAJOR", "MAKEFLAGS")}
     out = subprocess.run(["make", "-n", "-s", "setup", f"VENV={tmp_path / 'venv'}", *variables],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+                         cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     return [ln.split("pip install -q", 1)[1].split() for ln in out.splitlines()
             if "pip install -q" in ln and "--upgrade pip" not in ln]
 
