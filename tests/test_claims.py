@@ -578,3 +578,19 @@ def test_precision_spelling_names_the_api_from_the_values():
         == "torch.backends.cuda.matmul.fp32_precision"
     assert precision_spelling({"precision_flag_off": "highest", "precision_flag_on": "high"}) \
         == "torch.get_float32_matmul_precision()"
+
+
+def test_cpu_exercise_of_the_gpu_claims_trains_the_small_cnn_even_with_torchvision(monkeypatch):
+    """ResNet-50 takes tens of seconds a step on a CPU: exercising the GPU claims' code paths there
+    must pick the small CNN whether or not torchvision is installed; on a GPU, ResNet-50."""
+    import importlib.util
+
+    from fp16lab.claims import core, training
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # torchvision "there"
+    monkeypatch.setattr(core, "EXERCISE_ON_CPU", True)
+    assert training._cnn_name() == "small_cnn"
+    monkeypatch.setattr(core, "EXERCISE_ON_CPU", False)
+    assert training._cnn_name() == "resnet50"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert training._cnn_name() == "small_cnn"
