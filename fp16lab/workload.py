@@ -43,6 +43,7 @@ from . import validate
 from .fp8.linear import convert_to_fp8
 from .recipes import PRECISIONS, autocast, check_precision, make_train_step, math_flags, sgd
 from .scaling import ScalerSettings
+from .workloads import WORKLOADS, WorkloadNeedsPackage
 
 #: Memory layouts a workload's step can take; ``channels_last`` only where the model convolves.
 LAYOUTS = ("nchw", "channels_last")
@@ -57,10 +58,6 @@ class WorkloadCannotRun(ValueError):
 
 class WorkloadNotFound(ImportError):
     """A workload name that does not import: no such module, or no such factory in it."""
-
-
-class WorkloadNeedsPackage(ImportError):
-    """A workload needs a package that is not installed; the message gives the pip command."""
 
 
 def _plain(name: str, value: Any) -> Any:
@@ -304,8 +301,6 @@ def load_workload(name: str, **settings: Any) -> Workload:
     importable (on ``sys.path``). The workload records the name and the settings, so it
     pickles and a torchrun rank rebuilds it with ``load_workload(w.reference, **w.settings)``.
     """
-    from .workloads import WORKLOADS  # local: the built-in workloads import this module
-
     if not isinstance(name, str):
         raise TypeError(f"a workload name must be a str, got {type(name).__name__}")
     settings = check_settings(settings)
@@ -510,7 +505,6 @@ def step_autocast(precision: str, device: str) -> Any:
                     device)
 
 
-__all__ = ["LAYOUTS", "Workload", "WorkloadCannotRun", "WorkloadNeedsPackage", "WorkloadNotFound",
-           "WorkloadStep",
+__all__ = ["LAYOUTS", "Workload", "WorkloadCannotRun", "WorkloadNotFound", "WorkloadStep",
            "check_settings", "cross_entropy", "lm_cross_entropy", "load_workload",
            "loader_batch", "synthetic_batch", "token_batch", "train_step"]

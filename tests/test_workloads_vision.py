@@ -59,7 +59,7 @@ def test_resnet50_tiny_trains_a_step(layout):
 def test_a_missing_package_gives_the_pip_command(monkeypatch):
     import importlib.util
 
-    from fp16lab.workload import WorkloadNeedsPackage
+    from fp16lab.workloads import WorkloadNeedsPackage
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -38,6 +38,10 @@ NEEDS = {
 }
 
 
+class WorkloadNeedsPackage(ImportError):
+    """A workload needs a package that is not installed; the message gives the pip command."""
+
+
 def missing_package(name: str) -> str | None:
     """Returns why the built-in workload ``name`` cannot be built here (a package it needs is
     not installed, with the pip command), or None where it can."""
@@ -60,12 +64,10 @@ def missing_package(name: str) -> str | None:
 
 
 def require(name: str) -> None:
-    """Raises :class:`fp16lab.workload.WorkloadNeedsPackage` where ``missing_package`` says why."""
-    from ..workload import WorkloadNeedsPackage  # local: fp16lab.workload imports this package
-
+    """Raises :class:`WorkloadNeedsPackage` where :func:`missing_package` says why."""
     reason = missing_package(name)
     if reason is not None:
         raise WorkloadNeedsPackage(reason)
 
 
-__all__ = ["NEEDS", "WORKLOADS", "missing_package", "require"]
+__all__ = ["NEEDS", "WORKLOADS", "WorkloadNeedsPackage", "missing_package", "require"]
