@@ -145,25 +145,24 @@ def optimizer_state_bytes(factory: Callable[[Any], torch.optim.Optimizer],
     return counted, f"{kind.__name__}: counted after one step on CPU copies"
 
 
-@contextlib.contextmanager
-def _forward_only(counter: SavedTensors) -> Iterator[Callable[[str], ContextManager[Any]]]:
-    """Yields a make_train_step ``region`` that counts saved tensors in the forward phase only."""
+def _forward_only(counter: SavedTensors) -> Callable[[str], ContextManager[Any]]:
+    """Returns a make_train_step ``region`` that counts saved tensors in the forward phase only
+    (the loss is computed there too)."""
 
     @contextlib.contextmanager
     def region(name: str) -> Iterator[None]:
         with counter.hooks() if name == "forward" else contextlib.nullcontext():
             yield
 
-    yield region
+    return region
 
 
 def _step_with_counter(workload: Workload, precision: str, device: Any, batch_size: int,
                        layout: str, seed: int, checkpoint: Any = None,
                        ) -> tuple[WorkloadStep, SavedTensors]:
     counter = SavedTensors()
-    with _forward_only(counter) as region:
-        step = train_step(workload, precision, device, batch_size, layout=layout, seed=seed,
-                          region=region)
+    step = train_step(workload, precision, device, batch_size, layout=layout, seed=seed,
+                      region=_forward_only(counter))
     counter.exclude = {_storage_key(t) for t in [*step.model.parameters(), *step.model.buffers(),
                                                  *_tensors(step.inputs), *_tensors(step.targets)]}
     if checkpoint is not None:

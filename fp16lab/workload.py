@@ -41,7 +41,7 @@ from torch import nn
 
 from . import validate
 from .fp8.linear import convert_to_fp8
-from .recipes import PRECISIONS, autocast, check_precision, make_train_step, math_flags, sgd
+from .recipes import PRECISIONS, check_precision, make_train_step, math_flags, sgd
 from .scaling import ScalerSettings
 from .workloads import WORKLOADS, WorkloadNeedsPackage
 
@@ -117,8 +117,9 @@ class Workload:
             :data:`fp16lab.recipes.PRECISIONS`); the others raise :class:`WorkloadCannotRun`.
         settings: plain values (see :func:`check_settings`) that built it, which travel with
             its ``reference`` to torchrun ranks.
-        reference: ``"package.module:factory"`` that builds it from ``settings``; set by
-            :func:`load_workload` (a workload without one does not pickle).
+        reference: ``"package.module:factory"`` that built it; set by :func:`load_workload`
+            (a workload without one does not pickle).
+        arguments: the settings that factory was called with (what a rank calls it with).
     """
 
     name: str
@@ -131,6 +132,7 @@ class Workload:
     precisions: tuple[str, ...] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     reference: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -152,7 +154,7 @@ class Workload:
         if self.reference is None:
             raise TypeError(f"workload {self.name!r} was not made by load_workload, so it cannot "
                             "travel to another process: give it a 'package.module:factory' name")
-        return _load_with_settings, (self.reference, self.settings)
+        return _load_with_settings, (self.reference, self.arguments)
 
     def logits(self, out: Any) -> Any:
         """Returns the part of the model's output the loss takes (see ``output``)."""
@@ -299,7 +301,8 @@ def load_workload(name: str, **settings: Any) -> Workload:
     ``name`` is a built-in workload (:data:`fp16lab.workloads.WORKLOADS`) or
     ``"package.module:factory"``, a function returning a :class:`Workload`; the module must be
     importable (on ``sys.path``). The workload records the name and the settings, so it
-    pickles and a torchrun rank rebuilds it with ``load_workload(w.reference, **w.settings)``.
+    pickles and a torchrun rank rebuilds it with ``load_workload(w.reference, **w.arguments)``;
+    its ``settings`` (what a row records) are its own with these on top.
     """
     if not isinstance(name, str):
         raise TypeError(f"a workload name must be a str, got {type(name).__name__}")
@@ -331,7 +334,7 @@ def load_workload(name: str, **settings: Any) -> Workload:
     if not isinstance(built, Workload):
         raise TypeError(f"workload {name!r}: {reference} returned a {type(built).__name__}, "
                         "not a fp16lab.workload.Workload")
-    built.reference = reference
+    built.reference, built.arguments = reference, settings
     built.settings = {**built.settings, **settings}
     return built
 
@@ -496,13 +499,6 @@ def _loss_of(workload: Workload) -> Callable[[_FloatLogits, Any], torch.Tensor]:
         return value
 
     return run
-
-
-def step_autocast(precision: str, device: str) -> Any:
-    """Returns the autocast context a workload's forward runs in under ``precision`` (FP8's
-    non-FP8 parts run as amp-bf16)."""
-    return autocast("amp-bf16" if PRECISIONS[check_precision(precision)].fp8 else precision,
-                    device)
 
 
 __all__ = ["LAYOUTS", "Workload", "WorkloadCannotRun", "WorkloadNotFound", "WorkloadStep",

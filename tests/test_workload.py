@@ -134,6 +134,13 @@ def test_fp8_without_a_linear_layer_it_can_take_cannot_run():
     assert issubclass(WorkloadCannotRun, ValueError)  # the engines' rows catch ValueError
 
 
+def test_a_loss_that_is_not_a_scalar():
+    w = Workload(name="bad-loss", build=user_workload().build, batch=user_workload().batch,
+                 loss=lambda out, y: out)
+    with pytest.raises(TypeError, match="'bad-loss': loss must return a scalar tensor"):
+        train_step(w, "fp32", "cpu", 4)()
+
+
 def test_an_unknown_precision_or_layout_is_a_plain_error():
     with pytest.raises(ValueError, match="unknown precision 'fp12'"):
         train_step(user_workload(), "fp12", "cpu", 4)
@@ -173,6 +180,7 @@ def user_module(tmp_path, monkeypatch):
 def test_a_workload_by_module_and_function(user_module):
     w = load_workload(f"{user_module}:make", width=16)
     assert (w.name, w.reference, w.settings) == ("tmp-mlp", "my_workloads:make", {"width": 16})
+    assert w.arguments == {"width": 16}  # what the factory was called with
     assert w.build()[0].out_features == 16
     again = pickle.loads(pickle.dumps(w))  # what a rank receives: the name and the settings
     assert (again.reference, again.settings, again.build()[0].out_features) == \
