@@ -316,10 +316,14 @@ def measure_peak(workload: Workload, precision: str, batch_size: int, *, steps: 
 
 
 def compare(workload: Workload, precision: str, batch_size: int, *, layout: str = "nchw",
-            seed: int = 0, steps: int = 3) -> dict[str, Any]:
-    """Returns the prediction (activations counted on the CPU) beside the measured CUDA peak,
-    and their ratio (``predicted / measured``)."""
-    predicted = predict(workload, precision, batch_size, layout=layout, seed=seed).as_dict()
+            seed: int = 0, steps: int = 3, count_on: Any = "cpu") -> dict[str, Any]:
+    """Returns the prediction beside the measured CUDA peak, and their ratio (``predicted /
+    measured``); ``count_on`` is where the activations are counted (``"cuda"`` is quicker for
+    the real sizes, whose CPU step takes minutes)."""
+    predicted = predict(workload, precision, batch_size, layout=layout, seed=seed,
+                        device=count_on).as_dict()
+    if count_on != "cpu":
+        torch.cuda.empty_cache()
     measured = measure_peak(workload, precision, batch_size, layout=layout, seed=seed,
                             steps=steps)
     return {**predicted, "measured_peak": measured["peak_bytes"],
