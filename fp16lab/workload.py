@@ -1,0 +1,506 @@
+"""Workloads: the model, batch, loss and optimizer one training point trains, defined by the user.
+
+A :class:`Workload` is what every engine trains instead of a built-in model name. A user
+writes it in a few lines::
+
+    def my_workload(width: int = 64) -> Workload:
+        return Workload(
+            name="my-mlp",
+            build=lambda: nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 10)),
+            batch=synthetic_batch((32,), num_classes=10),
+            settings={"width": width})
+
+and names it ``"my_package.my_module:my_workload"``: :func:`load_workload` imports the module,
+calls the factory with the settings, and checks what comes back. The name and the settings
+(plain values only) are all a torchrun rank needs to build the same workload, so a workload
+pickles as that pair.
+
+:func:`train_step` builds one training step of a workload under any precision of
+:data:`fp16lab.recipes.PRECISIONS`, on :func:`fp16lab.recipes.make_train_step` (an FP8 one
+swaps the linear layers first, as :mod:`fp16lab.fp8` does, then trains as ``amp-bf16``). A
+workload that cannot run a setting (channels_last without a convolution, FP8 without a linear
+layer FP8 can take, a precision the workload rules out) raises :class:`WorkloadCannotRun`,
+naming the workload and the setting.
+
+Inputs may be one tensor (``model(x)``), a tuple (``model(*x)``) or a dict (``model(**x)``,
+as Hugging Face models take ``input_ids``); a model returning a dict or a ``ModelOutput``
+says which entry the loss takes with ``output="logits"`` (or a function of the output).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import validate
+from .fp8.linear import convert_to_fp8
+from .recipes import PRECISIONS, check_precision, make_train_step, math_flags, sgd
+from .scaling import ScalerSettings
+from .workloads import WORKLOADS, WorkloadNeedsPackage
+
+#: Memory layouts a workload's step can take; ``channels_last`` only where the model convolves.
+LAYOUTS = ("nchw", "channels_last")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class WorkloadCannotRun(ValueError):
+    """A workload cannot run a setting (a precision, a layout); the message names both."""
+
+
+class WorkloadNotFound(ImportError):
+    """A workload name that does not import: no such module, or no such factory in it."""
+
+
+def _plain(name: str, value: Any) -> Any:
+    """Returns a settings value if it is plain (None, bool, int, finite float, str, or a
+    list/tuple/dict of those), so that it pickles and writes to JSON for the ranks."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)):
+        return validate.number(name, value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(f"{name}[{i}]", v) for i, v in enumerate(value))
+    if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, str):
+                raise TypeError(f"{name} keys must be strings, got {k!r}")
+        return {k: _plain(f"{name}[{k!r}]", v) for k, v in value.items()}
+    raise TypeError(f"{name} must be a plain value (None, bool, int, float, str, or a list or "
+                    f"dict of those) so that it can travel to the ranks; got "
+                    f"{type(value).__name__}")
+
+
+def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Returns ``settings`` as a dict if every key is a Python name and every value plain."""
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"workload settings must be a dict, got {type(settings).__name__}")
+    for key in settings:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"a workload setting's name must be a Python name, got {key!r}")
+    return {k: _plain(f"setting {k!r}", v) for k, v in settings.items()}
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError("a workload name must be 1-100 letters, digits or _.+- (starting with a "
+                         f"letter or digit), got {name!r}")
+    return name
+
+
+@dataclass(eq=False)
+class Workload:
+    """What one training point trains: the model, its batches, its loss and its optimizer.
+
+    Args:
+        name: what the rows and messages call it (``"bert-base-mlm"``).
+        build: ``build() -> nn.Module``, a freshly initialised model (on the CPU, in fp32).
+        batch: ``batch(size, device) -> (inputs, targets)``; inputs a tensor, a tuple (the
+            model's positional arguments) or a dict (its keywords). :func:`synthetic_batch`
+            makes one; :func:`loader_batch` draws from a DataLoader.
+        loss: ``loss(output, targets) -> scalar tensor``; cross-entropy by default (computed
+            in fp32 whatever the output's dtype, as autocast would).
+        output: which part of the model's output the loss takes: None (the output itself),
+            a key (``"logits"``, for a dict or a transformers ``ModelOutput``) or a function.
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer``; the recipes' SGD by default.
+        layouts: the memory layouts it accepts (:data:`LAYOUTS`); None: detected from the model
+            (``channels_last`` only where it has a convolution).
+        precisions: the precision names it can run (None: every one of
+            :data:`fp16lab.recipes.PRECISIONS`); the others raise :class:`WorkloadCannotRun`.
+        settings: plain values (see :func:`check_settings`) that built it, which travel with
+            its ``reference`` to torchrun ranks.
+        reference: ``"package.module:factory"`` that built it; set by :func:`load_workload`
+            (a workload without one does not pickle).
+        arguments: the settings that factory was called with (what a rank calls it with).
+    """
+
+    name: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[int, Any], tuple[Any, Any]]
+    loss: Callable[[Any, Any], torch.Tensor] | None = None
+    output: str | Callable[[Any], Any] | None = None
+    optimizer: Callable[[Iterable[Any]], torch.optim.Optimizer] | None = None
+    layouts: tuple[str, ...] | None = None
+    precisions: tuple[str, ...] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    reference: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        for what in ("build", "batch"):
+            if not callable(getattr(self, what)):
+                raise TypeError(f"workload {self.name!r}: {what} must be callable")
+        for what in ("loss", "optimizer"):
+            if getattr(self, what) is not None and not callable(getattr(self, what)):
+                raise TypeError(f"workload {self.name!r}: {what} must be callable or None")
+        if self.output is not None and not (isinstance(self.output, str) or callable(self.output)):
+            raise TypeError(f"workload {self.name!r}: output must be a key, a function or None")
+        if self.layouts is not None:
+            self.layouts = tuple(validate.choice("layout", lay, LAYOUTS) for lay in self.layouts)
+        if self.precisions is not None:
+            self.precisions = tuple(check_precision(p) for p in self.precisions)
+        self.settings = check_settings(self.settings)
+
+    def __reduce__(self) -> Any:
+        if self.reference is None:
+            raise TypeError(f"workload {self.name!r} was not made by load_workload, so it cannot "
+                            "travel to another process: give it a 'package.module:factory' name")
+        return _load_with_settings, (self.reference, self.arguments)
+
+    def logits(self, out: Any) -> Any:
+        """Returns the part of the model's output the loss takes (see ``output``)."""
+        if self.output is None:
+            return out
+        if callable(self.output):
+            return self.output(out)
+        return out[self.output] if isinstance(out, Mapping) else getattr(out, self.output)
+
+    def accepted_layouts(self, model: nn.Module | None = None) -> tuple[str, ...]:
+        """Returns the layouts it accepts: its own list, else ``channels_last`` too where the
+        model (built here if not given) has a convolution."""
+        if self.layouts is not None:
+            return self.layouts
+        model = self.build() if model is None else model
+        convolves = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+        return LAYOUTS if convolves else ("nchw",)
+
+    def check_can_run(self, precision: str, layout: str = "nchw",
+                      model: nn.Module | None = None) -> None:
+        """Raises :class:`WorkloadCannotRun` where the workload cannot run the setting."""
+        check_precision(precision)
+        validate.choice("layout", layout, LAYOUTS)
+        if self.precisions is not None and precision not in self.precisions:
+            raise WorkloadCannotRun(f"workload {self.name!r} cannot run precision {precision!r}: "
+                                    f"it runs {', '.join(self.precisions)}")
+        if layout not in self.accepted_layouts(model):
+            raise WorkloadCannotRun(f"workload {self.name!r} cannot run layout {layout!r}: it has "
+                                    "no convolution for channels_last to speed up"
+                                    if self.layouts is None else
+                                    f"workload {self.name!r} cannot run layout {layout!r}: it "
+                                    f"accepts {', '.join(self.accepted_layouts(model))}")
+
+
+def _load_with_settings(reference: str, settings: dict[str, Any]) -> Workload:
+    return load_workload(reference, **settings)
+
+
+# ----------------------------------------------------------------------------- batches
+
+def synthetic_batch(shape: tuple[int, ...], num_classes: int, *,
+                    seed: int = 0) -> Callable[[int, Any], tuple[torch.Tensor, torch.Tensor]]:
+    """Returns ``batch(size, device)``: standard-normal inputs of ``(size, *shape)`` and class
+    labels below ``num_classes``, the same for a given size and seed on every call."""
+    shape = tuple(validate.count("input dimension", s) for s in shape)
+    num_classes = validate.count("num_classes", num_classes)
+
+    def batch(size: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        size = validate.count("batch size", size)
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn((size, *shape), generator=gen)
+        y = torch.randint(0, num_classes, (size,), generator=gen)
+        return x.to(device), y.to(device)
+
+    return batch
+
+
+def token_batch(seq_len: int, vocab: int, *, causal: bool, mask_fraction: float = 0.15,
+                seed: int = 0, keys: tuple[str, str | None] = ("input_ids", "attention_mask"),
+                ) -> Callable[[int, Any], tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """Returns ``batch(size, device)`` of random token ids for a language model.
+
+    ``causal``: the targets are the next tokens (the inputs are ids 0..T-1 of a T+1 sequence,
+    the targets ids 1..T). Otherwise masked-LM: the targets are the ids at a random
+    ``mask_fraction`` of the positions and -100 (ignored) elsewhere. ``keys``: the model's
+    keywords for the ids and for an all-ones attention mask (None: no mask, which lets SDPA
+    take its causal path).
+    """
+    seq_len, vocab = validate.count("seq_len", seq_len), validate.count("vocab", vocab, low=2)
+    mask_fraction = validate.number("mask_fraction", mask_fraction, low=0, high=1, low_open=True)
+
+    def batch(size: int, device: Any) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        size = validate.count("batch size", size)
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (size, seq_len + causal), generator=gen)
+        if causal:
+            inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+        else:
+            inputs = ids
+            chosen = torch.rand((size, seq_len), generator=gen) < mask_fraction
+            targets = torch.where(chosen, ids, torch.full_like(ids, -100))
+        feed = {keys[0]: inputs.to(device)}
+        if keys[1]:
+            feed[keys[1]] = torch.ones_like(inputs).to(device)
+        return feed, targets.to(device)
+
+    return batch
+
+
+def loader_batch(loader: Iterable[Any]) -> Callable[[int, Any], tuple[Any, Any]]:
+    """Returns ``batch(size, device)`` drawing the next (inputs, targets) of a DataLoader (its
+    batch size must be ``size``), round and round; tensors go to ``device``."""
+    state: dict[str, Any] = {"it": None}
+
+    def batch(size: int, device: Any) -> tuple[Any, Any]:
+        size = validate.count("batch size", size)
+        try:
+            inputs, targets = next(state["it"])
+        except (StopIteration, TypeError):
+            state["it"] = iter(loader)
+            inputs, targets = next(state["it"])
+        got = len(targets)
+        if got != size:
+            raise ValueError(f"the DataLoader gives batches of {got}, not the {size} asked for")
+        return _to(inputs, device), _to(targets, device)
+
+    return batch
+
+
+def _to(value: Any, device: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+# ----------------------------------------------------------------------------- losses
+
+def cross_entropy(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy in fp32 over every position (a classifier's (N, C) or a token model's
+    (N, T, V) logits), ignoring targets of -100."""
+    return F.cross_entropy(out.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
+
+
+def lm_cross_entropy(vocab: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Returns :func:`cross_entropy` over the first ``vocab`` logits only: a vocabulary padded
+    to a multiple of 64 adds columns no token uses, which the softmax must not see."""
+    vocab = validate.count("vocab", vocab)
+
+    def loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(out[..., :vocab], targets)
+
+    return loss
+
+
+# ----------------------------------------------------------------------------- by name
+
+def load_workload(name: str, **settings: Any) -> Workload:
+    """Returns the workload ``name`` builds with ``settings``.
+
+    ``name`` is a built-in workload (:data:`fp16lab.workloads.WORKLOADS`) or
+    ``"package.module:factory"``, a function returning a :class:`Workload`; the module must be
+    importable (on ``sys.path``). The workload records the name and the settings, so it
+    pickles and a torchrun rank rebuilds it with ``load_workload(w.reference, **w.arguments)``;
+    its ``settings`` (what a row records) are its own with these on top.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a workload name must be a str, got {type(name).__name__}")
+    settings = check_settings(settings)
+    reference = WORKLOADS.get(name, name)
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not _DOTTED.match(module_name) or not attr.isidentifier():
+        known = ", ".join(WORKLOADS)
+        raise ValueError(f"workload {name!r} is neither a built-in one ({known}) nor "
+                         "'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise WorkloadNotFound(f"workload {name!r}: module {module_name!r} cannot be imported "
+                               f"({e}); is it on sys.path?") from e
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise WorkloadNotFound(f"workload {name!r}: module {module_name!r} has no {attr!r}")
+    if not callable(factory):
+        raise TypeError(f"workload {name!r}: {reference} is a {type(factory).__name__}, not a "
+                        "function returning a Workload")
+    try:
+        built = factory(**settings)
+    except WorkloadNeedsPackage:
+        raise
+    except Exception as e:
+        raise RuntimeError(f"workload {name!r}: {reference}({_shown(settings)}) raised "
+                           f"{type(e).__name__}: {e}") from e
+    if not isinstance(built, Workload):
+        raise TypeError(f"workload {name!r}: {reference} returned a {type(built).__name__}, "
+                        "not a fp16lab.workload.Workload")
+    built.reference, built.arguments = reference, settings
+    built.settings = {**built.settings, **settings}
+    return built
+
+
+def _shown(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in settings.items())
+
+
+# ----------------------------------------------------------------------------- the step
+
+class _Inputs:
+    """A batch's inputs as the model takes them; ``half()`` casts only the floating tensors
+    (recipes.make_train_step halves the inputs for fp16-o2: token ids must stay ids)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def half(self) -> "_Inputs":
+        return _Inputs(_map_float(self.value, torch.Tensor.half))
+
+    def call(self, model: Callable[..., Any]) -> Any:
+        if isinstance(self.value, Mapping):
+            return model(**self.value)
+        if isinstance(self.value, (list, tuple)):
+            return model(*self.value)
+        return model(self.value)
+
+
+def _map_float(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value) if value.is_floating_point() else value
+    if isinstance(value, Mapping):
+        return {k: _map_float(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_float(v, fn) for v in value)
+    return value
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
+@dataclass
+class WorkloadStep:
+    """One workload's training step: ``loss = step()`` trains once on the batch it was built
+    with (``step(inputs, targets)`` on another batch of the same kind, on the device)."""
+
+    run: Callable[..., torch.Tensor]
+    workload: Workload
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    inputs: Any
+    targets: Any
+    precision: str
+    layout: str
+    converted: list[str] = field(default_factory=list)
+
+    def __call__(self, inputs: Any = None, targets: Any = None) -> torch.Tensor:
+        with math_flags(self.precision):
+            if inputs is None:
+                return self.run()
+            if self.layout == "channels_last":
+                inputs = _map_float(inputs, _channels_last)
+            return self.run(_Inputs(inputs), targets)
+
+    def next_batch(self) -> torch.Tensor:
+        """Trains once on the workload's next batch (a DataLoader's next, say)."""
+        inputs, targets = self.workload.batch(_batch_size(self.targets), self.inputs_device)
+        return self(inputs, targets)
+
+    @property
+    def inputs_device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def _batch_size(targets: Any) -> int:
+    return len(targets)
+
+
+def train_step(workload: Workload, precision: str, device: str | torch.device, batch_size: int, *,
+               layout: str = "nchw", scaler: ScalerSettings | None = None, seed: int = 0,
+               **engine: Any) -> WorkloadStep:
+    """Returns a :class:`WorkloadStep` training a fresh ``workload`` model under ``precision``.
+
+    The model is built (seeded by ``seed``), moved to ``device`` and put in ``layout``; the
+    batch is the workload's of ``batch_size``. The step is :func:`fp16lab.recipes.make_train_step`
+    with the workload's loss and optimizer; an FP8 precision first swaps the linear layers FP8
+    can take (:func:`fp16lab.fp8.linear.convert_to_fp8`) and trains as ``amp-bf16``. The maths
+    flags (TF32) are set around each call. ``engine`` passes make_train_step's keywords an
+    engine adds (``forward``, ``autocast_cache``, ``after_backward``, ``unscale_first``,
+    ``region``, ``loss_scaler``).
+
+    Raises:
+        WorkloadCannotRun: the workload rules out the precision or the layout, or an FP8
+            precision finds no linear layer it can take.
+    """
+    check_precision(precision)
+    batch_size = validate.count("batch_size", batch_size)
+    validate.choice("layout", layout, LAYOUTS)
+    torch.manual_seed(validate.count("seed", seed, low=0))
+    try:
+        model = workload.build()
+    except Exception as e:
+        raise RuntimeError(f"workload {workload.name!r}: build() raised {type(e).__name__}: {e}") \
+            from e
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"workload {workload.name!r}: build() returned a {type(model).__name__}, "
+                        "not a torch.nn.Module")
+    workload.check_can_run(precision, layout, model)
+    p = PRECISIONS[precision]
+    converted: list[str] = []
+    if p.fp8:
+        converted = convert_to_fp8(model, p.fp8_recipe)
+        if not converted:
+            raise WorkloadCannotRun(
+                f"workload {workload.name!r} cannot run precision {precision!r}: it has no "
+                "nn.Linear FP8 can take (features multiples of 16, or 128 for blockwise; the "
+                "output layer named 'head' is kept)")
+    device = torch.device(device)
+    model = model.to(device)
+    inputs, targets = workload.batch(batch_size, device)
+    if layout == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        inputs = _map_float(inputs, _channels_last)
+    engine = {**engine, "forward": _forward_of(workload, engine.get("forward"), model)}
+    body, gs = make_train_step("amp-bf16" if p.fp8 else precision, model, _Inputs(inputs),
+                               targets, device=device.type, scaler=scaler,
+                               optimizer=workload.optimizer or sgd, loss_fn=_loss_of(workload),
+                               **engine)
+    return WorkloadStep(body, workload, model, body.optimizer, gs, inputs, targets, precision,
+                        layout, converted)
+
+
+def _forward_of(workload: Workload, forward: Any, model: nn.Module) -> Callable[[_Inputs], Any]:
+    through = model if forward is None else forward
+
+    def run(inputs: _Inputs) -> Any:
+        return _FloatLogits(workload.logits(inputs.call(through)))
+
+    return run
+
+
+class _FloatLogits:
+    """The output the loss takes; make_train_step calls ``.float()`` on it under fp16-o2."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def float(self) -> "_FloatLogits":
+        return _FloatLogits(_map_float(self.value, torch.Tensor.float))
+
+
+def _loss_of(workload: Workload) -> Callable[[_FloatLogits, Any], torch.Tensor]:
+    loss = workload.loss or cross_entropy
+
+    def run(out: _FloatLogits, targets: Any) -> torch.Tensor:
+        value = loss(out.value, targets)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise TypeError(f"workload {workload.name!r}: loss must return a scalar tensor, got "
+                            f"{type(value).__name__}")
+        return value
+
+    return run
+
+
+__all__ = ["LAYOUTS", "Workload", "WorkloadCannotRun", "WorkloadNotFound", "WorkloadStep",
+           "check_settings", "cross_entropy", "lm_cross_entropy", "load_workload",
+           "loader_batch", "synthetic_batch", "token_batch", "train_step"]

@@ -1,0 +1,155 @@
+"""fp16lab.memory: the predicted bytes of a step against oracles counted by hand and by torch.
+
+Parameters and gradients are counted by hand from the layer sizes; optimizer state is what
+torch's own optimizers hold after one step; the saved activations of a Linear+ReLU chain are
+counted by hand from what each op keeps for its backward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fp16lab import memory
+from fp16lab.workload import Workload, train_step
+
+B, IN, H, C = 8, 32, 64, 10
+PARAMS = IN * H + H + H * H + H + H * C + C  # three Linear layers, by hand
+
+
+def square_loss(out, targets):
+    return out.float().pow(2).mean()  # pow keeps its input for the backward; mean keeps nothing
+
+
+def chain(optimizer=None, loss=square_loss) -> Workload:
+    def batch(size, device):
+        gen = torch.Generator().manual_seed(0)
+        return torch.randn(size, IN, generator=gen).to(device), torch.zeros(size, dtype=torch.long)
+
+    return Workload(name="linear-relu-chain", optimizer=optimizer, loss=loss, batch=batch,
+                    build=lambda: nn.Sequential(nn.Linear(IN, H), nn.ReLU(), nn.Linear(H, H),
+                                                nn.ReLU(), nn.Linear(H, C)))
+
+
+def test_parameters_and_gradients_by_hand():
+    fp32 = memory.predict(chain(), "fp32", B)
+    assert (fp32.parameters, fp32.gradients, fp32.buffers) == (4 * PARAMS, 4 * PARAMS, 0)
+    assert fp32.master_weights == fp32.master_gradients == 0
+    assert fp32.optimizer_state == 4 * PARAMS  # SGD's momentum, one fp32 buffer per weight
+    assert fp32.batch == B * IN * 4 + B * 8  # the fp32 inputs and the int64 targets
+    o2 = memory.predict(chain(), "fp16-o2", B)
+    # fp16 weights and gradients; fp32 master copies and their fp32 gradients; fp32 momentum
+    assert (o2.parameters, o2.gradients) == (2 * PARAMS, 2 * PARAMS)
+    assert (o2.master_weights, o2.master_gradients, o2.optimizer_state) == (4 * PARAMS,) * 3
+    assert o2.total == sum(o2.as_dict()[p] for p in memory.PARTS)
+
+
+def _torch_state_bytes(make_optimizer) -> int:
+    model = chain().build()
+    opt = make_optimizer(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    return sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor))
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    lambda p: torch.optim.SGD(p, lr=0.1),
+    lambda p: torch.optim.Adam(p, lr=1e-3),
+    lambda p: torch.optim.AdamW(p, lr=1e-3, amsgrad=True),
+    lambda p: torch.optim.RMSprop(p, lr=1e-3, momentum=0.9),  # not known: counted after a step
+], ids=["sgd-momentum", "sgd", "adam", "adamw-amsgrad", "rmsprop"])
+def test_optimizer_state_matches_torch_after_one_step(make_optimizer):
+    account = memory.predict(chain(optimizer=make_optimizer), "fp32", B)
+    assert account.optimizer_state == _torch_state_bytes(make_optimizer)
+
+
+def test_adam_state_under_fp16_o2_is_fp32():
+    account = memory.predict(chain(optimizer=lambda p: torch.optim.Adam(p)), "fp16-o2", B)
+    assert account.optimizer_state == 2 * 4 * PARAMS + 4 * 6  # two fp32 moments, six step counts
+
+
+def test_saved_activations_of_a_linear_relu_chain_by_hand():
+    # each ReLU keeps its output (which the next Linear keeps too: one storage), pow keeps the
+    # last Linear's output; the inputs and the weights are not counted again
+    fp32 = memory.predict(chain(), "fp32", B)
+    assert fp32.activations == 4 * B * (H + H + C)
+    # under bf16 autocast each Linear keeps bf16 copies of its input and of its weight, the
+    # weight only where its input's gradient is wanted (not the first layer's: the batch needs
+    # none); the ReLU outputs are bf16; pow keeps the loss's fp32 copy of the bf16 output
+    bf16 = memory.predict(chain(), "amp-bf16", B)
+    assert bf16.activations == 2 * (B * IN + H * H + H * C + B * H + B * H) + 4 * B * C
+
+
+class Blocks(nn.Module):
+    """L blocks of Linear(h, 4h)-ReLU-Linear(4h, h)-ReLU, then a Linear head."""
+
+    def __init__(self, layers: int = 3, h: int = 16, c: int = 4):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(h, 4 * h), nn.ReLU(),
+                                                  nn.Linear(4 * h, h), nn.ReLU())
+                                    for _ in range(layers))
+        self.head = nn.Linear(h, c)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def blocks_workload() -> Workload:
+    def batch(size, device):
+        return torch.randn(size, 16, generator=torch.Generator().manual_seed(0)), torch.zeros(size)
+
+    return Workload(name="blocks", build=Blocks, batch=batch, loss=square_loss)
+
+
+def test_what_checkpointing_each_block_saves_by_hand():
+    L, h, c = 3, 16, 4
+    row = memory.checkpointing(blocks_workload(), "fp32", B, steps=2, warmup=1)
+    # kept without: each block's two ReLU outputs (4h and h wide), and the head's output
+    assert row["plain_activations"] == 4 * (L * B * (4 * h + h) + B * c)
+    # kept with: only each block's input (block 0's is the batch) and the head's input, and
+    # the head's output
+    assert row["checkpointed_activations"] == 4 * (L * B * h + B * c)
+    assert row["saved_bytes"] == 4 * L * B * 4 * h
+    assert row["plain_step_s"] > 0 and row["slowdown"] > 0
+
+
+def test_checkpointing_recomputes_the_same_gradients():
+    plain = train_step(blocks_workload(), "fp32", "cpu", B)
+    ck = train_step(blocks_workload(), "fp32", "cpu", B)
+    wrapped = memory.checkpoint_modules(ck.model)
+    assert wrapped == list(ck.model.blocks)  # the repeated blocks
+    for _ in range(2):
+        assert torch.equal(plain().detach(), ck().detach())
+    for p, q in zip(plain.model.parameters(), ck.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_bad_checkpoint_choice():
+    with pytest.raises(ValueError, match="non-empty list"):
+        memory.checkpoint_modules(Blocks(), [])
+
+
+def test_measure_peak_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: the gpu test measures")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        memory.measure_peak(chain(), "fp32", B)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "amp-fp16", "amp-bf16", "fp16-o2"])
+def test_the_measured_peak_holds_the_predicted_state(precision):
+    row = memory.compare(chain(), precision, 256)
+    # the state alone (weights, gradients, master copies, optimizer) is a floor of the peak
+    state = sum(row[p] for p in ("parameters", "gradients", "master_weights",
+                                 "master_gradients", "optimizer_state"))
+    assert row["measured_peak"] >= state
+    assert 0.5 < row["ratio"] < 2.0, row
+    snap = memory.measure_peak(chain(), precision, 256, steps=1, snapshot=True)["snapshot"]
+    assert snap["segments"]
