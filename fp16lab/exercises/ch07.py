@@ -239,11 +239,11 @@ def _check_dataset(make_dataset) -> object:
                     f"{type(exc).__name__}: {exc}") from None
     for method, args in (("__len__", ()), ("__getitem__", (0,))):
         try:
-            unwritten = getattr(ds, method)(*args) is Ellipsis
+            unwritten = getattr(ds, method)(*args) in (None, Ellipsis)
         except Exception:  # a body that raises is reported below, with its message
             unwritten = False
         if unwritten:
-            raise Wrong(f"ImageDataset.{method} still returns ...: write its body in place of the ...")
+            raise Wrong(f"ImageDataset.{method} returns nothing yet: write its body in place of the ...")
     try:
         n = len(ds)
     except Exception as exc:
