@@ -578,3 +578,9 @@ def test_precision_spelling_names_the_api_from_the_values():
         == "torch.backends.cuda.matmul.fp32_precision"
     assert precision_spelling({"precision_flag_off": "highest", "precision_flag_on": "high"}) \
         == "torch.get_float32_matmul_precision()"
+
+
+def test_claim_9_tests_the_source_rule_of_three_times_mean_abs():
+    from fp16lab.claims import scaling
+    assert scaling.MEAN_ABS_FACTOR == 3.0
+    assert "three times the mean absolute gradient" in scaling.CLAIM_9.text
