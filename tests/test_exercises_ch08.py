@@ -117,3 +117,10 @@ def test_ddp_loop_wrong_kinds():
     assert "(model, dataset, epochs, batch_size, device)" in ch08.ddp_loop.check(lambda m: m).message
     assert "must return (model, scales)" in ch08.ddp_loop.check(lambda m, d, e, b, dev: None).message or \
         "process group" not in ch08.ddp_loop.check(lambda m, d, e, b, dev: None).message
+
+
+def test_ddp_loop_skeleton_is_named_unwritten():
+    def skeleton(model, dataset, epochs, batch_size, device):
+        model = ...
+        model.parameters()
+    assert "still has a ..." in ch08.ddp_loop.check(skeleton).message

@@ -306,6 +306,9 @@ def _check_ddp_loop(answer: object) -> str:
         got = _run_loop(answer)
     except Exception as exc:  # torch's own misuse errors say which call is missing
         text = str(exc)
+        if "'ellipsis' object" in text:
+            raise Wrong("the loop still has a ... where code belongs (it raised: " + text + "). "
+                        "Fill in the numbered parts, 1 to 6.") from None
         if "process group has not been initialized" in text:
             raise Wrong("the process group was never started: call dist.init_process_group(...) "
                         "first (gloo for CPU processes, nccl for GPUs); DDP needs it to "
