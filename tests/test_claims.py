@@ -511,9 +511,14 @@ def test_report_figures_round_numbers_and_print_a_shared_note_once():
     text = c.report()
     assert text.count(note) == 1
     assert f"gpm_note (fp32, amp-fp16): {note}" in text
-    assert "fp32_sm_util_pct=46.9" in text and "amp-fp16_sm_util_pct=36.6" in text
-    assert "ratio=1.006" in text and "batch=128" in text and "telemetry=nvml" in text
-    assert "trace" not in text
+    # the report leaves the key=value pairs to the figures (its reason says them in words);
+    # the pairs, rounded, are what the claims file's brief form holds
+    assert "fp32_sm_util_pct=" not in text and "ratio=" not in text
+    from fp16lab.claims.core import _brief
+    brief = _brief(figures)
+    assert "fp32_sm_util_pct=46.9" in brief and "amp-fp16_sm_util_pct=36.6" in brief
+    assert "ratio=1.006" in brief and "batch=128" in brief and "telemetry=nvml" in brief
+    assert "trace" not in text and "trace" not in brief
     # the file keeps every figure as measured
     assert c.as_row()["figures"] == figures
 
@@ -584,3 +589,11 @@ def test_claim_9_tests_the_source_rule_of_three_times_mean_abs():
     from fp16lab.claims import scaling
     assert scaling.MEAN_ABS_FACTOR == 3.0
     assert "three times the mean absolute gradient" in scaling.CLAIM_9.text
+
+
+def test_report_says_the_figures_in_words_not_as_key_value_pairs():
+    from fp16lab import claims
+    c = claims.check(3)
+    text = c.report()
+    assert "figures:" not in text and "verdict:" in text
+    assert not any("=" in line and line.startswith(("figures", "bf16_", "fp16_")) for line in text.splitlines())
