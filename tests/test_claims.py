@@ -526,7 +526,7 @@ def test_report_figures_round_numbers_and_print_a_shared_note_once():
 def test_markdown_table_can_name_each_source_once():
     from dataclasses import replace
 
-    gpu = ("recorded elsewhere: measured on NVIDIA H200 (driver 580, torch 2.11, CuPy 14.2) at "
+    gpu = ("recorded on another machine: measured on NVIDIA H200 (driver 580, torch 2.11, CuPy 14.2) at "
            "{}; file claims_h200.json (committed)")
     rows = [replace(claims.get_claim(1), verdict=HOLDS, reason="a",
                     source=gpu.format("2026-11-29T15:11:52+00:00"),
@@ -539,8 +539,8 @@ def test_markdown_table_can_name_each_source_once():
                            "2026-11-30T20:00:01+00:00")]
     md = claims.markdown_table(rows, rules=False, sources="notes")
     assert md.count("NVIDIA H200") == 1 and md.count("measured on CPU") == 1
-    assert "| recorded elsewhere | 2026-11-29 15:11 UTC |" in md
-    assert "| recorded elsewhere | 2026-11-30 19:59 UTC |" in md
+    assert "| recorded on another machine | 2026-11-29 15:11 UTC |" in md
+    assert "| recorded on another machine | 2026-11-30 19:59 UTC |" in md
     assert "| here | 2026-11-30 20:00 UTC |" in md
     full = claims.markdown_table(rows, rules=False)     # the files keep the full column
     assert full.count("NVIDIA H200") == 2 and "Sources:" not in full
