@@ -597,3 +597,16 @@ def test_report_says_the_figures_in_words_not_as_key_value_pairs():
     text = c.report()
     assert "figures:" not in text and "verdict:" in text
     assert not any("=" in line and line.startswith(("figures", "bf16_", "fp16_")) for line in text.splitlines())
+
+
+def test_clipping_runs_names_the_threshold_each_run_used():
+    from dataclasses import replace
+
+    from fp16lab.claims.scaling import CLAIM_9, clipping_runs
+    base = {"loss_none": 1.0, "loss_clip1": 1.0, "loss_mean_abs": 2.0, "clip1_share": 0.5,
+            "median_grad_norm": 1.0, "epochs": 2, "steps": 4, "loss_clip1_before_unscale": 2.0,
+            "mean_abs_threshold_last": 0.01, "mean_abs_share": 1.0}
+    new = replace(CLAIM_9, figures={**base, "mean_abs_factor": 3.0}, verdict="holds in part")
+    old = replace(CLAIM_9, figures=base, verdict="holds in part")
+    text = clipping_runs({"here": new, "recorded": old})
+    assert "the 3 x mean-|g| rule ended" in text and "without the source's x3: an older run" in text

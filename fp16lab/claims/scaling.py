@@ -189,6 +189,14 @@ def judge_clipping(f: Figures) -> Judgement:
     return FAILS, facts
 
 
+def _rule_name(f: Figures) -> str:
+    """Names the per-epoch threshold a run used: runs recorded before the source's x3 was tested
+    have no ``mean_abs_factor`` and clipped at mean |g| itself."""
+    factor = f.get("mean_abs_factor", 1.0)
+    return (f"{factor:g} x mean-|g| rule" if factor != 1 else
+            "mean-|g| rule (threshold = mean |g|, without the source's x3: an older run)")
+
+
 def clipping_runs(runs: dict[str, Claim]) -> str:
     """Returns, for claim-9 runs (label -> checked claim), one line each on the two parts of the
     rule, and where two runs' verdicts differ, which part differs and the figures that moved."""
@@ -204,8 +212,8 @@ def clipping_runs(runs: dict[str, Claim]) -> str:
             f"{label}: {c.verdict}. {f['epochs']} epochs ({f['steps']} steps); clip 1.0 clipped "
             f"{f['clip1_share']:.0%} of steps (median unscaled norm {f['median_grad_norm']:.2f}) "
             f"and ended {f['loss_clip1'] / f['loss_none'] - 1:+.0%} against no clipping "
-            f"({'within' if no_harm else 'outside'} the rule's {NO_HARM - 1:.0%}); the 3 x mean-|g| "
-            f"rule ended {f['loss_mean_abs'] / f['loss_clip1'] - 1:+.0%} against clip 1.0 "
+            f"({'within' if no_harm else 'outside'} the rule's {NO_HARM - 1:.0%}); the {_rule_name(f)} "
+            f"ended {f['loss_mean_abs'] / f['loss_clip1'] - 1:+.0%} against clip 1.0 "
             f"({'better' if better else 'not better'} by the rule's {1 - BETTER:.0%}).")
     if len(parts) == 2:
         (a, (va, ha, ba, fa)), (b, (vb, hb, bb, fb)) = parts.items()
