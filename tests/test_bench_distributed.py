@@ -198,7 +198,7 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
     assert bdr.summary_lines(summary) == [
         "hand-written DDP loop, ResNet-50 amp-fp16 with SGD: scaling efficiency 0.800",
         "fp16lab's point, same setting: 0.900 (1.12x the hand-written loop's samples/s)",
-        "transformer stack, amp-bf16, DDP defaults: 0.500; best setting ddp hook=none bucket=5MB: "
+        "transformer stack, amp-bf16, the baseline (DDP's defaults but gradient_as_bucket_view=True): 0.500; best setting ddp hook=none bucket=5MB: "
         "0.800, 60% of the gap to 1.0 recovered",
         "fp16 + GradScaler, SGD: DDP 0.800",
         "  under DDP, in a profiled step, rank 1 waits 12.7 ms in NCCL with no compute beside it, while "
@@ -207,7 +207,7 @@ def test_the_notebook_reads_the_diagnosis_as_a_table_and_sentences():
     defaults_best = {"transformer_default_efficiency": 0.82, "transformer_gap_recovered": 0.0,
                      "transformer_best": {"setting": bdr.DEFAULT_SETTING, "efficiency": 0.82}}
     assert bdr.summary_lines(defaults_best) == [
-        "transformer stack, amp-bf16, DDP defaults: 0.820; no other setting did better in this run"]
+        "transformer stack, amp-bf16, the baseline (DDP's defaults but gradient_as_bucket_view=True): 0.820; no other setting did better in this run"]
 
 
 def test_wait_shares_take_each_from_the_rank_where_it_shows():
@@ -234,7 +234,7 @@ def test_setting_effects_compare_with_the_defaults_of_the_same_kind():
             {**row("bare resnet50 b256 amp-fp16 x2", 0.8), "kind": "bare"}]
     t = bdr.setting_effects(rows)
     assert t["setting"].tolist() == ["ddp hook=none bucket=5MB", "ddp hook=bf16 bucket=25MB"]
-    assert t["defaults"].tolist() == [0.55, 0.55]  # the median of the two default runs
+    assert t["baseline"].tolist() == [0.55, 0.55]  # the median of the two default runs
     assert t["change"].tolist() == pytest.approx([0.25, -0.10])
     older = [{**r, "optimizer": float("nan")} for r in rows]  # read back from a table without the field
     assert bdr.setting_effects(older)["change"].tolist() == pytest.approx([0.25, -0.10])

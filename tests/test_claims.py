@@ -511,9 +511,14 @@ def test_report_figures_round_numbers_and_print_a_shared_note_once():
     text = c.report()
     assert text.count(note) == 1
     assert f"gpm_note (fp32, amp-fp16): {note}" in text
-    assert "fp32_sm_util_pct=46.9" in text and "amp-fp16_sm_util_pct=36.6" in text
-    assert "ratio=1.006" in text and "batch=128" in text and "telemetry=nvml" in text
-    assert "trace" not in text
+    # the report leaves the key=value pairs to the figures (its reason says them in words);
+    # the pairs, rounded, are what the claims file's brief form holds
+    assert "fp32_sm_util_pct=" not in text and "ratio=" not in text
+    from fp16lab.claims.core import _brief
+    brief = _brief(figures)
+    assert "fp32_sm_util_pct=46.9" in brief and "amp-fp16_sm_util_pct=36.6" in brief
+    assert "ratio=1.006" in brief and "batch=128" in brief and "telemetry=nvml" in brief
+    assert "trace" not in text and "trace" not in brief
     # the file keeps every figure as measured
     assert c.as_row()["figures"] == figures
 
@@ -521,7 +526,7 @@ def test_report_figures_round_numbers_and_print_a_shared_note_once():
 def test_markdown_table_can_name_each_source_once():
     from dataclasses import replace
 
-    gpu = ("recorded elsewhere: measured on NVIDIA H200 (driver 580, torch 2.11, CuPy 14.2) at "
+    gpu = ("recorded on another machine: measured on NVIDIA H200 (driver 580, torch 2.11, CuPy 14.2) at "
            "{}; file claims_h200.json (committed)")
     rows = [replace(claims.get_claim(1), verdict=HOLDS, reason="a",
                     source=gpu.format("2026-11-29T15:11:52+00:00"),
@@ -534,8 +539,8 @@ def test_markdown_table_can_name_each_source_once():
                            "2026-11-30T20:00:01+00:00")]
     md = claims.markdown_table(rows, rules=False, sources="notes")
     assert md.count("NVIDIA H200") == 1 and md.count("measured on CPU") == 1
-    assert "| recorded elsewhere | 2026-11-29 15:11 UTC |" in md
-    assert "| recorded elsewhere | 2026-11-30 19:59 UTC |" in md
+    assert "| recorded on another machine | 2026-11-29 15:11 UTC |" in md
+    assert "| recorded on another machine | 2026-11-30 19:59 UTC |" in md
     assert "| here | 2026-11-30 20:00 UTC |" in md
     full = claims.markdown_table(rows, rules=False)     # the files keep the full column
     assert full.count("NVIDIA H200") == 2 and "Sources:" not in full
@@ -594,3 +599,30 @@ def test_cpu_exercise_of_the_gpu_claims_trains_the_small_cnn_even_with_torchvisi
     assert training._cnn_name() == "resnet50"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert training._cnn_name() == "small_cnn"
+
+
+def test_claim_9_tests_the_source_rule_of_three_times_mean_abs():
+    from fp16lab.claims import scaling
+    assert scaling.MEAN_ABS_FACTOR == 3.0
+    assert "three times the mean absolute gradient" in scaling.CLAIM_9.text
+
+
+def test_report_says_the_figures_in_words_not_as_key_value_pairs():
+    from fp16lab import claims
+    c = claims.check(3)
+    text = c.report()
+    assert "figures:" not in text and "verdict:" in text
+    assert not any("=" in line and line.startswith(("figures", "bf16_", "fp16_")) for line in text.splitlines())
+
+
+def test_clipping_runs_names_the_threshold_each_run_used():
+    from dataclasses import replace
+
+    from fp16lab.claims.scaling import CLAIM_9, clipping_runs
+    base = {"loss_none": 1.0, "loss_clip1": 1.0, "loss_mean_abs": 2.0, "clip1_share": 0.5,
+            "median_grad_norm": 1.0, "epochs": 2, "steps": 4, "loss_clip1_before_unscale": 2.0,
+            "mean_abs_threshold_last": 0.01, "mean_abs_share": 1.0}
+    new = replace(CLAIM_9, figures={**base, "mean_abs_factor": 3.0}, verdict="holds in part")
+    old = replace(CLAIM_9, figures=base, verdict="holds in part")
+    text = clipping_runs({"here": new, "recorded": old})
+    assert "the 3 x mean-|g| rule ended" in text and "without the source's x3: an older run" in text

@@ -79,3 +79,35 @@ def test_every_exercise_has_a_hint_and_a_solution():
     for q in (ex.q1, ex.q2, ex.q3, ex.q4):
         assert q.hint().message and q.solution().message
         assert q.solution().kind == "solution"
+
+
+# -- gaps: the learner's idle_gaps ------------------------------------------------------------------
+def test_gaps_right_and_wrong_answers():
+    ch06 = ex
+    assert ch06.gaps.check(ch06.reference_idle_gaps)
+
+    def no_merge(kernels, window):  # gaps between neighbours by start, overlaps not merged
+        ks = sorted(kernels)
+        out = [(window[0], ks[0][0])] if ks and ks[0][0] > window[0] else ([] if ks else [window])
+        for (s0, d0), (s1, _) in zip(ks, ks[1:]):
+            if s1 != s0 + d0:
+                out.append((s0 + d0, s1))
+        if ks and ks[-1][0] + ks[-1][1] < window[1]:
+            out.append((ks[-1][0] + ks[-1][1], window[1]))
+        return out
+
+    def no_ends(kernels, window):
+        return [g for g in ch06.reference_idle_gaps(kernels, window) if window[0] < g[0] and g[1] < window[1]]
+
+    def with_zero(kernels, window):
+        out = ch06.reference_idle_gaps(kernels, window)
+        return out + [(30, 30)] if (10, 20) in list(kernels) else out
+
+    cases = ((no_merge, "ends before it starts"), (ch06._last_end, "latest end seen so far"),
+             (ch06._unsorted, "sort them by start"), (no_ends, "after the last kernel is missing"),
+             (with_zero, "zero length"), (lambda k, w: None, "returns nothing yet"),
+             (lambda k, w: 3, "list of (start, end) pairs"))
+    for fn, words in cases:
+        result = ch06.gaps.check(fn)
+        assert not result and words in result.message, (words, result.message)
+    assert "without calling it" in ch06.gaps.check([]).message

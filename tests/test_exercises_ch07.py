@@ -69,3 +69,104 @@ def test_solutions_and_hints_are_given_on_request():
         assert q.hint().kind == "hint" and q.hint().message
         assert q.solution().kind == "solution" and q.solution().message
     assert "min(" in ch07.q1.solution().code
+
+
+# -- the pipeline: a Dataset, a DataLoader and the copy to the device ------------------------------
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from fp16lab.inputs import augment_pil, load_rgb, normalize, scan_image_folder  # noqa: E402
+
+RIGHT = (ch07.ReferenceDataset, ch07.reference_loader, ch07.reference_to_model)
+
+
+class ShortDataset(ch07.ReferenceDataset):
+    def __len__(self):
+        return len(self.files) - 1
+
+
+class FloatDataset(ch07.ReferenceDataset):
+    def __getitem__(self, i):
+        return augment_pil(load_rgb(self.files[i]), self.size).float() / 255, self.labels[i]
+
+
+class WrongLabel(ch07.ReferenceDataset):
+    def __getitem__(self, i):
+        return augment_pil(load_rgb(self.files[i]), self.size), 0
+
+
+def _loader(**changes):
+    def make_loader(dataset, batch_size, num_workers, device):
+        kw = dict(batch_size=batch_size, shuffle=True, drop_last=True, num_workers=num_workers,
+                  pin_memory=torch.device(device).type == "cuda")
+        kw.update(changes)
+        return DataLoader(dataset, **kw)
+    return make_loader
+
+
+def test_pipeline_right_answer():
+    result = ch07.pipeline.check(RIGHT)
+    assert result, result.message
+    assert "pinned memory" in result.message
+
+
+def test_pipeline_wrong_datasets_say_what_is_wrong():
+    for dataset, words in ((ShortDataset, "number of files"), (FloatDataset, "leave it uint8"),
+                           (WrongLabel, "return self.labels[i]")):
+        result = ch07.pipeline.check((dataset, ch07.reference_loader, ch07.reference_to_model))
+        assert not result and words in result.message, result.message
+
+
+def test_pipeline_wrong_loaders_say_what_is_wrong():
+    for changes, words in (({"shuffle": False}, "does not shuffle"), ({"drop_last": False}, "drop_last=True"),
+                           ({"num_workers": 0}, "main process decodes"), ({"pin_memory": False}, "pinned"),
+                           ({"pin_memory": True}, "pin only when")):
+        result = ch07.pipeline.check((ch07.ReferenceDataset, _loader(**changes), ch07.reference_to_model))
+        assert not result and words in result.message, (changes, result.message)
+
+
+def test_pipeline_wrong_copies_say_what_is_wrong():
+    def blocking(images, labels, device):
+        return normalize(images.to(device)).contiguous(memory_format=torch.channels_last), labels.to(device)
+
+    def float_first(images, labels, device):
+        x = normalize(images).to(device, non_blocking=True)
+        return x.contiguous(memory_format=torch.channels_last), labels.to(device, non_blocking=True)
+
+    def never_moved(images, labels, device):
+        return normalize(images).contiguous(memory_format=torch.channels_last), labels
+
+    def not_normalised(images, labels, device):
+        x = images.to(device, non_blocking=True).float()
+        return x.contiguous(memory_format=torch.channels_last), labels.to(device, non_blocking=True)
+
+    def wrong_scale(images, labels, device):
+        x = images.to(device, non_blocking=True).float()
+        mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+        std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+        return ((x - mean) / std).contiguous(memory_format=torch.channels_last), labels.to(device, non_blocking=True)
+
+    def contiguous(images, labels, device):
+        return normalize(images.to(device, non_blocking=True)), labels.to(device, non_blocking=True)
+
+    for fn, words in ((blocking, "blocking"), (float_first, "convert after the copy"),
+                      (never_moved, "not on the device before the model sees it"),
+                      (not_normalised, "not normalised"), (wrong_scale, "divide by 255 first"),
+                      (contiguous, "channels_last")):
+        result = ch07.pipeline.check((ch07.ReferenceDataset, ch07.reference_loader, fn))
+        assert not result and words in result.message, (fn.__name__, result.message)
+
+
+def test_pipeline_asks_for_the_three_parts():
+    assert "three parts" in ch07.pipeline.check(ch07.ReferenceDataset).message
+    assert "solution" not in ch07.pipeline.hint().message.lower()
+    assert "def reference_to_model" in ch07.pipeline.solution().code
+
+
+def test_pipeline_unwritten_parts_are_named():
+    class Unwritten(ch07.ReferenceDataset):
+        def __len__(self):
+            ...
+    assert "__len__ returns nothing yet" in ch07.pipeline.check((Unwritten, ch07.reference_loader, ch07.reference_to_model)).message
+    assert "returns nothing yet" in ch07.pipeline.check((ch07.ReferenceDataset, lambda *a: ..., ch07.reference_to_model)).message
+    assert "returns nothing yet" in ch07.pipeline.check((ch07.ReferenceDataset, ch07.reference_loader, lambda *a: ...)).message

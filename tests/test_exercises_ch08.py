@@ -59,3 +59,68 @@ def test_q4_every_rank_skips():
 def test_hints_and_solutions_are_there():
     for q in (ch08.q1, ch08.q2, ch08.q3, ch08.q4):
         assert q.hint().message and q.solution().message
+
+
+# -- ddp_loop: the learner's DDP + AMP loop, run as one gloo rank ---------------------------------
+import inspect  # noqa: E402
+
+import pytest  # noqa: E402
+
+_SOURCE = inspect.getsource(ch08.reference_ddp_amp_loop)
+
+
+def _variant(old: str, new: str):
+    """The reference loop with one line changed: a wrong answer a learner could write. A
+    sampler without set_epoch loses that line too (the learner's next mistake would be its error)."""
+    assert old in _SOURCE, old
+    source = _SOURCE.replace(old, new)
+    if new.startswith("sampler = None"):
+        source = source.replace("        sampler.set_epoch(epoch)\n", "")
+    if "RandomSampler" in new and new.endswith("\n"):
+        source = source.replace("        sampler.set_epoch(epoch)\n", "")
+    scope = {}
+    exec(ch08.LOOP_IMPORTS + "\n" + source, scope)
+    return scope["reference_ddp_amp_loop"]
+
+
+def test_ddp_loop_right_answer():
+    result = ch08.ddp_loop.check(ch08.reference_ddp_amp_loop)
+    assert result, result.message
+    assert "bit for bit" in result.message
+    assert "def ddp_amp_loop" in ch08.ddp_loop.solution().code
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("            scaler.update()\n", "", "GradScaler.update() is never called"),
+    ("        sampler.set_epoch(epoch)\n", "", "every epoch sees the same order"),
+    ("model = DDP(model.to(device))", "model = model.to(device)", "not wrapped in DistributedDataParallel"),
+    ('    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")\n', "",
+     "process group was never started"),
+    ("with torch.autocast(device.type, dtype=torch.float16):", "if True:", "ran in fp32"),
+    ("scaler.scale(loss).backward()", "loss.backward()", "unscaled"),
+    ("scaler.step(opt)", "opt.step()", "stepped without GradScaler"),
+    ("sampler = DistributedSampler(dataset)", "sampler = torch.utils.data.RandomSampler(dataset)",
+     "not a DistributedSampler"),
+    ("sampler = DistributedSampler(dataset)\n", "sampler = None\n", "fixed order 0, 1, 2"),
+    ("sampler = DistributedSampler(dataset)\n", "sampler = torch.utils.data.RandomSampler(dataset)\n",
+     "not drawn by a DistributedSampler"),
+    ("    dist.destroy_process_group()\n", "", "still open"),
+    ("lr=0.05", "lr=0.1", "differ from the reference"),
+])
+def test_ddp_loop_wrong_loops_say_what_is_wrong(old, new, words):
+    result = ch08.ddp_loop.check(_variant(old, new))
+    assert not result and words in result.message, result.message
+
+
+def test_ddp_loop_wrong_kinds():
+    assert "without calling it" in ch08.ddp_loop.check(3).message
+    assert "(model, dataset, epochs, batch_size, device)" in ch08.ddp_loop.check(lambda m: m).message
+    assert "must return (model, scales)" in ch08.ddp_loop.check(lambda m, d, e, b, dev: None).message or \
+        "process group" not in ch08.ddp_loop.check(lambda m, d, e, b, dev: None).message
+
+
+def test_ddp_loop_skeleton_is_named_unwritten():
+    def skeleton(model, dataset, epochs, batch_size, device):
+        model = ...
+        model.parameters()
+    assert "still has a ..." in ch08.ddp_loop.check(skeleton).message

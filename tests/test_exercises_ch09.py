@@ -55,3 +55,44 @@ def test_every_exercise_has_hint_and_solution():
     for q in (ch09.q1, ch09.q2, ch09.q3, ch09.q4):
         assert q.hint().message and q.solution().message
         assert q.check().kind == "missing"
+
+
+# -- delayed: the learner's delayed-scaling update -------------------------------------------------
+def test_delayed_matches_the_package_and_says_what_is_wrong():
+    import numpy as np
+    import torch
+
+    from fp16lab import fp8
+    from fp16lab.exercises import ch09 as c9
+
+    for amaxes, n, margin, _ in c9.DELAYED_CASES:  # the reference against fp8.DelayedScaling
+        s, want = fp8.DelayedScaling("e4m3", history_len=n, margin=margin), []
+        for a in amaxes:
+            want.append(float(s.scale))
+            s.update(torch.tensor(a))
+        assert np.allclose(c9.reference_delayed_scales(amaxes, n, margin), want)
+    assert c9.delayed.check(c9.reference_delayed_scales)
+
+    def own_amax(amaxes, n, margin=0):
+        return [448 / max(amaxes[max(0, t + 1 - n):t + 1]) / 2 ** margin for t in range(len(amaxes))]
+
+    def whole_history(amaxes, n, margin=0):
+        return c9.reference_delayed_scales(amaxes, len(amaxes), margin)
+
+    def no_margin(amaxes, n, margin=0):
+        return c9.reference_delayed_scales(amaxes, n, 0)
+
+    def no_guard(amaxes, n, margin=0):
+        out, scale = [], 1.0
+        for t in range(len(amaxes)):
+            out.append(scale)
+            top = max(amaxes[max(0, t + 1 - n):t + 1])
+            scale = 448 / top / 2 ** margin if top else float("inf")
+        return out
+
+    for fn, words in ((own_amax, "its own amax"), (whole_history, "only the last"),
+                      (no_margin, "2**margin"), (no_guard, "keep the previous scale"),
+                      (lambda a, n, m: a[:-1], "one scale per step"),
+                      (lambda a, n, m: None, "returns nothing yet")):
+        result = c9.delayed.check(fn)
+        assert not result and words in result.message, (fn, result.message)

@@ -25,10 +25,12 @@ def setting(row: dict[str, Any]) -> str:
 
 
 _DEFAULT_POINT = dist_lab.DistPoint(model="mlp", batch=1, precision="fp32", gpus=2, device="cpu")
-#: DDP's own defaults among the settings a row records (a row without one of them has the
-#: default), as :class:`fp16lab.distributed.DistPoint` has them.
+#: The baseline's values of the settings a row records (a row without one of them has the
+#: baseline's), as :class:`fp16lab.distributed.DistPoint` has them: DDP's own defaults, except
+#: that the baseline keeps ``gradient_as_bucket_view=True`` (DDP's default is False; the
+#: ``no_bucket_view`` rows are DDP's true default).
 DDP_DEFAULTS = {k: getattr(_DEFAULT_POINT, k) for k in ("bucket_cap_mb", "static_graph")}
-#: How :func:`setting` names a multi-GPU row whose DDP settings are all the defaults.
+#: How :func:`setting` names a multi-GPU row whose DDP settings are all the baseline's.
 DEFAULT_SETTING = setting({"label": _DEFAULT_POINT.label()})
 
 
@@ -37,7 +39,7 @@ def summarize(rows: list[dict[str, Any]], gpus: int, model: str, batch: int) -> 
 
     A row's efficiency is its rate over ``gpus`` times the one-GPU rate of the same kind, model,
     batch, precision and optimizer (for the bare loop: trained on GPU 0, mode ``gpu0``). The
-    engine's figures are those of its DDP defaults; ``engine_efficiency_no_broadcast`` (and
+    engine's figures are those of its baseline settings; ``engine_efficiency_no_broadcast`` (and
     ``_fused``) those of its points with ``broadcast_buffers=False``.
     """
     ok = [r for r in rows if r["status"] == "ok"]
@@ -144,8 +146,9 @@ def wait_shares(row: dict[str, Any]) -> dict[str, float | None]:
 
 
 def setting_effects(rows: list[dict[str, Any]]) -> Any:
-    """Returns, for every multi-GPU fp16lab row with an efficiency, the efficiency of the DDP
-    defaults (hook none, 25 MB buckets) for the same model, batch, precision and optimizer, and
+    """Returns, for every multi-GPU fp16lab row with an efficiency, the efficiency of the baseline
+    (hook none, 25 MB buckets, gradient_as_bucket_view=True) for the same model, batch, precision
+    and optimizer, and
     the change; rows measured more than once appear once per measurement."""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("kind", "fp16lab") == "fp16lab"
           and r.get("gpus", 1) > 1 and r.get("efficiency") is not None]
@@ -163,7 +166,7 @@ def setting_effects(rows: list[dict[str, Any]]) -> Any:
             continue
         b = statistics.median(base)
         out.append({"model": r["model"], "batch": r["batch"], "precision": r["precision"],
-                    "setting": setting(r), "defaults": round(b, 3), "efficiency": round(r["efficiency"], 3),
+                    "setting": setting(r), "baseline": round(b, 3), "efficiency": round(r["efficiency"], 3),
                     "change": round(r["efficiency"] - b, 3)})
     if not out:
         return pd.DataFrame(out)
@@ -219,11 +222,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                      f"{summary['engine_best']['efficiency']:.3f}")
     if "transformer_default_efficiency" in summary:
         best = summary.get("transformer_best") or {}
-        if best.get("setting") == DEFAULT_SETTING:  # no setting beat the defaults
-            lines.append(f"transformer stack, amp-bf16, DDP defaults: {summary['transformer_default_efficiency']:.3f}; "
+        if best.get("setting") == DEFAULT_SETTING:  # no setting beat the baseline
+            lines.append(f"transformer stack, amp-bf16, the baseline (DDP's defaults but gradient_as_bucket_view=True): {summary['transformer_default_efficiency']:.3f}; "
                          "no other setting did better in this run")
         else:
-            lines.append(f"transformer stack, amp-bf16, DDP defaults: {summary['transformer_default_efficiency']:.3f}; "
+            lines.append(f"transformer stack, amp-bf16, the baseline (DDP's defaults but gradient_as_bucket_view=True): {summary['transformer_default_efficiency']:.3f}; "
                          f"best setting {best.get('setting')}: {best.get('efficiency', float('nan')):.3f}"
                          + (f", {summary['transformer_gap_recovered']:.0%} of the gap to 1.0 recovered"
                             if summary.get("transformer_gap_recovered") is not None else ""))

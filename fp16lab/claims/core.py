@@ -81,11 +81,12 @@ class Claim:
     measured_at: str = ""
 
     def report(self) -> str:
-        """Returns the claim, its key figures, the rule and the verdict as a few lines of text."""
+        """Returns the claim, where it comes from, the rule, the verdict with the figures that decided
+        it (in words, rounded) and any notes the experiment wrote, as a few lines of text."""
         lines = [f"Claim {self.id}: {self.text}", f"where it comes from: {self.origin}",
                  f"rule: {self.rule}"]
-        if self.figures:
-            lines.append("figures: " + _brief(self.figures))
+        if self.figures:  # the reason gives the deciding figures in words; the rest: .figures
+            lines += [note.strip() for note in _brief(self.figures).split("\n")[1:]]
         lines.append(f"verdict: {(self.verdict or 'not checked').upper()}: {self.reason}")
         if self.source:
             lines.append(f"source: {self.source}")

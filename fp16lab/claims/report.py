@@ -33,7 +33,7 @@ def recorded_claims(data_dir: Path | None = None) -> list[Claim]:
         c = get_claim(row["id"])
         f = row.get("figures") or {}
         at = row_measured_at(row, rec["meta"])
-        source = "recorded elsewhere: " + describe_source({**rec["meta"], "measured_at": at})
+        source = "recorded on another machine: " + describe_source({**rec["meta"], "measured_at": at})
         if not f or "error" in f:
             out.append(replace(c, figures=f, verdict=row.get("verdict"),
                                reason=row.get("reason", ""), source=source, measured_at=at))
@@ -97,7 +97,7 @@ def markdown_table(claims: Iterable[Claim], *, rules: bool = True,
     """Returns the verdict table in markdown: claim, verdict, measured figures, rule, source.
 
     ``sources="column"`` gives each row its full source. ``sources="notes"`` (for reading)
-    gives each row a short label (``here``, ``recorded elsewhere``, ...) and its measurement
+    gives each row a short label (``here``, ``recorded on another machine``, ...) and its measurement
     time, and says once, under the table, what each label stands for.
     """
     if sources not in ("column", "notes"):

@@ -98,7 +98,7 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
         verdict, reason = _judge_recorded(c, row["figures"])
         at = row_measured_at(row, rec["meta"])
         return replace(c, figures=row["figures"], verdict=verdict, reason=reason,
-                       source="recorded elsewhere: "
+                       source="recorded on another machine: "
                               + describe_source({**rec["meta"], "measured_at": at}),
                        measured_at=at)
     t0 = time.perf_counter()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from ..profile import classify
 from .core import Exercise, Wrong, expect_close
 
-__all__ = ["q1", "q2", "q3", "q4", "Q1_KERNELS", "Q1_WINDOW", "Q3_NAMES"]
+__all__ = ["gaps", "q1", "q2", "q3", "q4", "Q1_KERNELS", "Q1_WINDOW", "Q3_NAMES"]
 
 #: q1's kernels on one GPU (two streams), as (start_us, duration_us), and the step's window.
 Q1_KERNELS = ((0, 40), (50, 30), (75, 25), (120, 10), (125, 10), (160, 30))
@@ -173,3 +175,103 @@ q4 = Exercise(
     hint="Capture records GPU work without running it; anything that needs a GPU result on the "
          "host (a Python number or bool from a tensor) cannot be recorded.",
     solution="a, b, e. (f is the fix for b: a fused optimizer skips inf steps on the GPU.)")
+
+
+# -- gaps: the idle gaps of a timeline --------------------------------------------------------------
+def reference_idle_gaps(kernels, window):
+    """Returns the (start, end) stretches of ``window`` that no kernel covers, in order."""
+    lo, hi = window
+    gaps, covered_to = [], lo
+    for start, duration in sorted(kernels):
+        start, end = max(start, lo), min(start + duration, hi)
+        if start > covered_to:
+            gaps.append((covered_to, start))
+        covered_to = max(covered_to, end)
+    if covered_to < hi:
+        gaps.append((covered_to, hi))
+    return gaps
+
+
+def _unsorted(kernels, window):  # the reference without sorting by start
+    lo, hi = window
+    gaps, covered_to = [], lo
+    for start, duration in kernels:
+        if start > covered_to:
+            gaps.append((covered_to, start))
+        covered_to = max(covered_to, start + duration)
+    return gaps + ([(covered_to, hi)] if covered_to < hi else [])
+
+
+def _last_end(kernels, window):  # covered_to = the last kernel's end, not the latest end so far
+    lo, hi = window
+    gaps, covered_to = [], lo
+    for start, duration in sorted(kernels):
+        if start > covered_to:
+            gaps.append((covered_to, start))
+        covered_to = start + duration
+    return gaps + ([(covered_to, hi)] if covered_to < hi else [])
+
+
+#: Timelines the check runs: (kernels, window, what each one tests).
+GAP_CASES = (
+    (Q1_KERNELS, Q1_WINDOW, "q1's timeline"),
+    (((90, 20), (10, 30), (50, 10)), (0, 120), "kernels listed out of order"),
+    (((0, 100), (20, 10), (110, 10)), (0, 150), "a short kernel inside a long one"),
+    (((10, 20), (30, 20), (70, 10)), (0, 100), "two kernels that touch"),
+    (((-20, 40), (90, 30)), (0, 100), "kernels that start before the window or end after it"),
+    ((), (0, 50), "no kernel at all"),
+)
+
+
+def _as_gaps(value: object) -> list[tuple[float, float]]:
+    try:
+        return [(float(a), float(b)) for a, b in value]
+    except (TypeError, ValueError):
+        raise Wrong(f"idle_gaps returned {value!r}; return a list of (start, end) pairs.") from None
+
+
+def _check_gaps(answer: object) -> str:
+    if not callable(answer):
+        raise Wrong("give the function itself: gaps.check(idle_gaps), without calling it.")
+    for kernels, window, what in GAP_CASES:
+        try:
+            value = answer(list(kernels), window)
+        except Exception as exc:
+            raise Wrong(f"on {what} ({list(kernels)}, window {window}) idle_gaps raised "
+                        f"{type(exc).__name__}: {exc}") from None
+        if value is None or value is Ellipsis:
+            raise Wrong("idle_gaps returns nothing yet: return the list of (start, end) gaps.")
+        got, right = _as_gaps(value), [(float(a), float(b)) for a, b in reference_idle_gaps(kernels, window)]
+        if got == right:
+            continue
+        case = f"on {what}, kernels {list(kernels)} in window {window}, you gave {got}; "
+        if any(b < a for a, b in got):
+            raise Wrong(case + "a gap ends before it starts: two kernels overlap there. Merge "
+                        "overlapping kernels: a gap starts only where every kernel so far has ended.")
+        if any(b == a for a, b in got) and [g for g in got if g[1] > g[0]] == right:
+            raise Wrong(case + "drop gaps of zero length: kernels that touch leave no idle time.")
+        if got == [(float(a), float(b)) for a, b in _last_end(kernels, window)]:
+            raise Wrong(case + "a short kernel inside a longer one ended the covered stretch early: "
+                        "keep the latest end seen so far, not the last kernel's end.")
+        if got == [(float(a), float(b)) for a, b in _unsorted(kernels, window)]:
+            raise Wrong(case + "the kernels are not in start order: sort them by start first.")
+        if right and got == right[1:] and right[0][0] == window[0]:
+            raise Wrong(case + "the gap before the first kernel is missing: the window starts idle.")
+        if right and got == right[:-1] and right[-1][1] == window[1]:
+            raise Wrong(case + "the gap after the last kernel is missing: the window ends idle.")
+        if any(a < window[0] or b > window[1] for a, b in got):
+            raise Wrong(case + "a gap reaches outside the window: clip each kernel to the window.")
+        raise Wrong(case + f"the idle gaps are {right}.")
+    return ("right on all six timelines: out of order, nested, touching, clipped and empty. Their "
+            "lengths summed over the window is the idle fraction of q1; the longest gaps are where "
+            "to look first on a real timeline.")
+
+
+gaps = Exercise(
+    "gaps", "Write idle_gaps(kernels, window): the (start, end) stretches of the window that no "
+            "kernel covers, in order; kernels are (start_us, duration_us) and may overlap.",
+    _check_gaps,
+    hint="Sort by start and walk along, remembering how far the kernels so far cover; a gap "
+         "opens where the next kernel starts beyond that. Clip to the window; mind the two ends.",
+    solution="One way: a sweep over the kernels sorted by start.",
+    solution_code=inspect.getsource(reference_idle_gaps).replace("reference_idle_gaps", "idle_gaps"))

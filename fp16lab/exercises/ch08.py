@@ -1,15 +1,25 @@
-"""Exercises of notebook 08 (beyond one GPU), each answer computed here with numpy and ml_dtypes."""
+"""Exercises of notebook 08 (beyond one GPU): the DDP loop, checked against a reference run, and
+questions whose answers are computed here with numpy and ml_dtypes."""
 
 from __future__ import annotations
 
+import gc
+import inspect
 import math
+import os
+import socket
 
 import ml_dtypes
 import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
 
 from .core import Exercise, Wrong
 
-__all__ = ["q1", "q2", "q3", "q4"]
+__all__ = ["ddp_loop", "q1", "q2", "q3", "q4"]
 
 # q1: a scenario, not a measurement
 Q1_ONE, Q1_TWO = 5200.0, 9800.0
@@ -151,3 +161,236 @@ q4 = Exercise(
           "0's are finite. Which ranks skip the optimizer step? (a set of ranks)", _check_q4,
     hint="GradScaler looks at the gradients after DDP has all-reduced them.",
     solution="{0, 1}: after the all-reduce every rank holds the inf.")
+
+
+# -- ddp_loop: the DDP + AMP training loop one rank runs ------------------------------------------
+_L_SAMPLES, _L_BATCH, _L_EPOCHS = 24, 4, 2
+
+#: The imports the loop needs: the notebook writes them above the learner's function in the
+#: script torchrun runs.
+LOOP_IMPORTS = ("import torch, torch.distributed as dist, torch.nn.functional as F\n"
+                "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "from torch.utils.data import DataLoader, DistributedSampler")
+
+
+def reference_ddp_amp_loop(model, dataset, epochs, batch_size, device):
+    """Trains model on dataset with DDP and FP16 AMP, one process per device under torchrun.
+    Returns the DDP-wrapped model and GradScaler's scale after every step."""
+    device = torch.device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    model = DDP(model.to(device))
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler(device.type)
+    scales = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+    dist.destroy_process_group()
+    return model, scales
+
+
+class _Samples(torch.utils.data.Dataset):
+    """A small classification set that notes the order its samples are read in."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(5)
+        self.x, self.y = torch.randn(_L_SAMPLES, 8, generator=g), torch.randint(0, 4, (_L_SAMPLES,), generator=g)
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return _L_SAMPLES
+
+    def __getitem__(self, i):
+        self.read.append(int(i))
+        return self.x[i], self.y[i]
+
+
+class _Scaler(torch.amp.GradScaler):
+    """A GradScaler that notes which of its methods the loop called."""
+
+    made: list = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.called: set[str] = set()
+        _Scaler.made.append(self)
+
+    def scale(self, outputs):
+        self.called.add("scale")
+        return super().scale(outputs)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.called.add("step")
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        self.called.add("update")
+        return super().update(new_scale)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_loop(loop):
+    """Runs ``loop`` as rank 0 of a one-process gloo group on the CPU; returns what it left behind."""
+    if dist.is_initialized():  # left open by an earlier attempt that raised
+        dist.destroy_process_group()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    dtypes: list = []
+    model.register_forward_hook(lambda mod, inp, out: dtypes.append(out.dtype))
+    params = list(model.parameters())
+    data = _Samples()
+    _Scaler.made = []
+    real, torch.amp.GradScaler = torch.amp.GradScaler, _Scaler
+    try:
+        out = loop(model, data, _L_EPOCHS, _L_BATCH, "cpu")
+        left_open = dist.is_initialized()
+    except Exception as exc:
+        # a loop that raised mid-step leaves DDP's reducer half-way: drop it (the traceback's
+        # frames hold it) before the group goes, or destroying the group can hang
+        raised = exc.with_traceback(None)
+    else:
+        raised = None
+    finally:
+        torch.amp.GradScaler = real
+        model = None
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if raised is not None:
+        raise raised
+    return {"out": out, "left_open": left_open, "dtypes": dtypes, "read": data.read,
+            "scalers": list(_Scaler.made), "params": params}
+
+
+def _orders(epochs: int) -> list[list[int]]:
+    sampler = DistributedSampler(range(_L_SAMPLES), num_replicas=1, rank=0)
+    out = []
+    for e in range(epochs):
+        sampler.set_epoch(e)
+        out.append(list(sampler))
+    return out
+
+
+def _check_ddp_loop(answer: object) -> str:
+    if not callable(answer):
+        raise Wrong("give the function itself: ddp_loop.check(ddp_amp_loop), without calling it.")
+    try:
+        inspect.signature(answer).bind(None, None, 1, 1, "cpu")
+    except (TypeError, ValueError):
+        raise Wrong("ddp_amp_loop must take (model, dataset, epochs, batch_size, device).") from None
+    try:
+        got = _run_loop(answer)
+    except Exception as exc:  # torch's own misuse errors say which call is missing
+        text = str(exc)
+        if "'ellipsis' object" in text:
+            raise Wrong("the loop still has a ... where code belongs (it raised: " + text + "). "
+                        "Fill in the numbered parts, 1 to 6.") from None
+        if "process group has not been initialized" in text:
+            raise Wrong("the process group was never started: call dist.init_process_group(...) "
+                        "first (gloo for CPU processes, nccl for GPUs); DDP needs it to "
+                        "exchange gradients.") from None
+        if "since the last update()" in text:
+            raise Wrong("GradScaler.update() is never called: after scaler.step(opt), call "
+                        "scaler.update(), which lowers the scale after an overflow and raises it "
+                        "after a run of good steps.") from None
+        if "No inf checks were recorded" in text:
+            raise Wrong("the optimizer stepped without GradScaler: call scaler.step(opt) instead "
+                        "of opt.step(), so a step whose gradients hold inf/NaN is skipped on "
+                        "every rank.") from None
+        if "_scale is None" in text or "did not use scaler.scale" in text:
+            raise Wrong("the loss went backward unscaled: call scaler.scale(loss).backward(), "
+                        "then scaler.step(opt) and scaler.update().") from None
+        if "'set_epoch'" in text:
+            raise Wrong("your sampler has no set_epoch: it is not a DistributedSampler. Use "
+                        "sampler = DistributedSampler(dataset), which shuffles, gives each rank "
+                        "its own share and reshuffles when told the epoch.") from None
+        raise Wrong(f"ddp_amp_loop raised {type(exc).__name__}: {text}") from None
+    out = got["out"]
+    if out is None or out is Ellipsis or not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise Wrong("ddp_amp_loop must return (model, scales): the DDP model and the scale after "
+                    "every step.")
+    ddp_model, scales = out
+    if not isinstance(ddp_model, DDP):
+        raise Wrong("the model is not wrapped in DistributedDataParallel: each rank would train "
+                    "its own copy and no gradient would be averaged. Wrap it: "
+                    "model = DDP(model.to(device)).")
+    if not got["scalers"]:
+        raise Wrong("no GradScaler was made: make one with torch.amp.GradScaler(device.type).")
+    called = got["scalers"][0].called
+    if "scale" not in called:
+        raise Wrong("the loss went backward unscaled: call scaler.scale(loss).backward(), so "
+                    "small fp16 gradients do not underflow.")
+    if "step" not in called:
+        raise Wrong("scaler.step(opt) is never called: the optimizer must step through the "
+                    "scaler, which skips steps whose gradients hold inf/NaN.")
+    if "update" not in called:
+        raise Wrong("GradScaler.update() is never called: call it after scaler.step(opt) in "
+                    "every step.")
+    if not got["dtypes"] or any(d != torch.float16 for d in got["dtypes"]):
+        raise Wrong("the forward pass ran in fp32: run the forward and the loss under "
+                    "torch.autocast(device.type, dtype=torch.float16).")
+    read, n = got["read"], _L_SAMPLES
+    epochs = [read[i * n:(i + 1) * n] for i in range(_L_EPOCHS)]
+    want = _orders(_L_EPOCHS)
+    if len(read) != _L_EPOCHS * n:
+        raise Wrong(f"the loop read {len(read)} samples in {_L_EPOCHS} epochs of {n}: run "
+                    "every epoch over the whole loader.")
+    if epochs[0] == list(range(n)):
+        raise Wrong("the samples come in the fixed order 0, 1, 2, ...: give the DataLoader a "
+                    "DistributedSampler(dataset), which shuffles and gives each rank its own share.")
+    if epochs[0] != want[0]:
+        raise Wrong("the samples are not drawn by a DistributedSampler: with another sampler every "
+                    "rank draws from the whole data set, so the ranks train on overlapping "
+                    "batches. Use sampler = DistributedSampler(dataset).")
+    if all(e == epochs[0] for e in epochs[1:]):
+        raise Wrong("the sampler's epoch is never set, so every epoch sees the same order: call "
+                    "sampler.set_epoch(epoch) at the start of each epoch.")
+    if got["left_open"]:
+        raise Wrong("the process group is still open when the loop returns: end with "
+                    "dist.destroy_process_group(), or the ranks can hang at exit.")
+    ref = _run_loop(reference_ddp_amp_loop)
+    mine = [p.detach() for p in got["params"]]
+    theirs = [p.detach() for p in ref["params"]]
+    if not all(torch.equal(a, b) for a, b in zip(mine, theirs)) or list(scales) != list(ref["out"][1]):
+        raise Wrong("every part is there, but the weights after the last step differ from the "
+                    "reference's. Per step: zero_grad, forward and loss under autocast, "
+                    "scaler.scale(loss).backward(), scaler.step(opt), scaler.update().")
+    return (f"your loop matches the reference bit for bit over {len(scales)} steps in one "
+            "process (world size 1, gloo): process group, DDP wrap, a DistributedSampler "
+            "reshuffled each epoch, autocast and GradScaler. The next cell runs it on two ranks.")
+
+
+ddp_loop = Exercise(
+    "ddp_loop", "Write ddp_amp_loop(model, dataset, epochs, batch_size, device): the loop one "
+                "rank runs under torchrun, with DDP and FP16 AMP; return (model, scales).",
+    _check_ddp_loop,
+    hint="Six pieces, in order: dist.init_process_group (nccl for cuda, gloo for cpu); "
+         "DDP(model.to(device)); DistributedSampler(dataset); torch.amp.GradScaler(device.type); "
+         "sampler.set_epoch(epoch) each epoch; the AMP step of notebook 02 without clipping.",
+    solution="One way to write it.",
+    solution_code=LOOP_IMPORTS + "\n\n" + inspect.getsource(reference_ddp_amp_loop).replace(
+        "reference_ddp_amp_loop", "ddp_amp_loop"))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+
 import ml_dtypes
 import numpy as np
 
 from .core import Exercise, Wrong
 
-__all__ = ["q1", "q2", "q3", "q4"]
+__all__ = ["delayed", "q1", "q2", "q3", "q4"]
 
 E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
 E5M2_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)
@@ -175,3 +177,82 @@ q4 = Exercise(
              "row it is long enough, and e4m3 has one more mantissa bit.",
     solution_code="from fp16lab.fp8 import ranges\n"
                   "ranges.granularity_census({'rows': spread_rows}, 'e5m2')")
+
+
+# -- delayed: the delayed-scaling update, from an amax history ----------------------------------
+def reference_delayed_scales(amaxes, history_len, margin=0):
+    """Returns the e4m3 scale each step uses under delayed scaling, one per amax (oldest first)."""
+    scales, scale = [], 1.0                   # no amax recorded yet: the scale starts at 1
+    for t in range(len(amaxes)):
+        scales.append(scale)                  # fixed before step t's tensor is seen
+        top = max(amaxes[max(0, t + 1 - history_len):t + 1])
+        if 0 < top < float("inf"):            # a history of zeros or an inf keeps the old scale
+            scale = E4M3_MAX / top / 2 ** margin
+    return scales
+
+
+#: Histories the check runs: (amaxes, history_len, margin, what each one tests).
+DELAYED_CASES = (
+    ((2.0, 8.0, 1.0, 1.0, 0.5, 0.5), 3, 0, "q2's amaxes, one step further"),
+    ((1.0, 1.1, 1.2, 60.0, 1.3, 1.4, 1.5, 1.6), 4, 0, "a spike at step 3"),
+    ((0.5, 0.25, 0.125, 4.0), 2, 1, "a margin of 1"),
+    ((0.0, 0.0, 3.0, float("inf"), 2.0), 2, 0, "zeros first, then an inf"),
+)
+
+
+def _close(a, b) -> bool:
+    return len(a) == len(b) and all(np.isclose(x, y, rtol=1e-6) for x, y in zip(a, b))
+
+
+def _check_delayed(answer: object) -> str:
+    if not callable(answer):
+        raise Wrong("give the function itself: delayed.check(delayed_scales), without calling it.")
+    for amaxes, n, margin, what in DELAYED_CASES:
+        try:
+            got = answer(list(amaxes), n, margin)
+        except Exception as exc:
+            raise Wrong(f"on {what} ({list(amaxes)}, history {n}, margin {margin}) delayed_scales "
+                        f"raised {type(exc).__name__}: {exc}") from None
+        if got is None or got is Ellipsis:
+            raise Wrong("delayed_scales returns nothing yet: return one scale per step.")
+        try:
+            got = [float(g) for g in got]
+        except (TypeError, ValueError):
+            raise Wrong(f"delayed_scales returned {got!r}; return a list of numbers.") from None
+        right = reference_delayed_scales(amaxes, n, margin)
+        if _close(got, right):
+            continue
+        case = f"on {what}, amaxes {list(amaxes)}, history {n}, margin {margin}: you gave {got}; "
+        if len(got) != len(right):
+            raise Wrong(case + f"return one scale per step ({len(right)} here), the one that step uses.")
+        with np.errstate(divide="ignore"):
+            own = [float(np.float64(E4M3_MAX) / max(amaxes[max(0, t + 1 - n):t + 1]) / 2 ** margin)
+                   for t in range(len(amaxes))]
+        if _close(got, own) or (got and got[0] != 1.0 and np.isclose(got[0], own[0])):
+            raise Wrong(case + "each step used its own amax: delayed scaling fixes a step's scale "
+                        "before its tensor is seen, from the steps before it (current scaling is "
+                        "the one that looks first).")
+        if not np.isclose(got[0], 1.0):
+            raise Wrong(case + "the first step has no amax recorded yet: its scale is 1.")
+        if _close(got, reference_delayed_scales(amaxes, len(amaxes), margin)):
+            raise Wrong(case + f"the history holds only the last {n} amaxes: older ones, like a "
+                        "past spike, leave it.")
+        if margin and _close(got, reference_delayed_scales(amaxes, n, 0)):
+            raise Wrong(case + "the margin is ignored: divide the scale by 2**margin.")
+        if any(not np.isfinite(g) or g == 0 for g in got):
+            raise Wrong(case + "a scale became 0 or inf: when the history's maximum is 0 or not "
+                        "finite, keep the previous scale.")
+        raise Wrong(case + f"the scales are {right}.")
+    return ("right on four histories: the scale lags one step behind the amaxes, a spike lowers it "
+            "for history_len steps and then leaves, and a history of zeros or an inf changes nothing.")
+
+
+delayed = Exercise(
+    "delayed", "Write delayed_scales(amaxes, history_len, margin): the e4m3 scale each step uses "
+               "under delayed scaling, given each step's amax (oldest first).", _check_delayed,
+    hint="Walk the steps: append the current scale first (it was fixed before this step), then "
+         "take the max of the last history_len amaxes up to this one and compute the next scale. "
+         "The first scale is 1.",
+    solution="One way: a loop that records the scale, then updates it.",
+    solution_code=inspect.getsource(reference_delayed_scales).replace(
+        "reference_delayed_scales", "delayed_scales"))
