@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import validate
 from .locator import _tensors
 
 
@@ -22,7 +23,7 @@ class FP32Island(nn.Module):
     def __init__(self, inner: nn.Module, cast_inputs: bool = True):
         super().__init__()
         self.inner = inner
-        self.cast_inputs = cast_inputs
+        self.cast_inputs = validate.boolean("cast_inputs", cast_inputs)
 
     def forward(self, *args):
         dev = next((t.device.type for t in _tensors(args)), "cpu")
