@@ -278,15 +278,11 @@ HERE = "owned here, not fixed yet (issue 28): "
 #: fails today (strict: a fix makes it pass, and then its line must go).
 # BEGIN XFAIL
 XFAIL: dict[tuple[str, str], str] = {
-    ('claims.autocast.experiment_allow_tf32', 'quick'): HERE + 'silent acceptance',
-    ('claims.autocast.experiment_autocast_disable', 'quick'): HERE + 'silent acceptance',
-    ('claims.training.experiment_bf16_memory', 'quick'): HERE + 'hang, silent acceptance',
     ('claims.report.claims_folder', 'out_dir'): HERE + 'poor message, silent acceptance',
     ('claims.report.recorded_claims', 'data_dir'): HERE + 'poor message, silent acceptance',
     ('claims.report.recorded_summary', 'data_dir'): HERE + 'poor message, silent acceptance',
     ('claims.report.recorded_table', 'data_dir'): HERE + 'poor message, silent acceptance',
     ('claims.run.recorded_gpu_result', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.scaling.experiment_gradscaler', 'quick'): HERE + 'silent acceptance',
     ('diagnostics.demos.clipping_demo', 'device'): HERE + 'crash',
     ('diagnostics.demos.clipping_demo', 'init_scale'): HERE + 'poor message, silent acceptance',
     ('diagnostics.demos.clipping_demo', 'max_norm'): HERE + 'poor message, silent acceptance',
