@@ -52,6 +52,9 @@ def fp32_island_demo(device: str = "cpu", width: int = 256, level: float = 20.0
     """
     import pandas as pd
 
+    device = validate.device("device", device)
+    width = validate.count("width", width)
+    level = validate.number("level", level, low=0, low_open=True)
     torch.manual_seed(0)
     lin = nn.Linear(width, width, device=device)
     with torch.no_grad():
