@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import validate
+
 #: Model names build_model() accepts, with what each is for.
 MODELS = {
     "small_cnn": "4-layer CNN on 3x32x32 images; trains on a CPU in seconds",
@@ -27,6 +29,7 @@ class SmallCNN(nn.Module):
     """Conv-BN-ReLU x3, global pool, linear: a CIFAR-sized classifier."""
 
     def __init__(self, width: int = 32, num_classes: int = NUM_CLASSES):
+        width, num_classes = validate.count("width", width), validate.count("num_classes", num_classes)
         super().__init__()
         w = width
         self.features = nn.Sequential(
@@ -47,6 +50,8 @@ class MLP(nn.Module):
     """Linear-ReLU-Linear-ReLU-Linear."""
 
     def __init__(self, in_features: int = 64, hidden: int = 128, num_classes: int = NUM_CLASSES):
+        in_features, hidden = validate.count("in_features", in_features), validate.count("hidden", hidden)
+        num_classes = validate.count("num_classes", num_classes)
         super().__init__()
         self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(),
                                  nn.Linear(hidden, hidden), nn.ReLU(),
@@ -60,6 +65,10 @@ class TransformerBlockClassifier(nn.Module):
     """One transformer encoder block over token embeddings, mean-pooled into a classifier."""
 
     def __init__(self, d_model: int = 256, nhead: int = 4, num_classes: int = NUM_CLASSES):
+        d_model, nhead = validate.count("d_model", d_model), validate.count("nhead", nhead)
+        num_classes = validate.count("num_classes", num_classes)
+        if d_model % nhead:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of nhead ({nhead})")
         super().__init__()
         self.block = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=4 * d_model,
                                                 dropout=0.0, batch_first=True, norm_first=True)

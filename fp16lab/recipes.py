@@ -30,6 +30,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
+from . import validate
 from .scaling import ScalerSettings
 
 #: FP8 recipes: how each tensor's scale is chosen (:mod:`fp16lab.fp8.linear` implements them).
@@ -160,8 +161,11 @@ def autocast(precision: str, device: str, cache_enabled: bool | None = None) -> 
     """
     import torch
 
+    device = validate.device("device", device)
+    if cache_enabled is not None:
+        validate.boolean("cache_enabled", cache_enabled)
     dtype = autocast_dtype(precision)
-    return torch.autocast(device, dtype=dtype or torch.float16, enabled=dtype is not None,
+    return torch.autocast(torch.device(device).type, dtype=dtype or torch.float16, enabled=dtype is not None,
                           cache_enabled=cache_enabled)
 
 
@@ -170,6 +174,7 @@ def grad_scaler(precision: str, device: str, settings: ScalerSettings | None = N
     import torch
 
     s = settings or ScalerSettings()
+    device = torch.device(validate.device("device", device)).type
     return torch.amp.GradScaler(device, init_scale=s.init_scale, growth_factor=s.growth_factor,
                                 backoff_factor=s.backoff_factor, growth_interval=s.growth_interval,
                                 enabled=PRECISIONS[check_precision(precision)].scaled)
@@ -211,7 +216,8 @@ def set_tf32(matmul: bool, conv: bool | None = None) -> Callable[[], None]:
     import torch
 
     b = torch.backends
-    conv = matmul if conv is None else conv
+    matmul = validate.boolean("matmul", matmul)
+    conv = matmul if conv is None else validate.boolean("conv", conv)
     if _per_backend_api(b):
         saved = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
                  b.cudnn.rnn.fp32_precision)
@@ -247,6 +253,8 @@ def math_flags(precision: str, cudnn_benchmark: bool | None = None) -> Iterator[
     import torch
 
     b = torch.backends
+    if cudnn_benchmark is not None:
+        validate.boolean("cudnn_benchmark", cudnn_benchmark)
     restore = set_tf32(PRECISIONS[check_precision(precision)].tf32)
     benchmark = b.cudnn.benchmark
     if cudnn_benchmark is not None:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import recipes
+from . import recipes, validate
 from .diagnostics import GradientMonitor
 from .scaling import (DEFAULT_INIT_SCALE, GradScalerRecorder, ScaleCollapseWarning, ScalerSettings,
                       StaticLossScaler)
@@ -42,8 +42,9 @@ from .scaling import (DEFAULT_INIT_SCALE, GradScalerRecorder, ScaleCollapseWarni
 def deep_tanh_mlp(depth: int = 28, width: int = 32, in_features: int = 32,
                   num_classes: int = 10) -> nn.Sequential:
     """Returns a plain deep MLP (Linear-Tanh x depth, then Linear) with PyTorch's default init."""
-    if depth < 1 or width < 1:
-        raise ValueError(f"depth and width must be >= 1, got depth={depth}, width={width}")
+    depth, width = validate.count("depth", depth), validate.count("width", width)
+    in_features = validate.count("in_features", in_features)
+    num_classes = validate.count("num_classes", num_classes)
     layers: list[nn.Module] = []
     d = in_features
     for _ in range(depth):
@@ -56,7 +57,9 @@ def deep_tanh_mlp(depth: int = 28, width: int = 32, in_features: int = 32,
 def make_task(n: int = 8192, in_features: int = 32, num_classes: int = 10, seed: int = 0
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (inputs, labels): Gaussian inputs labelled by a fixed random teacher network."""
-    g = torch.Generator().manual_seed(seed)
+    n, in_features = validate.count("n", n), validate.count("in_features", in_features)
+    num_classes = validate.count("num_classes", num_classes)
+    g = torch.Generator().manual_seed(validate.count("seed", seed, low=0))
     x = torch.randn(n, in_features, generator=g)
     w1 = torch.randn(in_features, 64, generator=g) / in_features**0.5
     w2 = torch.randn(64, num_classes, generator=g) / 8.0
@@ -321,7 +324,9 @@ CONVERGING_RUNS = (
 def regression_task(n: int = 16384, in_features: int = 16, out_features: int = 256,
                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (inputs, targets): Gaussian inputs and a linear teacher's outputs (no noise)."""
-    g = torch.Generator().manual_seed(seed)
+    n, in_features = validate.count("n", n), validate.count("in_features", in_features)
+    out_features = validate.count("out_features", out_features)
+    g = torch.Generator().manual_seed(validate.count("seed", seed, low=0))
     x = torch.randn(n, in_features, generator=g)
     w = torch.randn(in_features, out_features, generator=g) / in_features**0.5
     return x, x @ w

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["boolean", "choice", "count", "existing_dir", "existing_file", "number",
+__all__ = ["boolean", "choice", "count", "device", "existing_dir", "existing_file", "number",
            "output_dir", "output_file"]
 
 
@@ -87,6 +87,26 @@ def choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
     if not ok:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {_shown(value)}")
     return value
+
+
+def device(name: str, value: Any) -> str:
+    """Returns ``value`` as a device name (``"cpu"``, ``"cuda"``, ``"cuda:1"``) if torch can parse it.
+
+    Whether that device exists here is the caller's question: a check that names the device
+    (``"needs a CUDA GPU"``) says more than torch's own error.
+    """
+    import torch  # optional for the rest of this module: only device names need it
+
+    if isinstance(value, torch.device):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be a device name such as 'cpu' or 'cuda', got "
+                        f"{_shown(value)} ({type(value).__name__})")
+    try:
+        return str(torch.device(value))
+    except RuntimeError:
+        raise ValueError(f"{name} must be a device name such as 'cpu', 'cuda' or 'cuda:1', "
+                         f"got {_shown(value)}") from None
 
 
 def _as_path(name: str, value: Any) -> Path:

@@ -1,5 +1,7 @@
 """The exercise framework and notebook 01's exercises, with right and wrong answers."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -85,3 +87,104 @@ def test_expect_power_of_two():
     for bad in (0, -4, 3, 0.3, float("inf"), "big", None):
         with pytest.raises(Wrong):
             expect_power_of_two(bad, "x")
+
+
+# ------------------------------------------------ answers that are functions run under a time limit
+
+import importlib  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+#: The exercises whose answer is a function that the checker calls, with the function's arity.
+FUNCTION_EXERCISES = [("ch01", "q5", 3), ("ch02", "q3", 6), ("ch03", "q1", 2),
+                      ("ch06", "q2", 2), ("ch07", "q1", 2), ("ch09", "q3", 1)]
+
+
+def _looping(arity):
+    """A function of ``arity`` arguments that never returns, holding the GIL in pure Python."""
+    names = ", ".join(f"a{i}" for i in range(arity))
+    scope = {}
+    exec(f"def endless({names}):\n    n = 0\n    while True:\n        n += 1\n", scope)
+    return scope["endless"]
+
+
+def _solution(exercise):
+    import numpy, torch, torch.nn.functional as F  # noqa: E401 the solutions' own imports
+    scope = {"np": numpy, "torch": torch, "F": F}
+    exec(exercise.solution().code, scope)
+    return next(v for k, v in scope.items() if callable(v) and k not in ("np", "torch", "F"))
+
+
+@pytest.mark.parametrize("chapter, name, arity", FUNCTION_EXERCISES)
+def test_an_answer_that_loops_forever_is_stopped_and_named(monkeypatch, chapter, name, arity):
+    exercise = getattr(importlib.import_module(f"fp16lab.exercises.{chapter}"), name)
+    monkeypatch.setattr(exercise, "time_limit_s", 0.3)
+    exercise.check(lambda *args: None)  # the checker's own first-time set-up is not timed
+    start = time.monotonic()
+    feedback = exercise.check(_looping(arity))
+    assert time.monotonic() - start < 3
+    assert not feedback and "did not return within 0.3 s" in feedback.message
+    assert "endless(" in feedback.message
+
+
+@pytest.mark.parametrize("chapter, name, arity", FUNCTION_EXERCISES)
+def test_a_right_function_still_passes_and_a_slow_one_within_the_limit_too(monkeypatch, chapter,
+                                                                            name, arity):
+    exercise = getattr(importlib.import_module(f"fp16lab.exercises.{chapter}"), name)
+    right = _solution(exercise)
+    assert exercise.check(right), exercise.check(right)
+    calls = []
+
+    @functools.wraps(right)
+    def slow(*args):  # slow on its first call only, well inside the limit
+        if not calls:
+            time.sleep(0.2)
+        calls.append(1)
+        return right(*args)
+
+    monkeypatch.setattr(exercise, "time_limit_s", 2.0)
+    feedback = exercise.check(slow)
+    assert feedback, feedback
+
+
+def test_the_limit_holds_outside_the_main_thread_and_a_loop_that_swallows_exceptions():
+    from fp16lab.exercises import ch06
+
+    def stubborn(batch, kernel_ms):
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:  # the stop is a BaseException: this does not catch it
+                pass
+
+    q = Exercise("q2", "?", ch06.q2._checker, hint="", solution="", time_limit_s=0.3)
+    got = []
+    worker = threading.Thread(target=lambda: got.append(q.check(stubborn)), daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive() and "did not return within 0.3 s" in got[0].message
+    assert "did not return" in q.check(stubborn).message  # and in the main thread
+
+
+def test_a_timer_set_by_someone_else_survives_a_check():
+    import signal
+    from fp16lab.exercises import ch07
+    signal.setitimer(signal.ITIMER_REAL, 100.0)
+    try:
+        assert ch07.q1.check(lambda a, b: min(a, b))
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 90 < left <= 100
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def test_a_class_given_as_an_answer_is_not_wrapped():
+    q = Exercise("q1", "?", lambda a: "right" if a is np.float16 else "", hint="", solution="")
+    assert q.check(np.float16).message == "right"
+
+
+def test_the_time_limit_is_a_positive_number():
+    for bad in (0, -1, float("nan"), "10", True):
+        with pytest.raises((TypeError, ValueError), match="time_limit_s"):
+            Exercise("q1", "?", str, hint="", solution="", time_limit_s=bad)

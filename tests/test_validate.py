@@ -100,3 +100,14 @@ def test_unwritable_folder(tmp_path, monkeypatch):
         validate.output_file("--out", ro / "x.json")
     with pytest.raises(PermissionError, match="not writable"):
         validate.output_dir("--out", ro)
+
+
+def test_device_names_parse_and_nonsense_is_refused():
+    import torch
+    assert validate.device("device", "cpu") == "cpu"
+    assert validate.device("device", "cuda:1") == "cuda:1"
+    assert validate.device("device", torch.device("cpu")) == "cpu"
+    for bad, error in (("", TypeError), (7, TypeError), (None, TypeError), ("gpu0", ValueError),
+                       ("cuda:x", ValueError)):
+        with pytest.raises(error, match="device"):
+            validate.device("device", bad)

@@ -6,6 +6,7 @@ import inspect
 import math
 from typing import Any
 
+from .. import validate
 from ..models import build_model, input_shape
 from ..recipes import tf32 as _tf32, tf32_state
 from . import core
@@ -35,6 +36,7 @@ def _round_to_tf32(x):
 
 def experiment_allow_tf32(quick: bool = True) -> Figures:
     """Returns what ``allow_tf32`` changes: fp32 matmul precision, gradient dtype, matmul error."""
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     m = torch.backends.cuda.matmul
@@ -127,6 +129,7 @@ def judge_allow_tf32(f: Figures) -> Judgement:
 def experiment_autocast_disable(quick: bool = True) -> Figures:
     """Returns the dtypes (or errors) of a Linear and a softmax run inside autocast(enabled=False),
     with fp16 inputs and with inputs cast to float32."""
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     dtype = _autocast_dtype(dev)
@@ -188,6 +191,7 @@ def experiment_amp_ratio(quick: bool = True) -> Figures:
     """Returns autocast's and GradScaler's parameters, the dtype each layer runs in under
     autocast, and saved-activation bytes with autocast everywhere, with the FFN kept in fp32,
     and in fp32."""
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     dtype = _autocast_dtype(dev)

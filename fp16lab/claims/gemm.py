@@ -8,6 +8,7 @@ from typing import Any, Callable
 from ..alignment import uses_tensor_cores
 from ..measure import cuda_kernels
 from ..recipes import tf32 as _tf32
+from .. import validate
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, PARTLY, Claim, Figures, Judgement, _device, _ratio,
                    _sizes, _timer, _torch)
 
@@ -48,6 +49,7 @@ def _gpu_kernel_name(fn: Callable[[], Any]) -> str:
 def experiment_alignment(quick: bool = False) -> Figures:
     """Returns fp16 GEMM TFLOP/s at N = base + d, the FP32 CUDA-core ceiling, and Linear TFLOP/s
     at batches around 256 (CUDA)."""
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     base, feats, rep = _sizes(quick, (4096, 4096, 30), (1024, 1024, 10), (32, 32, 2))
@@ -121,6 +123,7 @@ CLAIMED_RATIO, RATIO_BAND = 8.0, 0.25
 
 def experiment_fp16_vs_fp32(quick: bool = False) -> Figures:
     """Returns cuBLAS GEMM TFLOP/s in fp16, fp32 (TF32 off) and TF32, and their ratios (CUDA)."""
+    validate.boolean("quick", quick)
     torch = _torch()
     n, rep = _sizes(quick, (8192, 20), (2048, 10), (32, 2))
     fp16 = _gemm_tflops(n, torch.float16, repeat=rep)

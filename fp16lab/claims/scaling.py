@@ -6,6 +6,7 @@ import inspect
 import math
 from typing import Any
 
+from .. import validate
 from ..models import build_model
 from ..scaling import GradScalerRecorder
 from .core import (FAILS, HOLDS, PARTLY, Claim, Figures, Judgement, _autocast_dtype, _device,
@@ -22,6 +23,7 @@ def experiment_gradscaler(quick: bool = True) -> Figures:
     The scaler runs on this machine's device with ``growth_interval=4``; step 2 has a NaN
     gradient (not a multiple of the interval), steps 10-12 have inf gradients.
     """
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     interval, init, n_steps = 4, 2.0**10, 16
@@ -105,6 +107,7 @@ MEAN_ABS_FACTOR = 3.0
 def experiment_clipping(quick: bool = True) -> Figures:
     """Returns final losses of a short fp16 training with no clipping, clip 1.0 (after unscale_),
     clip 1.0 before unscale_, and the per-epoch threshold of 3 x mean |g|, plus gradient-norm figures."""
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     dtype = _autocast_dtype(dev)

@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 from .. import sweep  # the module, not its names: tests replace its functions
+from .. import validate
 from ..models import build_model, input_shape
 from . import core
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, NONEXISTENT, PARTLY, UNTESTABLE, Claim, Figures,
@@ -85,6 +86,7 @@ CL_CLAIMED, CL_ANY = 1.15, 1.05
 
 def experiment_channels_last(quick: bool = False) -> Figures:
     """Returns training throughput of the CNN in NCHW and channels_last, AMP fp16 and fp32 (CUDA)."""
+    validate.boolean("quick", quick)
     batch, steps = _train_sizes(quick)
     model = _cnn_name()
     out: Figures = {"model": model, "batch": batch}
@@ -121,6 +123,7 @@ MEM_CLAIMED, MEM_SAME = 0.90, 0.97
 def experiment_bf16_memory(quick: bool = True) -> Figures:
     """Returns element sizes, parameter bytes and saved-activation bytes in fp16 and bf16, plus
     peak training memory under AMP fp16 and bf16 on a GPU."""
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     torch.manual_seed(0)
@@ -175,6 +178,7 @@ AMP_SPEEDUP, AMP_SAVING = 1.45, 0.20
 
 def experiment_amp_vs_fp32(quick: bool = False) -> Figures:
     """Returns throughput and peak memory of CNN training in fp32, TF32 and AMP fp16 (CUDA)."""
+    validate.boolean("quick", quick)
     batch, steps = _train_sizes(quick)
     name = _cnn_name()
     r = {p: train_step_figures(name, p, "nchw", batch, steps) for p in ("fp32", "tf32", "amp-fp16")}
@@ -216,6 +220,7 @@ UTILISATION_COUNTERS = (
 def experiment_utilisation(quick: bool = False) -> Figures:
     """Returns GPM utilisation (where the GPU has it) and NVML busy % while the CNN trains in fp32
     and in AMP fp16 (CUDA)."""
+    validate.boolean("quick", quick)
     batch, steps = _train_sizes(quick)
     name = _cnn_name()
     seconds = _sizes(quick, 3.0, 1.0, 0.05)
@@ -259,6 +264,7 @@ def judge_utilisation(f: Figures) -> Judgement:
 
 def experiment_profiling_executor(quick: bool = True) -> Figures:
     """Returns eager and TorchScript training-step times with the profiling executor on and off."""
+    validate.boolean("quick", quick)
     torch = _torch()
     dev = _device()
     if not hasattr(torch._C, "_jit_set_profiling_executor"):

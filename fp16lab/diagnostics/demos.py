@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import validate
 from ..scaling import DEFAULT_INIT_SCALE, GradScalerRecorder, ScaleCollapseWarning, classify_skips
 from .islands import Gram
 
@@ -17,6 +18,9 @@ def overflow_demo_model(device: str = "cpu", width: int = 64, level: float = 20.
                         ) -> tuple[nn.Module, torch.Tensor]:
     """Returns (model, inputs) whose ``scores`` layer (a :class:`Gram`) overflows FP16 under
     autocast: a stand-in for an unnormalised attention or a sum of squares."""
+    device = validate.device("device", device)
+    width = validate.count("width", width)
+    level = validate.number("level", level, low=0, low_open=True)
     torch.manual_seed(0)
     model = nn.Sequential()
     model.add_module("embed", nn.Linear(width, width))
@@ -56,7 +60,10 @@ def clipping_demo(device: str = "cpu", max_norm: float = 1.0,
     """
     import pandas as pd
 
-    torch.manual_seed(seed)
+    device = validate.device("device", device)
+    max_norm = validate.number("max_norm", max_norm, low=0, low_open=True)
+    init_scale = validate.number("init_scale", init_scale, low=0, low_open=True)
+    torch.manual_seed(validate.count("seed", seed, low=0))
     base = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
     x = torch.randn(64, 32, device=device)
     y = torch.randn(64, 4, device=device) * 10

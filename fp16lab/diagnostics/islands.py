@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import validate
 from .locator import _tensors
 
 
@@ -22,7 +23,7 @@ class FP32Island(nn.Module):
     def __init__(self, inner: nn.Module, cast_inputs: bool = True):
         super().__init__()
         self.inner = inner
-        self.cast_inputs = cast_inputs
+        self.cast_inputs = validate.boolean("cast_inputs", cast_inputs)
 
     def forward(self, *args):
         dev = next((t.device.type for t in _tensors(args)), "cpu")
@@ -51,6 +52,9 @@ def fp32_island_demo(device: str = "cpu", width: int = 256, level: float = 20.0
     """
     import pandas as pd
 
+    device = validate.device("device", device)
+    width = validate.count("width", width)
+    level = validate.number("level", level, low=0, low_open=True)
     torch.manual_seed(0)
     lin = nn.Linear(width, width, device=device)
     with torch.no_grad():

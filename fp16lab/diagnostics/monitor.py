@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import validate
 from .histogram import (_BACKENDS, _INF_BIN, _NAN_BIN, _STATS_KINDS, _ZERO_BIN, N_BINS,
                         _bin_codes, _bin_of_exponent, _cupy_statistics, _flat_view,
                         _segment_plan, _stats_plan, _widened_cat, auto_backend)
@@ -53,6 +54,7 @@ class GradientMonitor:
                  backend: str = "auto"):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        validate.boolean("keep_history", keep_history)
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
         self.backend = backend

@@ -4,6 +4,8 @@ Each notebook imports its own set, e.g. ``from fp16lab.exercises import ch01 as 
 ``ex.q1.check(...)``. The framework lives in :mod:`fp16lab.exercises.core`.
 """
 
-from .core import Exercise, Feedback, Wrong, expect_close, expect_equal, expect_power_of_two
+from .core import (TIME_LIMIT_S, Exercise, Feedback, Wrong, expect_close, expect_equal,
+                   expect_power_of_two)
 
-__all__ = ["Exercise", "Feedback", "Wrong", "expect_close", "expect_equal", "expect_power_of_two"]
+__all__ = ["TIME_LIMIT_S", "Exercise", "Feedback", "Wrong", "expect_close", "expect_equal",
+           "expect_power_of_two"]

@@ -8,18 +8,37 @@ saying what is wrong and, where it can tell, why. The checker computes the right
 ``check`` returns a :class:`Feedback`, which Jupyter shows as a coloured box; ``bool(feedback)``
 is True only for a right answer, so tests and instructors can use it too. Solutions are shown
 only on request, through ``solution()``.
+
+Where the answer is a function, ``check`` hands the checker a stand-in that runs each call of it
+under a time limit (:data:`TIME_LIMIT_S`), so an answer that loops forever gets "your function did
+not return within 10 s" instead of a cell that never finishes. A notebook cell runs in the main
+thread, where SIGALRM interrupts even a pure-Python loop that holds the GIL (and a blocking
+``time.sleep``). In another thread the stop is an exception set on that thread
+(``PyThreadState_SetAsyncExc``), which lands at its next Python instruction. Neither can stop code
+stuck inside one C call (a single endless torch op): Python gets no say until that call returns.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import html
 import math
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Exercise", "Feedback", "Wrong", "expect_close", "expect_equal", "expect_power_of_two"]
+from fp16lab import validate
+
+__all__ = ["TIME_LIMIT_S", "Exercise", "Feedback", "Wrong", "expect_close", "expect_equal",
+           "expect_power_of_two"]
 
 _MISSING = object()
+
+#: How long one call of a learner's function may run before ``check`` gives up on it, in seconds.
+TIME_LIMIT_S = 10.0
 
 #: Feedback kinds, with the label a learner reads and the box colour.
 KINDS = {
@@ -33,6 +52,104 @@ KINDS = {
 
 class Wrong(Exception):
     """Raised by a checker: the message tells the learner what is wrong with the answer."""
+
+
+class _Stop(BaseException):
+    """Raised inside a learner's function whose time is up (a BaseException, so that the
+    learner's own ``except Exception`` does not swallow it)."""
+
+
+class _TimedOut(BaseException):
+    """Raised out of a checker when the learner's function ran past its limit; the message is
+    the learner's feedback. A BaseException, so that no checker's ``except`` turns it into a
+    different complaint."""
+
+
+def _described(value: Any) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} {value.dtype} {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 40 and "\n" not in text else f"<{type(value).__name__}>"
+
+
+def _call_in_main_thread(fn: Callable, args: tuple, kwargs: dict, limit_s: float) -> Any:
+    """Calls ``fn`` with SIGALRM armed: the handler raises :class:`_Stop` inside it at the limit,
+    and again every 0.1 s should the learner's code swallow the first one."""
+    running = True
+
+    def on_alarm(signum, frame):
+        if running:
+            raise _Stop
+
+    start = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, limit_s, 0.1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        running = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
+        if old_delay:  # someone else's timer (pytest-timeout, say) keeps its deadline
+            left = old_delay - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), old_interval)
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                               None if exc is None else ctypes.py_object(exc))
+
+
+def _call_in_other_thread(fn: Callable, args: tuple, kwargs: dict, limit_s: float) -> Any:
+    """Calls ``fn`` in this (not the main) thread; a watchdog sets :class:`_Stop` on it at the limit."""
+    thread_id, lock, state = threading.get_ident(), threading.Lock(), {"done": False, "fired": False}
+
+    def stop():
+        with lock:
+            if not state["done"]:
+                state["fired"] = True
+                _set_async_exc(thread_id, _Stop)
+
+    watchdog = threading.Timer(limit_s, stop)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        watchdog.cancel()
+        with lock:
+            state["done"] = True
+            if state["fired"]:  # a stop set but not landed yet must not land in the checker
+                _set_async_exc(thread_id, None)
+
+
+class _TimedFunction:
+    """The learner's function as the checker sees it: the same name, signature and attributes,
+    but each call runs under a time limit and raises :class:`_TimedOut` past it."""
+
+    def __init__(self, fn: Callable, limit_s: float) -> None:
+        functools.update_wrapper(self, fn)  # __wrapped__: inspect.signature sees fn's signature
+        self._limit_s = limit_s
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self.__wrapped__
+        in_main = threading.current_thread() is threading.main_thread()
+        call = _call_in_main_thread if in_main else _call_in_other_thread
+        try:
+            return call(fn, args, kwargs, self._limit_s)
+        except _Stop:
+            name = getattr(fn, "__name__", type(fn).__name__)
+            shown = ", ".join([*map(_described, args),
+                               *(f"{k}={_described(v)}" for k, v in kwargs.items())])
+            raise _TimedOut(f"your function did not return within {self._limit_s:g} s: "
+                            f"{name}({shown}) was still running. Look for a loop whose condition "
+                            "never changes, fix it and run check again.") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
 
 
 @dataclass(frozen=True)
@@ -79,12 +196,14 @@ class Exercise:
             :class:`Wrong` with what is wrong.
         hint: a nudge that does not give the answer away.
         solution: the answer, as text; ``solution_code`` the code, where the task is code.
+        time_limit_s: how long one call of an answer that is a function may run.
     """
 
     def __init__(self, name: str, question: str, checker: Callable[[Any], str], *, hint: str,
-                 solution: str, solution_code: str = "") -> None:
+                 solution: str, solution_code: str = "", time_limit_s: float = TIME_LIMIT_S) -> None:
         if not callable(checker):
             raise TypeError(f"checker of exercise {name!r} must be callable, got {type(checker).__name__}")
+        self.time_limit_s = validate.number("time_limit_s", time_limit_s, low=0, low_open=True)
         self.name, self.question, self._checker = name, question, checker
         self._hint, self._solution, self._solution_code = hint, solution, solution_code
         self.attempts = 0
@@ -97,8 +216,12 @@ class Exercise:
                             f"replace the ... with your answer and run {self.name}.check(your_answer). "
                             f"The question: {self.question}")
         self.attempts += 1
+        if callable(answer) and not isinstance(answer, type):  # a class (np.float16) is a name
+            answer = _TimedFunction(answer, self.time_limit_s)
         try:
             why = self._checker(answer)
+        except _TimedOut as timed_out:
+            return Feedback("incorrect", self.name, str(timed_out))
         except Wrong as wrong:
             return Feedback("incorrect", self.name, str(wrong))
         except Exception as exc:  # an answer of the wrong kind: say what it raised, not a traceback

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import validate
 from ..recipes import FP8_RECIPES as RECIPES  # a precision fp8-<recipe> each: named there once
 from .scales import DelayedScaling, Quantized, _quantize, amax, dequantize
 
@@ -228,7 +229,12 @@ class Float8Linear(nn.Linear):
                  margin: int = 0, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         granularity(recipe, "data")
-        if backend not in BACKENDS:
+        in_features = validate.count("in_features", in_features)
+        out_features = validate.count("out_features", out_features)
+        bias = validate.boolean("bias", bias)
+        history_len = validate.count("history_len", history_len)
+        margin = validate.count("margin", margin, low=0)
+        if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
         mult = _feature_multiple(recipe)
         if in_features % mult or out_features % mult:
@@ -290,6 +296,9 @@ def convert_to_fp8(model: nn.Module, recipe: str, *, backend: str = "auto", hist
     the usual recipes keep it).
     """
     granularity(recipe, "data")
+    validate.choice("backend", backend, BACKENDS)
+    validate.count("history_len", history_len)
+    validate.count("margin", margin, low=0)
     mult = _feature_multiple(recipe)
     converted = []
     for name, module in list(model.named_modules()):

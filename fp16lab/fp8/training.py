@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import validate
 from ..recipes import PRECISIONS, check_precision, make_train_step, precisions
 from .linear import convert_to_fp8, scaled_mm_available
 
@@ -54,8 +55,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+            validate.count(f"GPTConfig.{name}", value)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
 

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from fp16lab import validate
+
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "SCALE", "RATIO", "TRIES", "augment_pil",
            "augment_tensor", "batch_generator", "crop_params", "crops_from_uniforms", "draw_crops",
            "flip_draw", "normalize", "resized_crops"]
@@ -43,8 +45,7 @@ def crop_params(height: int, width: int, generator: torch.Generator | None = Non
     first crop that fits is taken. If none fits, the whole picture is taken, cut to the nearest
     allowed aspect ratio around its centre. ``generator=None`` draws from torch's global RNG.
     """
-    if height < 1 or width < 1:
-        raise ValueError(f"picture size must be positive, got {height}x{width}")
+    height, width = validate.count("height", height), validate.count("width", width)
     area = height * width
     log_lo, log_hi = torch.log(torch.tensor(ratio)).tolist()  # in float32, as torchvision has it
     for _ in range(TRIES):
@@ -164,6 +165,7 @@ def draw_crops(heights: Sequence[int], widths: Sequence[int], generator: np.rand
 
 def flip_draw(generator: torch.Generator | None = None, p: float = 0.5) -> bool:
     """Returns whether to flip, drawn like torchvision's RandomHorizontalFlip."""
+    p = validate.number("p", p, low=0, high=1)
     return bool(torch.rand(1, generator=generator).item() < p)
 
 

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import torch
 
+from .. import validate
 from .augment import IMAGENET_MEAN, IMAGENET_STD, RATIO, SCALE
 from .dataset import scan_image_folder
 from .settings import InputPipeline, InputSettings
@@ -25,6 +26,7 @@ DALI_INSTALL = ("pip install nvidia-dali-cuda130 for CUDA 13, nvidia-dali-cuda12
 
 def dali_unavailable(device: str) -> str | None:
     """Returns why the dali backend cannot run on ``device`` here, or None when it can."""
+    device = validate.device("device", device)
     if not str(device).startswith("cuda"):
         return "dali runs its GPU pipeline on a CUDA GPU; the device here is " + str(device)
     try:

@@ -91,6 +91,7 @@ def synthetic_photo(seed: int, index: int, size: tuple[int, int] = (500, 375)) -
         size: (width, height), as PIL gives sizes.
     """
     width, height = size
+    seed, index = validate.count("seed", seed, low=0), validate.count("index", index, low=0)
     rng = np.random.default_rng([seed, index])
     alpha = rng.uniform(0.85, 1.25)  # the spectral slope; photographs sit near 1
     fy = np.fft.fftfreq(height).astype(np.float32)[:, None]

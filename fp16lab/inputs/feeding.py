@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import validate
 from ..models import NUM_CLASSES, build_model, is_image_model
 from ..recipes import (OPTIMIZERS, PRECISIONS, check_precision, math_flags, optimizer_factory,
                        precisions)
@@ -94,7 +95,8 @@ def make_train_step(model: torch.nn.Module, precision: str, device: str,
     a name from :data:`fp16lab.recipes.OPTIMIZERS` (``sgd-fused``: no host sync per step).
     """
     _check_precision_optimizer(precision, optimizer)
-    step, _ = recipe_step(precision, model, None, None, device=torch.device(device).type,
+    step, _ = recipe_step(precision, model, None, None,
+                          device=torch.device(validate.device("device", device)).type,
                           optimizer=optimizer_factory(optimizer))
     return step
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from .. import validate
 from .augment import batch_generator, draw_crops, normalize, resized_crops
 from .dataset import CorruptImageError, read_jpeg_bytes, scan_image_folder
 from .producers import OrderedProducer
@@ -36,6 +37,7 @@ __all__ = ["GPU_DECODE_DEPTH", "GPU_DECODE_PRODUCERS", "augment_batch", "decode_
 def gpu_decode_unavailable(device: str) -> str | None:
     """Returns why gpu-decode cannot run on ``device`` here, or None when it can: it needs a
     CUDA GPU and torchvision's ``decode_jpeg``."""
+    device = validate.device("device", device)
     if not str(device).startswith("cuda"):
         return "gpu-decode decodes with nvJPEG on a CUDA GPU; the device here is " + str(device)
     try:

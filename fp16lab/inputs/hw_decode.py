@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .. import validate
 from .dataset import CorruptImageError, load_rgb
 from .gpu_decode import gpu_decode_pipeline
 from .settings import InputPipeline, InputSettings
@@ -159,6 +160,7 @@ def hw_decode_unavailable(device: str) -> str | None:
     """Returns why hw-decode cannot run on ``device`` here, or None when it can: it needs a
     CUDA GPU, the nvImageCodec package, and a GPU with hardware JPEG engines (checked by
     decoding one small JPEG on them, once per GPU)."""
+    device = validate.device("device", device)
     if not str(device).startswith("cuda"):
         return ("hw-decode decodes on the hardware JPEG engines of a CUDA GPU; the device here "
                 f"is {device}")

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .. import validate
 from .dali import dali_pipeline, dali_unavailable
 from .dataloader import dataloader_pipeline
 from .dataset import scan_image_folder
@@ -85,6 +86,7 @@ BACKENDS = {name: backend.description for name, backend in REGISTRY.items()}
 
 def unavailable_reason(backend: str, device: str) -> str | None:
     """Returns why ``backend`` cannot run on ``device`` here, or None when it can."""
+    device = validate.device("device", device)
     if backend not in REGISTRY:
         raise ValueError(f"unknown input backend {backend!r}; known: {', '.join(BACKENDS)}")
     check = REGISTRY[backend].unavailable

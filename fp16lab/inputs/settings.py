@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from fp16lab import validate
+
 __all__ = ["CPU_SHARE_BACKENDS", "READER_THREAD_BACKENDS", "WORKER_SHARE", "InputPipeline",
            "InputSettings", "cpu_cores", "default_workers"]
 
@@ -37,7 +39,8 @@ def cpu_cores() -> int:
 
 def default_workers(cores: int | None = None) -> int:
     """Returns the default worker count: 75% of the cores rounded down, at least 1."""
-    return max(1, int(WORKER_SHARE * (cores or cpu_cores())))
+    cores = cpu_cores() if cores is None else validate.count("cores", cores)
+    return max(1, int(WORKER_SHARE * cores))
 
 
 @dataclass(frozen=True)

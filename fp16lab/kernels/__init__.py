@@ -40,6 +40,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from fp16lab import validate
+
 from . import wgmma as _wgmma_launch
 from .compiler import (KernelUnavailable, available, find_cuda_include, get_function,
                        load_module, require_cupy, source_path)
@@ -164,7 +166,7 @@ _INT_MAX = 2**31 - 1
 
 def gemm_flops(m: int, n: int, k: int) -> int:
     """Returns the floating-point operations of an M x N x K matrix product (2*M*N*K)."""
-    return 2 * m * n * k
+    return 2 * validate.count("m", m) * validate.count("n", n) * validate.count("k", k)
 
 
 def _check_operand(cupy: Any, x: Any, name: str) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fp16lab import validate
+
 FRAGMENT = (16, 16, 16)  # M, N, K of one WMMA tile
 
 
@@ -60,6 +62,8 @@ def fragment_mma_fp16_acc(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def fragment_error(seed: int = 0, scale: float = 1.0) -> dict[str, float]:
     """Returns the emulated fragment's relative (Frobenius) error against float64, with fp32
     and with fp16 accumulation, next to the unit roundoffs of fp32 and fp16."""
+    seed = validate.count("seed", seed, low=0)
+    scale = validate.number("scale", scale, low=0, low_open=True)
     rng = np.random.default_rng(seed)
     a = (scale * rng.standard_normal((16, 16))).astype(np.float16)
     b = (scale * rng.standard_normal((16, 16))).astype(np.float16)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..alignment import (alignment_classes, alignment_finding, alignment_table,  # noqa: F401
                          gemm_kernel_names, plot_alignment, uses_tensor_cores)
+from .. import validate
 from ..bits import decode
 from . import KERNELS, LADDER
 from .compiler import source_path
@@ -23,7 +24,7 @@ def kernels_table(variants: bool = False):
     shared memory); with ``variants=True`` the tuning variants of steps 4-6 too."""
     import pandas as pd
 
-    specs = (KERNELS if variants else LADDER).values()
+    specs = (KERNELS if validate.boolean("variants", variants) else LADDER).values()
     return pd.DataFrame([{"step": k.step, "kernel": k.name, "what it adds": k.title,
                           "block tile": f"{k.bm}x{k.bn}", "threads": k.threads,
                           "dynamic smem (KB)": round(k.dynamic_smem / 1024, 1),
