@@ -38,7 +38,7 @@ from ..recipes import LR, MOMENTUM, math_flags
 from ..telemetry import TelemetrySampler
 from .multi_gpu import measure_on_gpus
 from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
-from .spec import Point, SweepSpec
+from .spec import Point, SweepSpec, check_images_dir
 from .steps import build_step, input_warmup
 
 __all__ = ["LR", "MOMENTUM", "FaultInjector", "is_oom", "measure_point", "run_sweep"]
@@ -247,7 +247,7 @@ def _prepare_images(spec: SweepSpec, points: list[Point]) -> None:
     then checks it is an image folder: a missing or empty one fails before any point runs."""
     if all(p.input == "synthetic" for p in points):
         return
-    root = Path(spec.images_dir)
+    root = check_images_dir(spec.images_dir)  # the folder may have changed since the spec
     if not root.exists() or not any(root.iterdir()):
         dataset.make_image_folder(root, images=spec.images)
     dataset.scan_image_folder(root)
