@@ -22,6 +22,7 @@ sweep per file there.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import threading
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from ..measure.provenance import check_can_write
 from .axes import AXIS_DEFAULTS
@@ -93,7 +95,11 @@ def _parse(path: Path, data: bytes) -> pd.DataFrame:
         except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
             raise _bad(path, f"not a readable CSV file ({e})") from None
     try:
-        return pd.read_parquet(io.BytesIO(data))
+        # read in this thread, without pyarrow's dataset reader: that one pre-buffers column
+        # chunks on its I/O threads, and a damaged page leaves such a read running while the
+        # process exits, which aborts it ("terminate called without an active exception")
+        with pq.ParquetFile(io.BytesIO(data), pre_buffer=False) as f:
+            return f.read(use_threads=False).to_pandas()
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError and others on a damaged file
         raise _bad(path, f"not a readable parquet file ({type(e).__name__}: {e})") from None
 
@@ -184,17 +190,31 @@ def _writer_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _atomic_write(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+def _write_file(df: pd.DataFrame, path: Path, suffix: str) -> None:
+    """Writes ``df`` to ``path`` as CSV or parquet (``suffix``, the results file's)."""
+    if suffix == ".csv":
+        df.to_csv(path, index=False)
+    else:
+        df.to_parquet(path, index=False)
+
+
+def _atomic_write(df: pd.DataFrame, paths: Sequence[Path]) -> None:
+    """Writes ``df`` to every path, all or none: each is written beside its file, then all renamed.
+
+    A full disk or any failure while writing leaves every file as it was (no half file, no
+    parquet and CSV that disagree); the renames write no data, so they do not fail for space.
+    """
+    tag = f"{os.getpid()}.{threading.get_ident()}"
+    tmps = [p.with_name(f".{p.name}.{tag}.tmp") for p in paths]
     try:
-        if path.suffix == ".csv":
-            df.to_csv(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)  # a reader never sees half a file, an interrupt never leaves one
+        for tmp, path in zip(tmps, paths):
+            _write_file(df, tmp, path.suffix)
+        for tmp, path in zip(tmps, paths):
+            os.replace(tmp, path)  # a reader never sees half a file, an interrupt never leaves one
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        for tmp in tmps:
+            if tmp.exists():
+                tmp.unlink()
 
 
 def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -202,6 +222,10 @@ def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> pd.DataFram
 
     Safe with other processes appending to the same file: see the module docstring. A sweep
     checks the path with :func:`check_results_path` before measuring anything.
+
+    Raises:
+        OSError: the rows could not be written (a full disk, say), with the same errno and a
+            message naming the file; the file and its CSV copy keep every earlier row, unchanged.
     """
     p = Path(path)
     if p.suffix != ".parquet":
@@ -212,7 +236,12 @@ def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> pd.DataFram
         old = read_results(p)
         frames = [f for f in (old, new) if len(f)]
         df = pd.concat(frames, ignore_index=True) if frames else new
-        _atomic_write(df, p)
-        _atomic_write(df, _csv_path(p))
+        try:
+            _atomic_write(df, (p, _csv_path(p)))
+        except OSError as e:
+            code = errno.errorcode.get(e.errno or 0, "")
+            raise OSError(e.errno, f"could not add {len(new)} row(s) to {p}: "
+                                   f"{e.strerror or e}{f' ({code})' if code else ''}; it keeps "
+                                   f"its {len(old)} earlier rows unchanged") from e
     return df
 
