@@ -159,3 +159,51 @@ def test_the_cli_turns_a_validation_type_error_into_one_line(monkeypatch, capsys
     monkeypatch.setattr(sweep_cli, "_cmd_report", lambda args: validate.count("--steps", "x"))
     assert main(["report", "x.parquet"]) == 2
     assert "--steps must be a whole number" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- two sweeps, one file
+
+def test_two_sweeps_of_one_grid_on_one_file_measure_each_repeat_once(tmp_path):
+    out = tmp_path / "shared.parquet"
+    cmd = [sys.executable, "-m", "fp16lab.cli", "sweep", "--model", "small_cnn", "--batch",
+           "4,8", "--device", "cpu", "--warmup", "0", "--steps", "2", "--repeats", "3",
+           "--no-telemetry", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    rows = sweep.read_results(out)
+    assert len(rows) == 2 * 3  # 2 points x 3 repeats, none measured twice
+    assert not rows.duplicated(["key", "repeat"]).any()
+    assert not (tmp_path / ".shared.claims").exists()  # every claim released
+
+
+def test_a_claim_of_a_dead_process_is_taken_over_and_a_live_one_is_not(tmp_path):
+    from fp16lab.sweep import results
+
+    out = tmp_path / "r.parquet"
+    m = ("abc", 0, 1, 2)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    f = tmp_path / ".r.claims" / "abc.r0.w1s2"
+    f.parent.mkdir()
+    f.write_text(dead)
+    assert results.claim(out, m)  # stale: taken over
+    f.write_text(str(os.getppid()))  # a live process (this test's parent)
+    assert not results.claim(out, m)
+    results.release(out, m)
+    assert not f.parent.exists()
+
+
+def test_report_counts_a_repeat_measured_twice_once_and_says_so(tmp_path):
+    out = tmp_path / "r.parquet"
+    spec = sweep.SweepSpec(models=("small_cnn",), batches=(4,), device="cpu", warmup=0, steps=1,
+                           repeats=2, telemetry=False)
+    rows = sweep.run_sweep(spec, out)
+    sweep.append_rows(out, rows.to_dict("records"))  # the second sweep of the old code
+    both = sweep.read_results(out)
+    assert len(both) == 4
+    assert sweep.summarize_results(both)["repeats"].tolist() == [2]
+    assert "counted once" in sweep.format_report(both)

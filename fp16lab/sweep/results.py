@@ -9,6 +9,9 @@ in two ways:
   whole read-add-replace of :func:`append_rows`, so no writer replaces rows another has just
   added; the new file is written beside the old one and renamed over it (``os.replace``), so
   an interrupt or a kill never leaves half a file;
+* **sweeps of one grid** share the file: each claims a measurement (one repeat of one point)
+  before measuring it (:func:`claim`, a claim file beside the results holding the pid), so the
+  second skips what the first has claimed or finished, and nothing is measured twice;
 * **readers** take no lock: :func:`read_results` reads the file's bytes through one open file,
   which keeps pointing at one complete version even when a writer renames a newer one over it
   (pyarrow, given the path, may open the file twice and see two versions).
@@ -245,3 +248,76 @@ def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> pd.DataFram
                                    f"its {len(old)} earlier rows unchanged") from e
     return df
 
+
+# --------------------------------------------------------------------------- claims on points
+
+#: The columns that make two rows one measurement (one repeat of one point, one protocol).
+MEASUREMENT = ("key", "repeat", "warmup", "steps")
+
+
+def _claim_path(path: Path, measurement: tuple[Any, ...]) -> Path:
+    key, repeat, warmup, steps = measurement
+    return path.with_name(f".{path.stem}.claims") / f"{key}.r{repeat}.w{warmup}s{steps}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def claim(path: str | Path, measurement: tuple[Any, ...]) -> bool:
+    """Returns True when this process now owns ``measurement`` (key, repeat, warmup, steps) of ``path``.
+
+    Two sweeps of one grid on one file share it this way: each claims a measurement before
+    measuring it, by creating a claim file in the hidden folder ``.<stem>.claims`` beside the
+    results (``O_CREAT | O_EXCL``: exactly one creator wins) that holds the claimer's pid. A
+    claim whose process has died (a killed sweep) is stale and taken over. False: another
+    live sweep is measuring it. Release with :func:`release` once its row is written.
+    """
+    f = _claim_path(Path(path), measurement)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):  # a second try after removing a stale claim
+        try:
+            fd = os.open(f, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(f.read_text() or "0")
+            except (FileNotFoundError, ValueError):  # just released, or being written: retry
+                pid = 0
+            if pid == os.getpid():
+                return True
+            if pid and _alive(pid):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+            continue
+        with os.fdopen(fd, "w") as out:
+            out.write(str(os.getpid()))
+        return True
+    return False
+
+
+def release(path: str | Path, measurement: tuple[Any, ...]) -> None:
+    """Removes this process's claim on ``measurement`` (see :func:`claim`); the folder when empty."""
+    f = _claim_path(Path(path), measurement)
+    with contextlib.suppress(FileNotFoundError):
+        f.unlink()
+    with contextlib.suppress(OSError):  # another claim is still in it
+        f.parent.rmdir()
+
+
+def drop_duplicate_measurements(rows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Returns ``rows`` with one row per (key, repeat, warmup, steps), the first, and how many went.
+
+    Two sweeps that both measured a point (before claims, or a file merged from two) leave two
+    rows for one repeat; counting both would report an extra repeat.
+    """
+    if not len(rows):
+        return rows, 0
+    dup = rows.duplicated(subset=list(MEASUREMENT), keep="first")
+    return rows[~dup].reset_index(drop=True), int(dup.sum())
