@@ -11,6 +11,8 @@ import argparse
 import importlib
 import json
 import sys
+import traceback
+from pathlib import Path
 
 from .bench import BENCHMARKS
 from .device import device_info
@@ -57,8 +59,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_VALIDATE = str(Path(__file__).with_name("validate.py"))
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Returns True for what a user's own value or machine causes, shown as one line, not a traceback.
+
+    That is a ValueError (a value that does not apply), an OSError (a path that cannot be read or
+    written, a full disk) and a TypeError raised by :mod:`fp16lab.validate` (a value of the wrong
+    kind). Any other exception, a TypeError from a bug included, is a bug and keeps its traceback.
+    """
+    if isinstance(exc, (ValueError, OSError)):
+        return True
+    if isinstance(exc, TypeError):
+        frames = traceback.extract_tb(exc.__traceback__)
+        return bool(frames) and frames[-1].filename == _VALIDATE
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Runs the command line and returns its exit status."""
+    """Runs the command line and returns its exit status (2, with one line, for a user error)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -66,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
+    except Exception as e:  # the one place every sub-command's user errors become one line
+        if not is_user_error(e):
+            raise
         print(f"fp16lab {args.command}: error: {e}", file=sys.stderr)
         return 2
 

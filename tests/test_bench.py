@@ -48,3 +48,46 @@ def test_nothing_below_the_benchmarks_imports_them():
             if any(n == "fp16lab.bench" or n.startswith("fp16lab.bench.") for n in names):
                 found.append(f"{rel}:{node.lineno}")
     assert found == []
+
+
+def _refuse_measuring(monkeypatch):
+    from fp16lab import measure
+
+    def called(*a, **k):
+        raise AssertionError("measured (or wrote) before checking the output folder")
+
+    for fn in ("step_times_ms", "time_cuda_interleaved", "write_result", "merge_with_previous",
+               "summarize"):
+        if hasattr(measure, fn):
+            monkeypatch.setattr(measure, fn, called)
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_every_benchmark_refuses_a_bad_output_folder_before_measuring(name, tmp_path,
+                                                                      monkeypatch):
+    import importlib
+
+    try:
+        module = importlib.import_module(f"fp16lab.bench.{name}")
+    except ImportError as e:
+        pytest.skip(f"fp16lab.bench.{name} does not import here: {e}")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    _refuse_measuring(monkeypatch)
+    monkeypatch.setenv("FP16LAB_DATA", str(a_file))  # the data folder is a file
+    for argv in ([], ["--replace"]):
+        with pytest.raises(NotADirectoryError, match="a_file"):
+            module.main(argv)
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
+    tried = 0
+    for flag in ("--out", "--data-dir"):
+        try:
+            module.main([flag, str(a_file)])
+        except NotADirectoryError as e:
+            assert "a_file" in str(e) and flag in str(e)
+            tried += 1
+        except SystemExit:  # the benchmark has no such flag
+            pass
+    if name in ("distributed", "fp8", "input_pipeline", "profile_step", "alignment", "gemm",
+                "gemm_ceiling", "wgmma_cluster"):
+        assert tried == 1

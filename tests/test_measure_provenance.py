@@ -89,3 +89,23 @@ def test_a_benchmark_writes_locally_unless_told_to_replace(tmp_path, monkeypatch
     assert r["rows"] == [{"x": 2}]
     assert "demo.json (measured on this machine)" in measure.describe_source(r["meta"])
     assert measure.find_result("demo") == mine
+
+
+def test_a_measured_file_with_no_rows_is_refused_naming_the_file(tmp_path):
+    from fp16lab import measure
+
+    path = measure.write_result("empty_bench", [], data_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"empty_bench\.json: holds no measured rows"):
+        measure.read_result(path)
+    assert measure.read_result(path, allow_empty=True)["rows"] == []
+
+
+def test_a_benchmark_reader_names_the_file_and_the_missing_field(tmp_path, monkeypatch):
+    from fp16lab import measure
+    from fp16lab.bench import notebook_times
+
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
+    monkeypatch.setattr(notebook_times, "result_name", lambda gpu: "nb_times")
+    measure.write_result("nb_times", [{"minutes": 1.0}], data_dir=tmp_path / "local")
+    with pytest.raises(ValueError, match=r"nb_times\.json: row 0 lacks the field 'notebook'"):
+        notebook_times.section_minutes("06")

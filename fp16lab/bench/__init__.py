@@ -8,6 +8,10 @@ measured files with provenance) is :mod:`fp16lab.measure`.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from .. import measure, validate
 
 #: The benchmarks, in the order ``make benchmarks`` runs them, with what each measures.
 BENCHMARKS = {
@@ -30,15 +34,38 @@ BENCHMARKS = {
 
 
 
+def output_folder(args: argparse.Namespace) -> Path:
+    """Returns the folder a benchmark writes its result to: ``--out`` or ``--data-dir`` when
+    given, else the committed data folder with ``--replace``, else this machine's results folder."""
+    given = getattr(args, "out", None) or getattr(args, "data_dir", None)
+    if given is not None:
+        return Path(given)
+    return measure.data_dir() if getattr(args, "replace", False) else measure.local_dir()
+
+
+class _BenchParser(argparse.ArgumentParser):
+    """An argument parser that checks the benchmark's output folder as it parses, before any measuring."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        parsed = super().parse_args(args, namespace)
+        flag = "--out" if getattr(parsed, "out", None) else \
+            "--data-dir" if getattr(parsed, "data_dir", None) else "the results folder"
+        validate.output_dir(flag, output_folder(parsed))  # a file or a read-only place: now
+        return parsed
+
+
 def argument_parser(name: str, description: str) -> argparse.ArgumentParser:
     """Returns the argument parser of benchmark ``name``, its usage line ``fp16lab bench NAME``.
 
     Without ``prog`` argparse names the running program, ``fp16lab`` for the console command,
     so ``fp16lab bench fp8 --help`` would print a usage line that does not run the benchmark.
+    Its ``parse_args`` checks the folder the result goes to (:func:`output_folder`: ``--out``,
+    ``--data-dir``, ``$FP16LAB_DATA``'s folders) with :func:`fp16lab.validate.output_dir`, so a
+    file or a read-only place there fails before minutes of measuring, not after.
     """
     if name not in BENCHMARKS:
         raise ValueError(f"no benchmark {name!r}; the benchmarks are: {', '.join(BENCHMARKS)}")
-    return argparse.ArgumentParser(prog=f"fp16lab bench {name}", description=description)
+    return _BenchParser(prog=f"fp16lab bench {name}", description=description)
 
 
-__all__ = ["BENCHMARKS", "argument_parser"]
+__all__ = ["BENCHMARKS", "argument_parser", "output_folder"]

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += lab_rows(points, deadline, args.timeout_s, nccl_env)
         write(complete=False)  # what is measured so far survives a run cut short
     path = write(complete=True)
-    summary = measure.read_result(path)["meta"]["summary"]
+    summary = measure.read_result(path, meta_needs=("summary",))["meta"]["summary"]
     print(f"\nwrote {path}")
     print(json.dumps(summary, indent=1, default=str))
     print(f"\n{'point':<62} {'samples/s':>10} {'eff':>6} {'comm':>6} {'exposed':>8} {'idle':>6}")

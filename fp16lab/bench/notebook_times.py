@@ -110,7 +110,7 @@ def section_minutes(notebook: str):
     for gpu in (False, True):
         label = "minutes on a GPU" if gpu else "minutes on a CPU"
         try:
-            payload = measure.read_result(result_name(gpu))
+            payload = measure.read_result(result_name(gpu), rows_need=("notebook",))
         except FileNotFoundError:
             payload = {"rows": [], "meta": {}}
         row = next((r for r in payload["rows"] if r["notebook"].startswith(notebook)), None)

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(parts)} sweeps, {total_points} measurements, results to {out}")
     # a resumed run keeps the timings of parts it had nothing left to measure
     try:
-        timings = {t["part"]: t for t in measure.read_result(stem, data_dir=out.parent)["rows"]}
+        timings = {t["part"]: t for t in measure.read_result(stem, data_dir=out.parent,
+                                                            rows_need=("part",))["rows"]}
     except (FileNotFoundError, ValueError):
         timings = {}
     t_all = time.perf_counter()

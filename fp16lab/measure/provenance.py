@@ -127,7 +127,8 @@ PROVENANCE_FIELDS = ("measured_at", "gpu_name", "torch")
 
 
 def read_result(name_or_path: str | Path, *, data_dir: Path | None = None,
-                rows_need: Sequence[str] = (), meta_needs: Sequence[str] = ()) -> dict[str, Any]:
+                rows_need: Sequence[str] = (), meta_needs: Sequence[str] = (),
+                allow_empty: bool = False) -> dict[str, Any]:
     """Returns ``{"meta": ..., "rows": [...]}`` from a file written by :func:`write_result`.
 
     A name is looked up in ``data_dir`` when given, else with :func:`find_result` (this
@@ -135,7 +136,8 @@ def read_result(name_or_path: str | Path, *, data_dir: Path | None = None,
 
     The file is checked before it is returned: valid JSON, a ``meta`` object holding the
     provenance (:data:`PROVENANCE_FIELDS`) and the loader's ``meta_needs`` (a dotted name such
-    as ``"summary.model"`` looks inside), and a list of row objects each holding ``rows_need``.
+    as ``"summary.model"`` looks inside), and a list of row objects each holding ``rows_need``;
+    a file with no rows (a run that measured nothing) is refused unless ``allow_empty``.
 
     Raises:
         FileNotFoundError: no such file (the message lists what the folder has).
@@ -163,6 +165,9 @@ def read_result(name_or_path: str | Path, *, data_dir: Path | None = None,
         raise ValueError(f"{p}: 'meta' must be an object, got {type(meta).__name__}")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{p}: 'rows' must be a list of objects")
+    if not rows and not allow_empty:
+        raise ValueError(f"{p}: holds no measured rows (a run that measured nothing, or cut "
+                         f"short?); measure it again or restore the file")
     for field in (*PROVENANCE_FIELDS, *meta_needs):
         _lookup(meta, field, p)
     for i, row in enumerate(rows):
@@ -197,7 +202,7 @@ def merge_with_previous(name: str, rows: list[dict[str, Any]], *, key: str = "de
     here = describe_source(device.metadata())
     rows = [{**r, "measured_on": r.get("measured_on", here)} for r in rows]
     try:
-        old = read_result(name, data_dir=data_dir)
+        old = read_result(name, data_dir=data_dir, allow_empty=True)
     except FileNotFoundError:
         return rows
     measured = {r.get(key) for r in rows}

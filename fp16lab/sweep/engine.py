@@ -37,8 +37,9 @@ from ..measure import step_times_ms, summarize
 from ..recipes import LR, MOMENTUM, math_flags
 from ..telemetry import TelemetrySampler
 from .multi_gpu import measure_on_gpus
-from .results import META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path, read_results
-from .spec import Point, SweepSpec
+from .results import (MEASUREMENT, META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path,
+                      claim, drop_duplicate_measurements, read_results, release)
+from .spec import Point, SweepSpec, check_images_dir
 from .steps import build_step, input_warmup
 
 __all__ = ["LR", "MOMENTUM", "FaultInjector", "is_oom", "measure_point", "run_sweep"]
@@ -247,7 +248,7 @@ def _prepare_images(spec: SweepSpec, points: list[Point]) -> None:
     then checks it is an image folder: a missing or empty one fails before any point runs."""
     if all(p.input == "synthetic" for p in points):
         return
-    root = Path(spec.images_dir)
+    root = check_images_dir(spec.images_dir)  # the folder may have changed since the spec
     if not root.exists() or not any(root.iterdir()):
         dataset.make_image_folder(root, images=spec.images)
     dataset.scan_image_folder(root)
@@ -303,12 +304,21 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
                 continue
             if bar is not None:
                 bar.set_postfix_str(f"{p.label()} r{r}", refresh=True)
-            row = measure_point(p, repeat=r, warmup=spec.warmup, steps=spec.steps,
-                                tolerance=spec.tolerance, telemetry=spec.telemetry,
-                                interval_s=spec.telemetry_interval_s,
-                                fault_injector=fault_injector)
-            if out is not None:
-                append_rows(out, [row])
+            measurement = (p.key, r, spec.warmup, spec.steps)
+            if out is not None and not _claim_unmeasured(out, measurement):
+                if bar is not None:  # another sweep measures it, or has: its row is used
+                    bar.update(1)
+                continue
+            try:
+                row = measure_point(p, repeat=r, warmup=spec.warmup, steps=spec.steps,
+                                    tolerance=spec.tolerance, telemetry=spec.telemetry,
+                                    interval_s=spec.telemetry_interval_s,
+                                    fault_injector=fault_injector)
+                if out is not None:
+                    append_rows(out, [row])
+            finally:
+                if out is not None:
+                    release(out, measurement)
             rows.append(row)
             if row["status"] != "ok":
                 failed.add(p.key)
@@ -319,9 +329,24 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
     finally:
         if bar is not None:
             bar.close()
-    if out is not None:
-        return _this_protocol(read_results(out), spec, keys)
+    if out is not None:  # with the rows another sweep of this grid measured for it
+        return _this_protocol(drop_duplicate_measurements(read_results(out))[0], spec, keys)
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+
+
+def _claim_unmeasured(out: str | Path, measurement: tuple[Any, ...]) -> bool:
+    """Returns True when this sweep now owns ``measurement`` and the file does not hold it yet.
+
+    Another sweep of the same grid on the same file may have claimed it (it is measuring it) or
+    finished it since this sweep read the file; either way this sweep skips it.
+    """
+    if not claim(out, measurement):
+        return False
+    held, _ = drop_duplicate_measurements(read_results(out))
+    if len(held) and (held[list(MEASUREMENT)] == list(measurement)).all(axis=1).any():
+        release(out, measurement)
+        return False
+    return True
 
 
 def _this_protocol(df: pd.DataFrame, spec: SweepSpec, keys: set[str]) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from ..measure import describe_source, find_result, read_result
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import AXIS_DEFAULTS, variant_label
-from .results import META_COLUMNS, read_results
+from .results import META_COLUMNS, drop_duplicate_measurements, read_results
 from .spec import SCALER_FIELDS, check_tolerance
 
 _POINT_COLUMNS = ("model", "batch", "layout", "precision", *SCALER_FIELDS, "cudnn_benchmark",
@@ -31,10 +31,12 @@ def summarize_results(rows: pd.DataFrame, tolerance: float | None = None) -> pd.
     ``repeat_spread`` is (max - min) / median of the repeats' median step times; a point is
     ``unstable`` when it exceeds ``tolerance`` (by default the tolerance the sweep was run with).
     ``status`` is 'oom' or 'error' when any repeat failed, else 'ok'. Rows of one point
-    measured with different protocols (``warmup``, ``steps``) are summarized apart, one row each.
+    measured with different protocols (``warmup``, ``steps``) are summarized apart, one row each;
+    two rows of one repeat (two sweeps measured it) count once.
     """
     if tolerance is not None:
         check_tolerance(tolerance)
+    rows, _ = drop_duplicate_measurements(rows)
     out = []
     for (key, _, _), g in rows.groupby(["key", "warmup", "steps"], sort=False, dropna=False):
         first = g.iloc[0]
@@ -120,6 +122,10 @@ def format_report(rows: pd.DataFrame, tolerance: float | None = None) -> str:
     if not show["variant"].astype(bool).any():  # no execution, input or gpus but the defaults
         show = show.drop(columns="variant")
     lines = [describe_rows(rows), show.to_string(index=False)]
+    _, twice = drop_duplicate_measurements(rows)
+    if twice:
+        lines.append(f"{twice} row(s) repeat a (key, repeat) another row holds (two sweeps "
+                     f"measured it): each repeat is counted once, from its first row")
     errs = s[s["status"] != "ok"]
     for _, e in errs.iterrows():
         v = variant_label(e.to_dict())

@@ -9,6 +9,9 @@ in two ways:
   whole read-add-replace of :func:`append_rows`, so no writer replaces rows another has just
   added; the new file is written beside the old one and renamed over it (``os.replace``), so
   an interrupt or a kill never leaves half a file;
+* **sweeps of one grid** share the file: each claims a measurement (one repeat of one point)
+  before measuring it (:func:`claim`, a claim file beside the results holding the pid), so the
+  second skips what the first has claimed or finished, and nothing is measured twice;
 * **readers** take no lock: :func:`read_results` reads the file's bytes through one open file,
   which keeps pointing at one complete version even when a writer renames a newer one over it
   (pyarrow, given the path, may open the file twice and see two versions).
@@ -22,6 +25,7 @@ sweep per file there.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import threading
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from ..measure.provenance import check_can_write
 from .axes import AXIS_DEFAULTS
@@ -93,7 +98,11 @@ def _parse(path: Path, data: bytes) -> pd.DataFrame:
         except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
             raise _bad(path, f"not a readable CSV file ({e})") from None
     try:
-        return pd.read_parquet(io.BytesIO(data))
+        # read in this thread, without pyarrow's dataset reader: that one pre-buffers column
+        # chunks on its I/O threads, and a damaged page leaves such a read running while the
+        # process exits, which aborts it ("terminate called without an active exception")
+        with pq.ParquetFile(io.BytesIO(data), pre_buffer=False) as f:
+            return f.read(use_threads=False).to_pandas()
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError and others on a damaged file
         raise _bad(path, f"not a readable parquet file ({type(e).__name__}: {e})") from None
 
@@ -184,17 +193,31 @@ def _writer_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _atomic_write(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+def _write_file(df: pd.DataFrame, path: Path, suffix: str) -> None:
+    """Writes ``df`` to ``path`` as CSV or parquet (``suffix``, the results file's)."""
+    if suffix == ".csv":
+        df.to_csv(path, index=False)
+    else:
+        df.to_parquet(path, index=False)
+
+
+def _atomic_write(df: pd.DataFrame, paths: Sequence[Path]) -> None:
+    """Writes ``df`` to every path, all or none: each is written beside its file, then all renamed.
+
+    A full disk or any failure while writing leaves every file as it was (no half file, no
+    parquet and CSV that disagree); the renames write no data, so they do not fail for space.
+    """
+    tag = f"{os.getpid()}.{threading.get_ident()}"
+    tmps = [p.with_name(f".{p.name}.{tag}.tmp") for p in paths]
     try:
-        if path.suffix == ".csv":
-            df.to_csv(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)  # a reader never sees half a file, an interrupt never leaves one
+        for tmp, path in zip(tmps, paths):
+            _write_file(df, tmp, path.suffix)
+        for tmp, path in zip(tmps, paths):
+            os.replace(tmp, path)  # a reader never sees half a file, an interrupt never leaves one
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        for tmp in tmps:
+            if tmp.exists():
+                tmp.unlink()
 
 
 def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -202,6 +225,10 @@ def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> pd.DataFram
 
     Safe with other processes appending to the same file: see the module docstring. A sweep
     checks the path with :func:`check_results_path` before measuring anything.
+
+    Raises:
+        OSError: the rows could not be written (a full disk, say), with the same errno and a
+            message naming the file; the file and its CSV copy keep every earlier row, unchanged.
     """
     p = Path(path)
     if p.suffix != ".parquet":
@@ -212,7 +239,85 @@ def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> pd.DataFram
         old = read_results(p)
         frames = [f for f in (old, new) if len(f)]
         df = pd.concat(frames, ignore_index=True) if frames else new
-        _atomic_write(df, p)
-        _atomic_write(df, _csv_path(p))
+        try:
+            _atomic_write(df, (p, _csv_path(p)))
+        except OSError as e:
+            code = errno.errorcode.get(e.errno or 0, "")
+            raise OSError(e.errno, f"could not add {len(new)} row(s) to {p}: "
+                                   f"{e.strerror or e}{f' ({code})' if code else ''}; it keeps "
+                                   f"its {len(old)} earlier rows unchanged") from e
     return df
 
+
+# --------------------------------------------------------------------------- claims on points
+
+#: The columns that make two rows one measurement (one repeat of one point, one protocol).
+MEASUREMENT = ("key", "repeat", "warmup", "steps")
+
+
+def _claim_path(path: Path, measurement: tuple[Any, ...]) -> Path:
+    key, repeat, warmup, steps = measurement
+    return path.with_name(f".{path.stem}.claims") / f"{key}.r{repeat}.w{warmup}s{steps}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def claim(path: str | Path, measurement: tuple[Any, ...]) -> bool:
+    """Returns True when this process now owns ``measurement`` (key, repeat, warmup, steps) of ``path``.
+
+    Two sweeps of one grid on one file share it this way: each claims a measurement before
+    measuring it, by creating a claim file in the hidden folder ``.<stem>.claims`` beside the
+    results (``O_CREAT | O_EXCL``: exactly one creator wins) that holds the claimer's pid. A
+    claim whose process has died (a killed sweep) is stale and taken over. False: another
+    live sweep is measuring it. Release with :func:`release` once its row is written.
+    """
+    f = _claim_path(Path(path), measurement)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):  # a second try after removing a stale claim
+        try:
+            fd = os.open(f, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(f.read_text() or "0")
+            except (FileNotFoundError, ValueError):  # just released, or being written: retry
+                pid = 0
+            if pid == os.getpid():
+                return True
+            if pid and _alive(pid):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+            continue
+        with os.fdopen(fd, "w") as out:
+            out.write(str(os.getpid()))
+        return True
+    return False
+
+
+def release(path: str | Path, measurement: tuple[Any, ...]) -> None:
+    """Removes this process's claim on ``measurement`` (see :func:`claim`); the folder when empty."""
+    f = _claim_path(Path(path), measurement)
+    with contextlib.suppress(FileNotFoundError):
+        f.unlink()
+    with contextlib.suppress(OSError):  # another claim is still in it
+        f.parent.rmdir()
+
+
+def drop_duplicate_measurements(rows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Returns ``rows`` with one row per (key, repeat, warmup, steps), the first, and how many went.
+
+    Two sweeps that both measured a point (before claims, or a file merged from two) leave two
+    rows for one repeat; counting both would report an extra repeat.
+    """
+    if not len(rows):
+        return rows, 0
+    dup = rows.duplicated(subset=list(MEASUREMENT), keep="first")
+    return rows[~dup].reset_index(drop=True), int(dup.sum())

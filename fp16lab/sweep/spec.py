@@ -16,8 +16,10 @@ import itertools
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
+from .. import validate
 from ..models import MODELS, is_image_model
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
@@ -67,6 +69,26 @@ def _check_names(kind: str, given: Sequence[str], allowed: Iterable[str]) -> Non
         raise ValueError(f"unknown {kind} {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
 
 
+class PointError(ValueError):
+    """A point that cannot run, blaming the sweep axis (``gpus``, ``inputs``, ...) whose value is why."""
+
+    def __init__(self, axis: str, message: str):
+        super().__init__(message)
+        self.axis = axis
+
+
+def _blame(axis: str, check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Returns ``check(*args, **kwargs)``; its ValueError becomes a :class:`PointError` blaming ``axis``."""
+    try:
+        return check(*args, **kwargs)
+    except ValueError as e:
+        raise PointError(axis, str(e)) from None
+
+
+def _refuse(message: str) -> None:
+    raise ValueError(message)
+
+
 @dataclass(frozen=True)
 class Point:
     """One configuration to measure. ``key`` identifies it in a results file (for resuming).
@@ -102,8 +124,8 @@ class Point:
         _check_names("precision", [self.precision], SWEEP_PRECISIONS)
         _check_batches([self.batch])
         if self.layout == "channels_last" and not is_image_model(self.model):
-            raise ValueError(f"layout 'channels_last' applies to image models only; "
-                             f"{self.model!r} takes no NCHW input (use 'nchw')")
+            raise PointError("layouts", f"layout 'channels_last' applies to image models only; "
+                                        f"{self.model!r} takes no NCHW input (use 'nchw')")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"a point's device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.precision in SCALED_PRECISIONS and self.scaler is None:
@@ -113,19 +135,19 @@ class Point:
         problem = fp8_problem(self.model, self.precision) if self.precision.startswith("fp8-") \
             else None
         if problem:
-            raise ValueError(problem)
-        mode = check_execution_axis(self.execution, self.compile_mode, precision=self.precision,
-                                    device=self.device)
+            raise PointError("precisions", problem)
+        mode = _blame("executions", check_execution_axis, self.execution, self.compile_mode,
+                      precision=self.precision, device=self.device)
         object.__setattr__(self, "compile_mode", mode)
-        kept = check_input_axis(self.input, model=self.model, device=self.device,
-                                images_dir=self.images_dir, num_workers=self.num_workers,
-                                pin_memory=self.pin_memory, non_blocking=self.non_blocking,
-                                normalize_on=self.normalize_on)
+        kept = _blame("inputs", check_input_axis, self.input, model=self.model,
+                      device=self.device, images_dir=self.images_dir,
+                      num_workers=self.num_workers, pin_memory=self.pin_memory,
+                      non_blocking=self.non_blocking, normalize_on=self.normalize_on)
         for name, value in kept.items():
             object.__setattr__(self, name, value)
-        check_gpus_axis(self.gpus, device=self.device, precision=self.precision,
-                        execution=self.execution, input=self.input, scaler=self.scaler,
-                        cudnn_benchmark=self.cudnn_benchmark)
+        _blame("gpus", check_gpus_axis, self.gpus, device=self.device, precision=self.precision,
+               execution=self.execution, input=self.input, scaler=self.scaler,
+               cudnn_benchmark=self.cudnn_benchmark)
 
     def settings(self) -> dict[str, Any]:
         """Returns the point's settings as flat columns (scaler fields None when unused)."""
@@ -168,6 +190,28 @@ class Point:
 _GRID_AXES = ("models", "batches", "layouts", "precisions", "scalers", "cudnn_benchmark",
               "executions", "compile_modes", "inputs", "num_workers", "pin_memory",
               "non_blocking", "normalize_on", "gpus")
+
+#: The grid axes crossed only with some points, and what a point needs for each to apply.
+_NEEDS = {"scalers": f"a precision that uses a loss scaler ({', '.join(SCALED_PRECISIONS)})",
+          "compile_modes": "execution 'compile'",
+          "num_workers": "a file input (input other than 'synthetic')",
+          "pin_memory": "input 'dataloader'", "non_blocking": "input 'dataloader'",
+          "normalize_on": "input 'dataloader'"}
+
+
+def check_images_dir(value: Any) -> Path:
+    """Returns ``images_dir`` as a Path once file inputs can read it, else raises OSError/ValueError.
+
+    It must be a readable folder, or one :func:`fp16lab.inputs.make_image_folder` can write (an
+    empty or absent folder whose place is writable); a file or an unwritable place is refused.
+    """
+    try:
+        path = validate.existing_dir("images_dir", value)
+    except FileNotFoundError:  # make_image_folder makes it
+        return validate.output_dir("images_dir", value)
+    if not any(path.iterdir()):
+        validate.output_dir("images_dir", path)  # empty: make_image_folder writes it
+    return path
 
 
 def check_tolerance(tolerance: Any, name: str = "tolerance") -> None:
@@ -266,7 +310,12 @@ class SweepSpec:
         if not self.telemetry_interval_s > 0:
             raise ValueError(f"telemetry_interval_s must be > 0, got {self.telemetry_interval_s!r}")
         self.resolved_device()  # fails now if 'cuda' was asked for without a GPU
-        self.points()  # fails now if a value is bad or applies to no point
+        points = self.points()  # fails now if a value is bad or applies to no point
+        if self.images_dir is not None:
+            if all(p.input == "synthetic" for p in points):
+                _refuse(f"images_dir {str(self.images_dir)!r} applies to no point of this "
+                        f"sweep: it needs a file input (input other than 'synthetic')")
+            check_images_dir(self.images_dir)
 
     def __str__(self) -> str:
         """Returns the grid in a few lines: the axes that vary or differ from the defaults, the
@@ -305,7 +354,8 @@ class SweepSpec:
         device = self.resolved_device()
         pts: list[Point] = []
         used: dict[str, set[Any]] = {name: set() for name in _GRID_AXES}
-        why: dict[tuple[str, Any], str] = {}
+        blamed: dict[tuple[str, Any], str] = {}  # a value that itself cannot run, and why
+        why: dict[tuple[str, Any], str] = {}  # a value whose every point another value refused
         for m, prec, ex, inp, g in itertools.product(self.models, self.precisions,
                                                      self.executions, self.inputs, self.gpus):
             scalers = self.scalers if prec in SCALED_PRECISIONS else (None,)
@@ -330,17 +380,26 @@ class SweepSpec:
                               non_blocking=nb, normalize_on=norm, images_dir=self.images_dir,
                               gpus=g)
                 except ValueError as e:  # this combination does not apply; others may
+                    if isinstance(e, PointError):
+                        blamed.setdefault((e.axis, axes[e.axis]), str(e))
                     for name, v in axes.items():
                         why.setdefault((name, v), str(e))
                     continue
                 pts.append(p)
                 for name, v in axes.items():
                     used[name].add(v)
-        for name in _GRID_AXES:
-            for v in getattr(self, name):
-                if v not in used[name] and (name, v) in why:
-                    raise ValueError(f"{name} {v!r} applies to no point of this sweep: "
-                                     f"{why[(name, v)]}")
+        unused = [(name, v) for name in _GRID_AXES for v in getattr(self, name)
+                  if v not in used[name]]
+        # the value that cannot run is named first (gpus 2 on a CPU), not the model it refused
+        for reasons in (blamed, why):
+            for name, v in unused:
+                if (name, v) in reasons:
+                    _refuse(f"{name} {v!r} applies to no point of this sweep: {reasons[(name, v)]}")
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, v in unused:  # a setting crossed with no point: refused, not ignored
+            if name in _NEEDS and getattr(self, name) != _unique(defaults[name]):
+                _refuse(f"{name} {v!r} applies to no point of this sweep: it needs "
+                        f"{_NEEDS[name]}")
         if not pts:
             raise ValueError("the sweep has no point: " + next(iter(why.values()), ""))
         return list({p.key: p for p in pts}.values())
