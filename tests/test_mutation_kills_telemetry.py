@@ -1,0 +1,136 @@
+"""fp16lab.telemetry, beyond tests/test_telemetry.py: the summaries, against hand-worked figures
+and a fake NVML whose readings change from one snapshot to the next."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pynvml
+import pytest
+
+from fp16lab.telemetry import (GPM_COUNTERS, GpmReader, NvmlSource, TelemetrySampler,
+                               summarize_samples)
+
+
+def test_the_mean_skips_missing_readings_and_the_count_keeps_them():
+    samples = [{"gpu_busy_pct": 10.0, "power_w": 100.0}, {"gpu_busy_pct": None, "power_w": 300.0},
+               {"power_w": 200.0}, {"gpu_busy_pct": 40.0, "power_w": None}]
+    s = summarize_samples(samples, note="n", gpm_note="g")
+    assert s.n_samples == 4 and s.note == "n" and s.gpm_note == "g"
+    assert s.gpu_busy_mean == 25.0 and s.gpu_busy_max == 40.0  # (10 + 40) / 2, not / 4
+    assert s.power_w_mean == 200.0 and s.power_w_max == 300.0  # (100 + 300 + 200) / 3
+    assert s.mem_busy_mean is None and s.mem_busy_max is None  # never read
+    assert s.sm_util_mean is None
+
+
+def test_a_counter_whose_readings_are_all_missing_has_no_mean():
+    s = summarize_samples([{"sm_util_pct": None}, {"sm_util_pct": None}])
+    assert s.n_samples == 2 and s.sm_util_mean is None and s.sm_util_max is None
+
+
+class _Steady:
+    """Returns the same reading, ``value``, until told another."""
+
+    def __init__(self, value):
+        self.value, self.reads = value, 0
+
+    def read(self):
+        self.reads += 1
+        return {"gpu_busy_pct": self.value, "mem_busy_pct": self.value,
+                "sm_clock_mhz": self.value, "power_w": self.value}
+
+
+def _sample_until(sampler, src, n):
+    start = src.reads
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while src.reads < start + n and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return sampler.stop()
+
+
+def test_a_restarted_sampler_summarises_only_its_new_samples():
+    src = _Steady(1000.0)
+    sampler = TelemetrySampler(src, interval_s=0.001)
+    first = _sample_until(sampler, src, 5)
+    assert first.n_samples >= 5 and first.power_w_mean == 1000.0
+    src.value = 10.0
+    second = _sample_until(sampler, src, 5)
+    assert second.gpu_busy_mean == 10.0 and second.power_w_max == 10.0  # none of the 1000s left
+    assert second.n_samples == len(sampler.samples) >= 5
+    assert all(r["power_w"] == 10.0 for r in sampler.samples)
+    assert sampler.summary is second
+
+
+class _WindowNvml:
+    """A fake NVML with GPM whose metric value is the window it covers: sample2.k - sample1.k
+    snapshots apart, starting at snapshot sample1.k (value = 100 * k1 + k2)."""
+
+    NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+    NVML_CLOCK_SM = 1
+
+    def __init__(self):
+        for const in GPM_COUNTERS.values():
+            setattr(self, const, getattr(pynvml, const))
+        self.snapshots = 0
+        self.windows = []
+
+    class c_nvmlGpmMetricsGet_t:
+        def __init__(self):
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [types.SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
+                            for _ in range(16)]
+
+    def nvmlGpmSampleAlloc(self):
+        return types.SimpleNamespace(k=None)
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        sample.k = self.snapshots
+        self.snapshots += 1
+
+    def nvmlGpmMetricsGet(self, get):
+        self.windows.append((get.sample1.k, get.sample2.k))
+        for m in get.metrics[:get.numMetrics]:
+            m.nvmlReturn, m.value = 0, float(100 * get.sample1.k + get.sample2.k)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=55, memory=21)
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        assert which == self.NVML_CLOCK_SM
+        return 1755
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 412_500  # milliwatts
+
+
+def test_each_gpm_reading_covers_the_window_since_the_one_before():
+    nv = _WindowNvml()
+    reader = GpmReader("h", nv, min_interval_s=0)
+    got = [reader.read()["sm_util_pct"] for _ in range(4)]
+    # snapshot 0 at construction; the windows are 0..1, 1..2, 2..3, 3..4: the window rotates
+    assert nv.windows == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert got == [1.0, 102.0, 203.0, 304.0]
+    reader.begin()  # snapshot 5: a new measured region starts here
+    assert reader.read()["tensor_util_pct"] == 506.0 and nv.windows[-1] == (5, 6)
+
+
+def test_a_gpm_reading_too_soon_reads_nothing_and_keeps_its_window():
+    nv = _WindowNvml()
+    reader = GpmReader("h", nv, min_interval_s=3600)
+    assert reader.read() == dict.fromkeys(GPM_COUNTERS) and nv.windows == [] and nv.snapshots == 1
+    reader.min_interval_s = 0
+    assert reader.read()["hmma_util_pct"] == 1.0  # still from snapshot 0
+
+
+def test_nvml_source_converts_units_and_adds_gpm():
+    nv = _WindowNvml()
+    src = NvmlSource("h", nv, gpm=GpmReader("h", nv, min_interval_s=0))
+    r = src.read()
+    assert r["gpu_busy_pct"] == 55.0 and r["mem_busy_pct"] == 21.0
+    assert r["sm_clock_mhz"] == 1755.0 and r["power_w"] == 412.5
+    assert r["dram_bw_util_pct"] == 1.0
+    assert NvmlSource("h", nv, gpm_note="none here").read().keys() == {
+        "gpu_busy_pct", "mem_busy_pct", "sm_clock_mhz", "power_w"}
