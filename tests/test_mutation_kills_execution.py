@@ -1,0 +1,80 @@
+"""fp16lab.execution, beyond tests/test_execution.py: each mode's defaults, asserted.
+
+The oracle is what the module's documentation promises: the plain modes train with PyTorch's
+foreach SGD (``fused`` left unset, LR 0.01, momentum 0.9), only ``cuda-graph`` defaults to the
+fused one, and ``compile`` records its mode.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp16lab import execution, recipes
+
+
+def _sgd_settings(opt):
+    g = opt.param_groups[0]
+    return type(opt), g["lr"], g["momentum"], g["fused"]
+
+
+def test_the_documented_optimizer_numbers():
+    assert (recipes.LR, recipes.MOMENTUM) == (0.01, 0.9)
+    assert execution.WARMUP_STEPS == 3
+    assert execution.make_step.__kwdefaults__["warmup"] == 3
+    assert execution.make_step.__kwdefaults__["execution"] == "eager"
+    assert execution.make_step.__kwdefaults__["compile_mode"] == "default"
+    assert execution.make_step.__kwdefaults__["fused_optimizer"] is None
+    assert execution.build_step.__kwdefaults__["layout"] == "nchw"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16"])
+def test_eager_defaults_to_foreach_sgd_and_no_compile_mode(precision):
+    step = execution.build_step("mlp", 4, precision=precision, device="cpu")
+    assert (step.execution, step.compile_mode, step.fused_optimizer) == ("eager", None, False)
+    assert _sgd_settings(step.optimizer) == (torch.optim.SGD, 0.01, 0.9, None)
+    assert step.notes == [] and step.precision == precision
+    assert step.x.shape == (4, 64) and step.y.shape == (4,)
+
+
+def test_compile_defaults_to_its_default_mode_and_the_same_optimizer():
+    step = execution.build_step("mlp", 4, precision="fp32", device="cpu", execution="compile")
+    assert (step.execution, step.compile_mode, step.fused_optimizer) == ("compile", "default", False)
+    assert _sgd_settings(step.optimizer) == (torch.optim.SGD, 0.01, 0.9, None)
+    assert step.notes == ["torch.compile(model, mode='default'); loss, scaler, optimizer eager"]
+    other = execution.build_step("mlp", 4, precision="fp32", device="cpu", execution="compile",
+                                 compile_mode="max-autotune-no-cudagraphs")
+    assert other.compile_mode == "max-autotune-no-cudagraphs"
+
+
+def test_a_compile_mode_is_not_recorded_for_eager():
+    step = execution.build_step("mlp", 2, precision="fp32", device="cpu",
+                                compile_mode="max-autotune-no-cudagraphs")
+    assert step.compile_mode is None
+
+
+def test_an_asked_for_fused_optimizer_is_fused_and_said():
+    step = execution.build_step("mlp", 2, precision="fp32", device="cpu", fused_optimizer=True)
+    assert step.fused_optimizer is True and step.optimizer.param_groups[0]["fused"] is True
+    assert step.notes == ["fused SGD (GradScaler's found_inf stays on the device)"]
+
+
+def test_build_step_seeds_the_model_and_the_batch():
+    a = execution.build_step("mlp", 3, precision="fp32", device="cpu", seed=5)
+    b = execution.build_step("mlp", 3, precision="fp32", device="cpu", seed=5)
+    c = execution.build_step("mlp", 3, precision="fp32", device="cpu", seed=6)
+    torch.manual_seed(5)
+    ref = execution.build_model("mlp")
+    for p, q in zip(a.model.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+    gen = torch.Generator(device="cpu").manual_seed(6 + 1)  # the batch draws from seed + 1
+    assert torch.equal(c.x, torch.randn((3, 64), generator=gen))
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and not torch.equal(a.x, c.x)
+
+
+def test_cuda_graph_needs_cuda_and_reduce_overhead_too():
+    with pytest.raises(ValueError):
+        execution.build_step("mlp", 2, precision="fp32", device="cpu", execution="cuda-graph")
+    with pytest.raises(ValueError, match="reduce-overhead"):
+        execution.build_step("mlp", 2, precision="fp32", device="cpu", execution="compile",
+                             compile_mode="reduce-overhead")
