@@ -84,3 +84,65 @@ def test_measure_loader_warms_up_before_it_times(monkeypatch):
     assert row["stage_ms_per_batch"] == {"read": pytest.approx(1.0)}
     assert feeding.measure_loader.__kwdefaults__ == {"device": "cuda", "warmup": 3, "steps": 10,
                                                      "min_seconds": 0.0}
+
+
+# ------------------------------------------------------------------ every cell of the tables
+
+
+def _train(backend, precision, ips, normalize_on="cpu", status="ok", workers=12, optimizer="sgd"):
+    return {"measure": "training", "backend": backend, "precision": precision, "images_per_s": ips,
+            "normalize_on": normalize_on, "status": status, "num_workers": workers,
+            "optimizer": optimizer}
+
+
+def _load(backend, workers, ips, busy, util, normalize_on="cpu", impl="x"):
+    return {"measure": "loader", "backend": backend, "num_workers": workers, "images_per_s": ips,
+            "normalize_on": normalize_on, "status": "ok", "cpu_cores_busy": busy,
+            "cpu_util_pct": util, "implementation": impl, "precision": None}
+
+
+ROWS = [_train("synthetic", "fp32", 500.0), _train("synthetic", "amp-fp16", 2000.0),
+        _train("synthetic", "amp-bf16", 1600.0),
+        _train("dataloader", "fp32", 400.0), _train("dataloader", "amp-fp16", 800.0),
+        _train("dataloader", "amp-bf16", 1000.0, normalize_on="gpu"),
+        _train("gpu-decode", "amp-fp16", 1500.0), _train("gpu-decode", "amp-fp16", 1800.0),
+        _load("dataloader", 12, 900.0, 10.5, 65.625, impl="torch DataLoader"),
+        _load("dataloader", 4, 350.0, 3.5, 21.875, impl="torch DataLoader"),
+        _load("gpu-decode", 8, 2500.0, 2.0, 12.5, impl="nvjpeg")]
+
+
+def test_every_share_is_the_rate_over_the_synthetic_rate_of_its_column():
+    t = feeding.training_table(ROWS)
+    by_hand = {("synthetic", "fp32"): 500 / 500, ("dataloader", "fp32"): 400 / 500,
+               ("synthetic", "amp-fp16"): 2000 / 2000, ("dataloader", "amp-fp16"): 800 / 2000,
+               ("gpu-decode", "amp-fp16"): 1800 / 2000,  # the best of its two rows
+               ("dataloader uint8", "amp-bf16"): 1000 / 1600, ("synthetic", "amp-bf16"): 1.0}
+    for (row, col), share in by_hand.items():
+        assert t.loc[row, f"{col} share"] == pytest.approx(share), (row, col)
+    assert t.loc["gpu-decode", "amp-fp16"] == 1800.0
+    assert t[["fp32", "amp-fp16", "amp-bf16"]].notna().sum().sum() == 7  # 7 (input, precision) pairs
+
+
+def test_every_speed_up_is_the_rate_over_fp32s_rate_of_the_same_input():
+    s = feeding.speedup_table(ROWS)
+    assert list(s.columns) == ["amp-fp16 / fp32", "amp-bf16 / fp32"]
+    assert s.loc["synthetic", "amp-fp16 / fp32"] == pytest.approx(2000 / 500)
+    assert s.loc["synthetic", "amp-bf16 / fp32"] == pytest.approx(1600 / 500)
+    assert s.loc["dataloader", "amp-fp16 / fp32"] == pytest.approx(800 / 400)
+    assert s.isna().loc["gpu-decode"].all()  # no fp32 row for gpu-decode: nothing to divide by
+    over = feeding.speedup_table(ROWS, over="amp-fp16")
+    assert over.loc["synthetic", "fp32 / amp-fp16"] == pytest.approx(500 / 2000)
+    assert over.loc["dataloader", "fp32 / amp-fp16"] == pytest.approx(400 / 800)
+
+
+def test_every_column_of_the_loader_table():
+    t = feeding.loader_table(ROWS)
+    assert list(t.columns) == ["input", "num_workers", "images_per_s", "cpu_cores_busy",
+                               "cpu_util_pct", "implementation"]
+    assert t.to_dict("records") == [
+        {"input": "dataloader", "num_workers": 4, "images_per_s": 350.0, "cpu_cores_busy": 3.5,
+         "cpu_util_pct": 21.875, "implementation": "torch DataLoader"},
+        {"input": "dataloader", "num_workers": 12, "images_per_s": 900.0, "cpu_cores_busy": 10.5,
+         "cpu_util_pct": 65.625, "implementation": "torch DataLoader"},
+        {"input": "gpu-decode", "num_workers": 8, "images_per_s": 2500.0, "cpu_cores_busy": 2.0,
+         "cpu_util_pct": 12.5, "implementation": "nvjpeg"}]
