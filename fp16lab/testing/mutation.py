@@ -452,8 +452,11 @@ def write_report(path: pathlib.Path = REPORT) -> float:
         counts = summarize(statuses, equivalent)
         timing = BUILD / target.name / "seconds"
         seconds = timing.read_text().strip() if timing.exists() else "?"
-        if state(target) != "done":
-            seconds = f"unfinished ({seconds} s so far)" if state(target) == "partial" else "stale"
+        now = state(target)
+        if now == "partial":
+            seconds = "unfinished"
+        elif now == "stale":
+            seconds = f"{seconds} (stale: the module or its tests changed since)"
         rows.append((target, counts, seconds))
         for c in totals:
             totals[c] += counts[c]
