@@ -228,7 +228,7 @@ def prepare(target: Target, work: pathlib.Path, keep_results: bool = False,
     With ``keep_results`` the earlier run's mutants and verdicts stay (only the package, tests
     and config are refreshed, and the test-coverage map is rebuilt unless ``keep_stats``)."""
     if keep_results:
-        for old in ("fp16lab", "tests"):
+        for old in ("fp16lab", "tests", *target.data):
             shutil.rmtree(work / old, ignore_errors=True)
         if not keep_stats:
             (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
