@@ -1,0 +1,79 @@
+"""fp16lab.alignment, beyond tests/test_claims.py: the tables read against a hand-made payload
+(every column worked out by hand) and the kernel-name rule against names recorded on the H200."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from fp16lab import alignment
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NVJET = "nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT"
+CUT8 = ("void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_128x256_64x3_nn_align8>"
+        "(cutlass_80_tensorop_f16_s16816gemm_f16_128x256_64x3_nn_align8::Params)")
+CUT2 = ("void cutlass::Kernel2<cutlass_80_tensorop_f16_s16816gemm_f16_128x256_64x3_nn_align2>"
+        "(cutlass_80_tensorop_f16_s16816gemm_f16_128x256_64x3_nn_align2::Params)")
+SIMT = "ampere_fp16_s1688gemm_fp16_simt_128x128"
+
+
+def _row(d, tflops, kernels, mode="square"):
+    n = 4096 + d
+    return {"mode": mode, "d": d, "n": n, "tflops": tflops, "kernels": kernels,
+            "mult8": n % 8 == 0, "mult16": n % 16 == 0}
+
+
+PAYLOAD = {"rows": [
+    _row(0, 800.0, ["Memset (Device)", NVJET]), _row(1, 200.0, [SIMT]), _row(2, 300.0, [CUT2]),
+    _row(8, 600.0, [CUT8]), _row(16, 700.0, [NVJET]), _row(0, 999.0, [NVJET], mode="n_only")]}
+
+
+def test_the_table_takes_the_first_kernel_and_divides_by_d_zero():
+    t = alignment.alignment_table(PAYLOAD)
+    assert list(t.columns) == ["d", "n", "mult8", "mult16", "tflops", "vs_d0",
+                               "tensor_core_by_name", "kernel"]
+    assert list(t["d"]) == [0, 1, 2, 8, 16]  # only the square rows
+    assert list(t["kernel"]) == [NVJET, SIMT, CUT2, CUT8, NVJET]  # Memset dropped
+    assert list(t["vs_d0"]) == pytest.approx([1.0, 0.25, 0.375, 0.75, 0.875])
+    assert list(t["tensor_core_by_name"]) == [True, False, True, True, True]
+    assert alignment.alignment_table(PAYLOAD, "n_only")["vs_d0"].tolist() == [1.0]
+
+
+def test_the_classes_by_hand():
+    c = alignment.alignment_classes(PAYLOAD)
+    assert list(c.index) == ["multiple of 16", "multiple of 8, not 16", "even, not a multiple of 8", "odd"]
+    assert c.loc["multiple of 16", "sizes"] == "4096, 4112"
+    assert c.loc["multiple of 16", "mean TFLOP/s"] == pytest.approx(750.0)
+    assert c.loc["multiple of 8, not 16", "vs multiples of 16"] == pytest.approx(600 / 750)
+    assert c.loc["even, not a multiple of 8", "vs multiples of 16"] == pytest.approx(300 / 750)
+    assert c.loc["odd", "vs multiples of 16"] == pytest.approx(200 / 750)
+    assert c["Tensor Core kernel"].tolist() == [True, True, True, False]
+    assert c.loc["multiple of 16", "kernels"] == "nvjet (cuBLAS Hopper kernels, wgmma)"
+    assert c.loc["multiple of 8, not 16", "kernels"] == "cutlass sm80 tensorop s16816gemm align8"
+    assert c.loc["even, not a multiple of 8", "kernels"] == "cutlass sm80 tensorop s16816gemm align2"
+    assert c.loc["odd", "kernels"] == SIMT[:60]
+
+
+def test_the_finding_by_hand():
+    text = alignment.alignment_finding(PAYLOAD)
+    assert text.startswith("square: multiples of 8 run at 80% of the multiples-of-16 rate on the "
+                           "same kernel family (nvjet (cuBLAS Hopper kernels, wgmma)); sizes that "
+                           "are not multiples of 8 drop to 27-40% (")
+    assert text.endswith("Some sizes ran on kernels whose names show no Tensor Core path.")
+    tc = {"rows": [r for r in PAYLOAD["rows"] if r["d"] != 1]}
+    assert "drop to 40-40%" in alignment.alignment_finding(tc)
+    assert alignment.alignment_finding(tc).endswith("not the use of Tensor Cores at all.")
+
+
+def test_the_rule_on_kernel_names_recorded_on_the_h200():
+    rows = json.loads((ROOT / "data" / "alignment.json").read_text())["rows"]
+    names = {k for r in rows for k in alignment.gemm_kernel_names(r["kernels"])}
+    assert names and all(alignment.uses_tensor_cores(n) for n in names)  # every one ran on tensor cores
+    for name in ("volta_sgemm_128x64_nn", "ampere_fp16_s16816gemm_fp16_simt", "gemv2T_kernel",
+                 "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x128x32_hfma"):
+        assert not alignment.uses_tensor_cores(name), name
+    # only names that start with Memset or Memcpy (any case) are the profiler's copies
+    assert alignment.gemm_kernel_names(["Memcpy HtoD", "memset x", "my_memset_kernel", NVJET]) == \
+        ["my_memset_kernel", NVJET]
