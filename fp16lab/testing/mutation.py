@@ -288,7 +288,8 @@ def run_target(target: Target, rerun_missed: bool = False) -> float:
     A module whose source and tests are unchanged since its finished run is not run again; a
     run stopped part way (Ctrl-C, a killed job) continues with the mutants it had not checked.
     ``rerun_missed`` keeps the last run's verdicts and runs again only the mutants that were
-    not caught (or not checked): the quick way to see what new tests kill."""
+    not caught (or not checked): the quick way to see what new tests kill. It trusts the kept
+    kills, so use it after adding tests, not after weakening one."""
     work = BUILD / target.name
     names: list[str] = []
     now = state(target)
@@ -297,7 +298,9 @@ def run_target(target: Target, rerun_missed: bool = False) -> float:
         if not statuses:
             raise SystemExit(f"{target.name} has no earlier run to take the survivors from")
         names = sorted(n for n, st in statuses.items() if st in ("survived", "no tests", "not checked"))
-        if not names:
+        if not names:  # nothing to re-run: the kept verdicts stand for the tests as they are now
+            (work / "key").write_text(cache_key(target) + "\n")
+            (work / "done").write_text("")
             return 0.0
         prepare(target, work, keep_results=True)
     elif now == "done":
