@@ -94,3 +94,13 @@ def test_delayed_scaling_keeps_its_scale_when_the_history_says_nothing():
         with pytest.raises(ValueError):
             scales.DelayedScaling(**bad)
     assert repr(scales.DelayedScaling()) == "DelayedScaling(e4m3, history_len=16, margin=0, scale=1, steps=0)"
+
+
+def test_a_given_scale_is_checked_as_the_float32_it_is_used_as():
+    x = torch.ones(1, 2)
+    # positive and finite in float64, but 0 and inf once float32, the dtype the cast uses
+    for bad in (1e-50, 1e39):
+        with pytest.raises(ValueError, match="scale must be finite and > 0"):
+            scales.quantize(x, "e4m3", scale=torch.full((1, 1), bad, dtype=torch.float64))
+    q = scales.quantize(x, "e4m3", scale=torch.full((1, 1), 2.0, dtype=torch.float64))
+    assert q.data.float().tolist() == [[2.0, 2.0]] and q.scale.dtype == torch.float32
