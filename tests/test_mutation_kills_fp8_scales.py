@@ -104,3 +104,11 @@ def test_a_given_scale_is_checked_as_the_float32_it_is_used_as():
             scales.quantize(x, "e4m3", scale=torch.full((1, 1), bad, dtype=torch.float64))
     q = scales.quantize(x, "e4m3", scale=torch.full((1, 1), 2.0, dtype=torch.float64))
     assert q.data.float().tolist() == [[2.0, 2.0]] and q.scale.dtype == torch.float32
+
+
+def test_a_whole_dimension_tile_of_an_empty_dimension_is_one_long():
+    assert scales.tile_shape("tensorwise", (0, 4)) == (1, 4)
+    assert scales.tile_shape("rowwise", (3, 0)) == (1, 1)
+    assert scales.tile_shape("rowwise", (0, 256), contraction_dim=0) == (1, 1)
+    q = scales.quantize(torch.empty(0, 4), "e4m3")
+    assert q.data.shape == (0, 4) and q.tile == (1, 4) and q.scale.shape == (0, 1)
