@@ -78,8 +78,11 @@ test: setup
 # report, with the survivors, goes to data/mutation_report.md.
 # `make mutation-changed` runs only the modules whose source or tests changed since BASE (default:
 # the merge-base with origin/main or main, else HEAD~1): run it before calling a module done.
-# On a 2-core machine (shared, under load) one module takes 3 to 15 minutes: about 0.25 mutants/s,
-# so a 60-line module (60 mutants) about 4 minutes, a 250-line one (250 mutants) about 15.
+# How long a module takes, measured on a 2-core machine shared with other work (one worker):
+# 0.25 to 0.8 mutants/s, so 3 to 10 minutes a module: waves.py (61 mutants) 254 s,
+# scaling/skips.py (86) 330 s, profile/summary.py (144) 190 s, fp8/scales.py (353) 607 s.
+# Modules whose tests wait on threads (inputs/producers.py) are slower: a mutant that
+# deadlocks waits for its timeout.
 MODULES ?=
 BASE ?=
 mutation: setup
