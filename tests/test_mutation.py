@@ -53,6 +53,30 @@ def test_convention_maps_a_module_to_the_mirrored_test_file():
     assert mutation.TARGETS["bits.patterns"].tests[0] == "tests/test_bits.py"
     assert "tests/test_hostile.py" in mutation.TARGETS["scaling.scalers"].tests
     assert mutation.TARGETS["fp8.training"].tests == mutation.OVERRIDES["fp8.training"]
+    # tests written against a module's survivors join its tests
+    for kills in (ROOT / "tests").glob("test_mutation_kills_*.py"):
+        name = next(n for n in mutation.TARGETS
+                    if kills.name == f"test_mutation_kills_{n.replace('.', '_')}.py")
+        assert f"tests/{kills.name}" in mutation.TARGETS[name].tests
+
+
+def test_changed_modules_names_targets_whose_files_differ_from_a_base(monkeypatch):
+    outputs = {("merge-base", "HEAD", "origin/main"): None, ("merge-base", "HEAD", "main"): "abc",
+               ("rev-parse", "HEAD"): "def",
+               ("diff", "--name-only", "abc", "--"): "fp16lab/waves.py\ntests/test_fp8.py\nREADME.md",
+               ("ls-files", "--others", "--exclude-standard"): "tests/test_inputs_feeding.py"}
+    seen = []
+
+    def fake_run(cmd, cwd, capture_output, text):
+        seen.append(tuple(cmd[1:]))
+        out = outputs.get(tuple(cmd[1:]))
+        return type("R", (), {"returncode": 0 if out is not None else 1, "stdout": out or ""})()
+
+    monkeypatch.setattr(mutation.subprocess, "run", fake_run)
+    changed = mutation.changed_modules()
+    assert ("diff", "--name-only", "abc", "--") in seen  # the merge-base with main
+    assert {"waves", "inputs.feeding", "fp8.scales", "fp8.linear"} <= set(changed)
+    assert "formats" not in changed and all(n in mutation.TARGETS for n in changed)
 
 
 def test_only_reexporting_init_files_are_recognised(tmp_path):
