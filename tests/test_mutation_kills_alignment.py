@@ -77,3 +77,83 @@ def test_the_rule_on_kernel_names_recorded_on_the_h200():
     # only names that start with Memset or Memcpy (any case) are the profiler's copies
     assert alignment.gemm_kernel_names(["Memcpy HtoD", "memset x", "my_memset_kernel", NVJET]) == \
         ["my_memset_kernel", NVJET]
+
+
+# ------------------------------------------------------------------ the figures, read back
+
+
+def test_plot_alignment_draws_each_modes_rates_against_d():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = alignment.plot_alignment(PAYLOAD)
+    lines = [ln for ln in ax.get_lines() if ln.get_label() and not ln.get_label().startswith("_")]
+    assert [ln.get_label() for ln in lines] == ["M = N = K = 4096 + d", "M = K = 4096, N = 4096 + d"]
+    assert list(lines[0].get_xdata()) == [0, 1, 2, 8, 16]
+    assert list(lines[0].get_ydata()) == [800.0, 200.0, 300.0, 600.0, 700.0]
+    assert list(lines[1].get_xdata()) == [0] and list(lines[1].get_ydata()) == [999.0]
+    assert (lines[0].get_marker(), lines[0].get_linestyle()) == ("o", "-")
+    assert (lines[1].get_marker(), lines[1].get_linestyle()) == ("s", "--")
+    verticals = [ln for ln in ax.get_lines() if ln not in lines]
+    assert sorted(float(ln.get_xdata()[0]) for ln in verticals) == [0.0, 8.0, 16.0]
+    assert [t for t in ax.get_xticks()] == list(range(17))
+    assert ax.get_xlabel() == "d (green lines: N a multiple of 8)"
+    assert ax.get_ylabel() == "TFLOP/s (torch.matmul, fp16)"
+    assert ax.get_title() == "cuBLAS fp16 GEMM at N = 4096 + d"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [ln.get_label() for ln in lines]
+    only_square = {"rows": [r for r in PAYLOAD["rows"] if r["mode"] == "square"]}
+    _, given = plt.subplots()
+    assert alignment.plot_alignment(only_square, ax=given) is given
+    assert len([ln for ln in given.get_lines() if not ln.get_label().startswith("_")]) == 1
+    plt.close("all")
+
+
+class _Claim:
+    id, verdict, reason, source = 1, "supported", "", "data/claims_h200.json"
+    figures = {
+        "gemm": [{"n": 4096, "tflops": 700.0, "kernel": NVJET},
+                 {"n": 4097, "tflops": 90.0, "kernel": SIMT},
+                 {"n": 4100, "tflops": 200.0, "kernel": "mystery_kernel"}],
+        "cuda_core_fp16_ceiling_tflops": 120.0,
+        "linear": [{"batch": 256, "tflops": 500.0}, {"batch": 300, "tflops": 300.0}],
+        "linear_features": 4096,
+    }
+
+
+def test_plot_claim_colours_tensor_core_bars_and_multiples_of_256():
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_rgba
+    import matplotlib.pyplot as plt
+
+    ax1, ax2 = alignment.plot_claim(_Claim())
+    bars = ax1.patches
+    assert [b.get_height() for b in bars] == [700.0, 90.0, 200.0]
+    # green: a tensor-core name, or a rate above the CUDA-core ceiling (200 > 120); else blue
+    assert [b.get_facecolor() for b in bars] == [to_rgba("tab:green"), to_rgba("tab:blue"),
+                                                 to_rgba("tab:green")]
+    assert [t.get_text() for t in ax1.get_xticklabels()] == ["4096", "4097", "4100"]
+    ceiling = [ln for ln in ax1.get_lines()][0]
+    assert list(ceiling.get_ydata()) == [120.0, 120.0] and ceiling.get_linestyle() == "--"
+    assert ceiling.get_color() == "grey"
+    assert [t.get_text() for t in ax1.get_legend().get_texts()] == [
+        "CUDA-core fp16 ceiling (2x fp32 GEMM)"]
+    assert (ax1.get_xlabel(), ax1.get_ylabel()) == ("N (fp16 GEMM N x N x N)", "TFLOP/s")
+    assert ax1.get_title() == "green: tensor cores (kernel name, or a rate above the ceiling)"
+    assert [b.get_height() for b in ax2.patches] == [500.0, 300.0]
+    assert [b.get_facecolor() for b in ax2.patches] == [to_rgba("tab:orange"), to_rgba("tab:grey")]
+    assert [t.get_text() for t in ax2.get_xticklabels()] == ["256", "300"]
+    assert ax2.get_xlabel() == "batch (Linear 4096 -> 4096, fp16)"
+    assert (ax2.get_ylabel(), ax2.get_title()) == ("TFLOP/s", "orange: a multiple of 256")
+    assert ax1.figure._suptitle.get_text() == "data/claims_h200.json"
+    assert ax1.figure._suptitle.get_fontsize() == 8
+    plt.close("all")
+
+
+def test_plot_claim_without_figures_says_why(capsys):
+    claim = _Claim()
+    claim.figures = {}
+    claim.verdict, claim.reason = "not measured", "no GPU"
+    assert alignment.plot_claim(claim) is None
+    assert capsys.readouterr().out == "claim 1 has no figures to plot (not measured: no GPU)\n"

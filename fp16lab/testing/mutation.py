@@ -324,7 +324,8 @@ def run_target(target: Target, rerun_missed: bool = False) -> float:
     finally:
         seconds = time.monotonic() - start
         timing = work / "seconds"
-        earlier = float(timing.read_text()) if now != "stale" and timing.exists() else 0.0
+        kept = rerun_missed or now == "partial"  # the earlier verdicts stand: so does their time
+        earlier = float(timing.read_text()) if kept and timing.exists() else 0.0
         timing.write_text(f"{earlier + seconds:.0f}\n")
     if rc != 0:
         raise SystemExit(f"mutmut failed on {target.name} (exit {rc}); its output is in {log}")
