@@ -157,3 +157,52 @@ def test_plot_claim_without_figures_says_why(capsys):
     claim.verdict, claim.reason = "not measured", "no GPU"
     assert alignment.plot_claim(claim) is None
     assert capsys.readouterr().out == "claim 1 has no figures to plot (not measured: no GPU)\n"
+
+
+# n_only rows where the divisibility classes need the right modulus: 4120 is a multiple of 8
+# (not of 9, not of 16), 4100 is even (not a multiple of 3 or 8), 4097 odd; two kernel families
+# share the class of the multiples of 16
+N_ONLY = {"rows": [
+    _row(0, 1000.0, [NVJET], mode="n_only"), _row(16, 1000.0, [CUT8], mode="n_only"),
+    _row(24, 950.0, [CUT8], mode="n_only"), _row(4, 900.0, [CUT2], mode="n_only"),
+    _row(1, 920.0, [CUT2], mode="n_only"), _row(2, 1.0, ["Memset (Device)"], mode="n_only"),
+    _row(0, 5.0, [NVJET])]}
+
+
+def test_the_classes_of_the_other_mode_by_hand():
+    c = alignment.alignment_classes(N_ONLY, "n_only")
+    assert c.loc["multiple of 16", "sizes"] == "4096, 4112"
+    assert c.loc["multiple of 8, not 16", "sizes"] == "4120"
+    assert c.loc["even, not a multiple of 8", "sizes"] == "4100, 4098"
+    assert c.loc["odd", "sizes"] == "4097"
+    assert c.loc["multiple of 16", "kernels"] == ("cutlass sm80 tensorop s16816gemm align8; "
+                                                  "nvjet (cuBLAS Hopper kernels, wgmma)")
+    t = alignment.alignment_table(N_ONLY, "n_only")
+    assert t.loc[t["d"] == 2, "kernel"].tolist() == [""]  # only a Memset: no kernel name
+    assert not bool(t.loc[t["d"] == 2, "tensor_core_by_name"].iloc[0])
+
+
+def test_the_finding_of_the_other_mode_word_for_word():
+    rows = {"rows": [r for r in N_ONLY["rows"] if r["d"] != 2]}
+    assert alignment.alignment_finding(rows, "n_only") == (
+        "n_only: multiples of 8 run at 95% of the multiples-of-16 rate on the same kernel family "
+        "(cutlass sm80 tensorop s16816gemm align8; nvjet (cuBLAS Hopper kernels, wgmma)); sizes "
+        "that are not multiples of 8 drop to 90-92% (cutlass sm80 tensorop s16816gemm align2; "
+        "cutlass sm80 tensorop s16816gemm align2). Every size ran on Tensor Core kernels: what a "
+        "multiple of 8 buys is the fast Hopper path with 16-byte aligned loads, not the use of "
+        "Tensor Cores at all.")
+    no8 = {"rows": [r for r in rows["rows"] if r["d"] != 24]}
+    assert alignment.alignment_finding(no8, "n_only").startswith(
+        "n_only: multiples of 8 run at nan% of the multiples-of-16 rate")
+
+
+def test_plot_alignment_of_one_mode_and_its_size():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = alignment.plot_alignment({"rows": [r for r in N_ONLY["rows"] if r["mode"] == "n_only"]})
+    labelled = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+    assert [ln.get_label() for ln in labelled] == ["M = K = 4096, N = 4096 + d"]
+    assert list(ax.figure.get_size_inches()) == pytest.approx([8, 3.8])
+    plt.close("all")
