@@ -134,3 +134,121 @@ def test_nvml_source_converts_units_and_adds_gpm():
     assert r["dram_bw_util_pct"] == 1.0
     assert NvmlSource("h", nv, gpm_note="none here").read().keys() == {
         "gpu_busy_pct", "mem_busy_pct", "sm_clock_mhz", "power_w"}
+
+
+# ---------------------------------------------------------------- the GPU's other processes
+
+
+class _ProcNvml:
+    """NVML listing the given processes (pid, bytes used) for handle "h" only."""
+
+    def __init__(self, procs, fail=None):
+        self.procs, self.fail = procs, fail
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        if self.fail:
+            raise self.fail
+        assert handle == "h"
+        return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.procs]
+
+
+def test_other_processes_leave_this_one_out_and_give_mib(monkeypatch):
+    import os
+
+    from fp16lab import telemetry
+
+    monkeypatch.setattr(telemetry, "_holds_cuda_context", lambda: False)
+    me = os.getpid()
+    nv = _ProcNvml([(me, 2 * 2**20), (111, 3 * 2**30), (222, None)])
+    assert telemetry.other_gpu_processes("h", nv) == (
+        [{"pid": 111, "used_mib": 3072.0}, {"pid": 222, "used_mib": 0.0}], "")
+    # none listed is this process and it holds no CUDA context: every one is another's
+    nv = _ProcNvml([(111, 2**20), (222, 2**21)])
+    assert telemetry.other_gpu_processes("h", nv) == (
+        [{"pid": 111, "used_mib": 1.0}, {"pid": 222, "used_mib": 2.0}], "")
+
+
+def test_in_a_container_one_listed_process_is_taken_to_be_this_one(monkeypatch):
+    from fp16lab import telemetry
+
+    monkeypatch.setattr(telemetry, "_holds_cuda_context", lambda: True)
+    nv = _ProcNvml([(111, 2**20), (222, 2**21), (333, 2**22)])
+    assert telemetry.other_gpu_processes("h", nv)[0] == [{"pid": 222, "used_mib": 2.0},
+                                                         {"pid": 333, "used_mib": 4.0}]
+    assert telemetry.other_gpu_processes("h", _ProcNvml([(111, 2**20)])) == ([], "")
+    assert telemetry.other_gpu_processes("h", _ProcNvml([])) == ([], "")
+
+
+def test_a_failed_process_query_is_said_not_raised():
+    from fp16lab import telemetry
+
+    got = telemetry.other_gpu_processes("h", _ProcNvml([], fail=RuntimeError("old driver")))
+    assert got == ([], "NVML could not list the GPU's processes (RuntimeError: old driver)")
+
+
+def test_without_a_gpu_the_process_list_is_empty_with_the_reason(monkeypatch):
+    from fp16lab import telemetry
+
+    monkeypatch.setattr(telemetry, "nvml_source", lambda: (None, "no CUDA GPU, so no GPU telemetry"))
+    assert telemetry.other_gpu_processes() == ([], "no CUDA GPU, so no GPU telemetry")
+    src = NvmlSource("h", _ProcNvml([(999999, 2**20)]))
+    monkeypatch.setattr(telemetry, "nvml_source", lambda: (src, ""))
+    monkeypatch.setattr(telemetry, "_holds_cuda_context", lambda: False)
+    assert telemetry.other_gpu_processes() == ([{"pid": 999999, "used_mib": 1.0}], "")
+
+
+# ---------------------------------------------------------------- why there is no GPM
+
+
+class _SupportNvml(_WindowNvml):
+    def __init__(self, supported=True, fail=None, snapshot_fails=False):
+        super().__init__()
+        self.supported, self.fail, self.snapshot_fails, self.asked = supported, fail, snapshot_fails, []
+
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        self.asked.append(handle)
+        if self.fail:
+            raise self.fail
+        return types.SimpleNamespace(isSupportedDevice=int(self.supported))
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        assert handle == "h"
+        if self.snapshot_fails:
+            raise OSError("busy")
+        super().nvmlGpmSampleGet(handle, sample)
+
+
+def test_gpm_reader_says_why_there_is_none():
+    from fp16lab.telemetry import gpm_reader
+
+    assert gpm_reader("h", object()) == (
+        None, "GPM metrics unavailable: this nvidia-ml-py has no GPM API (upgrade it)")
+    assert gpm_reader("h", _SupportNvml(fail=KeyError("nope"))) == (
+        None, "GPM metrics unavailable: NVML said KeyError: 'nope'")
+    assert gpm_reader("h", _SupportNvml(supported=False)) == (
+        None, "GPM metrics unavailable: this GPU has none (they start with Hopper)")
+    assert gpm_reader("h", _SupportNvml(snapshot_fails=True)) == (
+        None, "GPM metrics unavailable: the first snapshot failed (OSError: busy)")
+    nv = _SupportNvml()
+    reader, why = gpm_reader("h", nv)
+    assert why == "" and isinstance(reader, GpmReader) and nv.asked == ["h"]
+    assert reader.min_interval_s == 0.02
+
+
+def test_a_reader_says_which_metrics_pynvml_lacks_and_none_read_yet():
+    nv = _WindowNvml()
+    del nv.NVML_GPM_METRIC_HMMA_TENSOR_UTIL  # an older pynvml without this metric
+    reader = GpmReader("h", nv, min_interval_s=0)
+    assert reader.describe() == ("GPM metrics read: none yet; not readable: hmma_util_pct "
+                                 "(pynvml has no such metric)")
+    got = reader.read()
+    assert got["hmma_util_pct"] is None and got["sm_util_pct"] == 1.0
+    assert reader.describe() == ("GPM metrics read: sm_util_pct, sm_occupancy_pct, tensor_util_pct, "
+                                 "dram_bw_util_pct; not readable: hmma_util_pct (pynvml has no such metric)")
+
+
+def test_summaries_of_no_samples_keep_both_notes():
+    s = summarize_samples([], note="", gpm_note="GPM off")
+    assert s.n_samples == 0 and s.note == "no samples (the region was shorter than one period)"
+    assert s.gpm_note == "GPM off"
+    assert summarize_samples([{"power_w": 1.0}]).gpm_note == ""
