@@ -3,6 +3,7 @@ and a fake NVML whose readings change from one snapshot to the next."""
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 
@@ -252,3 +253,95 @@ def test_summaries_of_no_samples_keep_both_notes():
     assert s.n_samples == 0 and s.note == "no samples (the region was shorter than one period)"
     assert s.gpm_note == "GPM off"
     assert summarize_samples([{"power_w": 1.0}]).gpm_note == ""
+
+
+def test_two_listed_processes_none_of_them_ours_with_a_context_leave_one(monkeypatch):
+    from fp16lab import telemetry
+
+    monkeypatch.setattr(telemetry, "_holds_cuda_context", lambda: True)
+    assert telemetry.other_gpu_processes("h", _ProcNvml([(111, 2**20), (222, 2**21)]))[0] == [
+        {"pid": 222, "used_mib": 2.0}]
+
+
+def test_the_sampler_defaults_and_its_thread(monkeypatch):
+    from fp16lab import telemetry
+
+    asked = []
+    monkeypatch.setattr(telemetry, "nvml_source", lambda i: (asked.append(i), (None, "none here"))[1])
+    t = TelemetrySampler()
+    assert asked == [0] and t.interval_s == 0.05 and t.note == "none here" and not t.active
+    src = _Steady(1.0)
+    t = TelemetrySampler(src, interval_s=0.01)
+    assert t.note == "" and t.summary is None and t.samples == []
+    t.start()
+    try:
+        names = {th.name: th.daemon for th in threading.enumerate()}
+        assert names.get("fp16lab-telemetry") is True
+    finally:
+        s = t.stop()
+    assert s.note == "" and s.gpm_note == ""
+
+
+def test_a_failed_read_is_named_in_the_summary():
+    class Failing:
+        def read(self):
+            raise RuntimeError("gone")
+
+    s = TelemetrySampler(Failing(), interval_s=0.01).start().stop()
+    assert s.note == "a telemetry read failed (RuntimeError: gone)" and s.n_samples == 0
+
+
+class _StrictNvml(_WindowNvml):
+    """Every classic counter must be asked of handle "h"."""
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        assert h == "h"
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        assert h == "h"
+        return super().nvmlDeviceGetClockInfo(h, which)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        assert h == "h"
+        return super().nvmlDeviceGetPowerUsage(h)
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        assert handle == "h"
+        super().nvmlGpmSampleGet(handle, sample)
+
+
+def test_nvml_source_asks_its_own_handle_and_says_when_gpm_stops():
+    nv = _StrictNvml()
+    src = NvmlSource("h", nv, gpm=GpmReader("h", nv, min_interval_s=0))
+    assert src.read()["power_w"] == 412.5 and src.gpm_note == "GPM metrics read: sm_util_pct, " \
+        "sm_occupancy_pct, tensor_util_pct, hmma_util_pct, dram_bw_util_pct"
+    assert NvmlSource("h", nv).gpm_note == ""
+
+    def broken(get):
+        raise OSError("lost")
+    nv.nvmlGpmMetricsGet = broken
+    r = src.read()
+    assert r["sm_clock_mhz"] == 1755.0 and "sm_util_pct" not in r
+    assert src.gpm_note == "GPM metrics stopped: a read failed (OSError: lost)"
+
+
+def test_a_metric_that_reads_again_is_no_longer_listed_as_unreadable():
+    nv = _WindowNvml()
+    reader = GpmReader("h", nv, min_interval_s=0)
+    real = nv.nvmlGpmMetricsGet
+    fails = {getattr(pynvml, "NVML_GPM_METRIC_SM_UTIL"), getattr(pynvml, "NVML_GPM_METRIC_DRAM_BW_UTIL")}
+
+    def flaky(get):
+        real(get)
+        for m in get.metrics[:get.numMetrics]:
+            if m.metricId in fails:
+                m.nvmlReturn = 3
+    nv.nvmlGpmMetricsGet = flaky
+    reader.read()
+    assert reader.describe() == ("GPM metrics read: sm_occupancy_pct, tensor_util_pct, hmma_util_pct; "
+                                 "not readable: sm_util_pct (NVML returned error 3); "
+                                 "dram_bw_util_pct (NVML returned error 3)")
+    nv.nvmlGpmMetricsGet = real
+    reader.read()
+    assert reader.unreadable == {}
