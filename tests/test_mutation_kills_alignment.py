@@ -206,3 +206,31 @@ def test_plot_alignment_of_one_mode_and_its_size():
     assert [ln.get_label() for ln in labelled] == ["M = K = 4096, N = 4096 + d"]
     assert list(ax.figure.get_size_inches()) == pytest.approx([8, 3.8])
     plt.close("all")
+
+
+def test_the_figures_sizes_lines_and_the_ceiling_boundary():
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_rgba
+    import matplotlib.pyplot as plt
+
+    ax = alignment.plot_alignment(PAYLOAD)
+    verticals = [ln for ln in ax.get_lines() if ln.get_label().startswith("_")]
+    assert all((ln.get_color(), ln.get_linewidth(), ln.get_alpha()) == ("green", 0.8, 0.5)
+               for ln in verticals) and len(verticals) == 3
+    assert ax.get_legend().get_texts()[0].get_fontsize() == 8
+    assert ax.xaxis.get_gridlines()[0].get_alpha() == 0.3
+    claim = _Claim()
+    claim.figures = dict(_Claim.figures, gemm=[{"n": 4100, "tflops": 120.0, "kernel": "mystery"}])
+    ax1, ax2 = alignment.plot_claim(claim)
+    assert ax1.patches[0].get_facecolor() == to_rgba("tab:blue")  # at the ceiling, not above it
+    assert list(ax1.figure.get_size_inches()) == pytest.approx([11, 3.6])
+    assert ax1.get_position().x1 <= ax2.get_position().x0  # side by side
+    assert ax1.get_legend().get_texts()[0].get_fontsize() == 8
+    plt.close("all")
+
+
+def test_an_unknown_kernel_family_is_its_first_60_characters():
+    name = "k" * 59 + "XYZ"
+    t = alignment.alignment_classes({"rows": [_row(0, 1.0, [name])]})
+    assert t.loc["multiple of 16", "kernels"] == "k" * 59 + "X"

@@ -345,3 +345,35 @@ def test_a_metric_that_reads_again_is_no_longer_listed_as_unreadable():
     nv.nvmlGpmMetricsGet = real
     reader.read()
     assert reader.unreadable == {}
+
+
+def test_a_sampler_stopped_twice_or_never_started_says_so_plainly():
+    src = _Steady(3.0)
+    t = TelemetrySampler(src, interval_s=0.01)
+    s = t.stop()  # never started: no samples, and no error to report
+    assert s.n_samples == 0 and s.note == "no samples (the region was shorter than one period)"
+    _sample_until(t, src, 2)
+    again = t.stop()
+    assert again.n_samples >= 2 and again.note == ""
+
+
+def test_start_begins_a_measured_region_on_a_source_that_has_one():
+    class WithBegin(_Steady):
+        begun = 0
+
+        def begin(self):
+            self.begun += 1
+
+    src = WithBegin(1.0)
+    t = TelemetrySampler(src, interval_s=0.01)
+    t.start()
+    t.stop()
+    t.start()
+    t.stop()
+    assert src.begun == 2
+
+
+def test_the_summary_as_a_row_names_its_note_telemetry_note():
+    d = summarize_samples([{"power_w": 2.0}], note="n", gpm_note="g").as_dict()
+    assert d["telemetry_note"] == "n" and "note" not in d and d["power_w_mean"] == 2.0
+    assert d["gpm_note"] == "g" and d["telemetry_samples"] == 1 and "n_samples" not in d
