@@ -174,7 +174,7 @@ def discover(root: pathlib.Path | None = None) -> tuple[dict[str, Target], dict[
         name = module_name(path)
         if name == "" or name.startswith("testing"):
             left_out[name or "fp16lab"] = ("developer tools that run the tests (fp16lab/testing/)"
-                                          if name else "the package's __init__: its version only")
+                                          if name else "the package's __init__: its version and re-exports")
         elif path.name == "__init__.py" and only_reexports(path):
             left_out[name] = "an __init__ that only re-exports its modules"
         elif name in EXCLUDED:
