@@ -87,3 +87,38 @@ def test_cuda_graph_needs_cuda_and_reduce_overhead_too():
     with pytest.raises(ValueError, match="reduce-overhead"):
         execution.build_step("mlp", 2, precision="fp32", device="cpu", execution="compile",
                              compile_mode="reduce-overhead")
+
+
+def test_check_execution_refuses_with_what_is_allowed_word_for_word():
+    import re
+
+    check = execution.check_execution
+    cases = [
+        (dict(execution="jit", device="cpu"),
+         "unknown execution 'jit'; allowed: eager, cuda-graph, compile"),
+        (dict(execution="cuda-graph", device="cuda", fused_optimizer=False),
+         "execution 'cuda-graph' needs fused_optimizer=True (or None): a foreach SGD under "
+         "GradScaler reads found_inf on the host, which capture forbids"),
+        (dict(execution="eager", device="tpu"), "device must be 'cpu' or 'cuda', got 'tpu'"),
+        (dict(execution="compile", device="cpu", compile_mode="fast"),
+         "unknown compile mode 'fast'; allowed: default, reduce-overhead, max-autotune-no-cudagraphs"),
+        (dict(execution="compile", device="cpu", compile_mode="reduce-overhead"),
+         "compile mode 'reduce-overhead' replays CUDA graphs and needs a CUDA device; on a CPU use "
+         "'default'"),
+    ]
+    if not torch.cuda.is_available():
+        cases += [(dict(execution="eager", device="cuda"),
+                   "device 'cuda' asked for, but torch sees no CUDA device")]
+    cases += [(dict(execution="cuda-graph", device="cpu"),
+               "execution 'cuda-graph' needs a CUDA device; on a CPU use 'eager' or 'compile'")]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            check(**kwargs)
+    for precision in ("fp16-o2", "fp8-tensorwise"):
+        if precision in recipes.PRECISIONS:
+            with pytest.raises(ValueError, match="fp16lab.execution's steps"):
+                check("eager", device="cpu", precision=precision)
+    check("eager", device="cpu")  # the defaults: fp32, compile mode 'default'
+    check("compile", device="cpu")
+    for precision in ("fp32", "tf32", "amp-fp16", "amp-bf16"):
+        check("eager", device="cpu", precision=precision)
