@@ -23,14 +23,95 @@ DIFF = """--- fp16lab/bits.py
 def test_every_target_names_files_that_exist():
     for target in mutation.TARGETS.values():
         assert (ROOT / target.source).is_file(), target.source
+        assert target.tests, f"{target.name} maps to no test file"
         for test in target.tests:
             path, _, name = test.partition("::")
-            assert (ROOT / path).is_file(), path
+            assert (ROOT / path).is_file(), f"{target.name}: {path}"
             if name:
                 assert f"def {name}(" in (ROOT / path).read_text(), test
-        for glob in target.functions:
-            module = target.source[:-3].replace("/", ".")
-            assert glob.startswith(module + ".x"), glob
+
+
+def test_every_module_of_the_package_is_mutated_or_left_out_with_a_reason():
+    modules = {mutation.module_name(p) or "fp16lab" for p in (ROOT / "fp16lab").rglob("*.py")}
+    assert modules == set(mutation.TARGETS) | set(mutation.LEFT_OUT)
+    assert not set(mutation.TARGETS) & set(mutation.LEFT_OUT)
+    assert all(why.strip() for why in mutation.LEFT_OUT.values())
+    # the tables name only modules that exist, and an override is not left out as well
+    assert set(mutation.EXCLUDED) <= modules and set(mutation.OVERRIDES) <= set(mutation.TARGETS)
+    # the modules the issue names are mutated, not left out
+    for name in ("fp8.scales", "fp8.linear", "waves", "alignment", "execution", "recipes",
+                 "inputs.augment", "inputs.producers", "inputs.feeding", "telemetry",
+                 "profile.record", "bits.patterns", "sweep.engine"):
+        assert name in mutation.TARGETS, name
+
+
+def test_convention_maps_a_module_to_the_mirrored_test_file():
+    assert mutation.conventional_tests("inputs.feeding") == ("tests/test_inputs_feeding.py",)
+    assert mutation.conventional_tests("waves") == ("tests/test_waves.py",)
+    assert mutation.conventional_tests("fp8.scales") == ("tests/test_fp8.py",)  # the package's file
+    assert mutation.conventional_tests("nothing.like_this") == ()
+    assert mutation.TARGETS["bits.patterns"].tests[0] == "tests/test_bits.py"
+    assert "tests/test_hostile.py" in mutation.TARGETS["scaling.scalers"].tests
+    assert mutation.TARGETS["fp8.training"].tests == mutation.OVERRIDES["fp8.training"]
+    # tests written against a module's survivors join its tests
+    for kills in (ROOT / "tests").glob("test_mutation_kills_*.py"):
+        name = next(n for n in mutation.TARGETS
+                    if kills.name == f"test_mutation_kills_{n.replace('.', '_')}.py")
+        assert f"tests/{kills.name}" in mutation.TARGETS[name].tests
+
+
+def test_changed_modules_names_targets_whose_files_differ_from_a_base(monkeypatch):
+    outputs = {("merge-base", "HEAD", "origin/main"): None, ("merge-base", "HEAD", "main"): "abc",
+               ("rev-parse", "HEAD"): "def",
+               ("diff", "--name-only", "abc", "--"): "fp16lab/waves.py\ntests/test_fp8.py\nREADME.md",
+               ("ls-files", "--others", "--exclude-standard"): "tests/test_inputs_feeding.py"}
+    seen = []
+
+    def fake_run(cmd, cwd, capture_output, text):
+        seen.append(tuple(cmd[1:]))
+        out = outputs.get(tuple(cmd[1:]))
+        return type("R", (), {"returncode": 0 if out is not None else 1, "stdout": out or ""})()
+
+    monkeypatch.setattr(mutation.subprocess, "run", fake_run)
+    changed = mutation.changed_modules()
+    assert ("diff", "--name-only", "abc", "--") in seen  # the merge-base with main
+    assert {"waves", "inputs.feeding", "fp8.scales", "fp8.linear"} <= set(changed)
+    assert "formats" not in changed and all(n in mutation.TARGETS for n in changed)
+
+
+def test_only_reexporting_init_files_are_recognised(tmp_path):
+    init = tmp_path / "__init__.py"
+    init.write_text('"""Doc."""\nfrom .a import b\nimport os\n__all__ = ["b"]\n')
+    assert mutation.only_reexports(init)
+    init.write_text('"""Doc."""\nfrom .a import b\ndef f():\n    return 1\n')
+    assert not mutation.only_reexports(init)
+
+
+def test_results_are_cached_by_the_content_of_the_module_and_its_tests(tmp_path, monkeypatch):
+    monkeypatch.setattr(mutation, "ROOT", tmp_path)
+    monkeypatch.setattr(mutation, "BUILD", tmp_path / "build")
+    monkeypatch.setattr(mutation, "mutmut_version", lambda: "3.8.1")
+    (tmp_path / "fp16lab").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "fp16lab" / "m.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "tests" / "test_m.py").write_text("def test_f():\n    pass\n")
+    (tmp_path / "tests" / "conftest.py").write_text("")
+    target = mutation.Target("m", "fp16lab/m.py", ("tests/test_m.py",))
+    key = mutation.cache_key(target)
+    assert mutation.state(target) == "stale"
+    work = tmp_path / "build" / "m"
+    work.mkdir(parents=True)
+    (work / "key").write_text(key + "\n")
+    assert mutation.state(target) == "partial"  # a run of this content that did not finish
+    (work / "done").write_text("")
+    assert mutation.state(target) == "done"
+    assert mutation.run_target(target) == 0.0  # cached: nothing runs
+    (tmp_path / "tests" / "test_m.py").write_text("def test_f():\n    assert True\n")
+    assert mutation.cache_key(target) != key and mutation.state(target) == "stale"
+    (tmp_path / "tests" / "test_m.py").write_text("def test_f():\n    pass\n")
+    assert mutation.state(target) == "done"
+    (tmp_path / "fp16lab" / "m.py").write_text("def f():\n    return 2\n")
+    assert mutation.state(target) == "stale"
 
 
 def test_changed_lines_ignore_headers_context_and_spacing():
@@ -79,4 +160,4 @@ def test_the_committed_equivalents_file_is_well_formed():
 def test_unknown_modules_are_refused(capsys):
     with pytest.raises(SystemExit):
         mutation.main(["nope"])
-    assert "unknown module(s) ['nope']; choose from formats, bits" in capsys.readouterr().err
+    assert "unknown module(s) ['nope']; choose from alignment, bench" in capsys.readouterr().err
