@@ -278,11 +278,6 @@ HERE = "owned here, not fixed yet (issue 28): "
 #: fails today (strict: a fix makes it pass, and then its line must go).
 # BEGIN XFAIL
 XFAIL: dict[tuple[str, str], str] = {
-    ('claims.report.claims_folder', 'out_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.report.recorded_claims', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.report.recorded_summary', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.report.recorded_table', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.run.recorded_gpu_result', 'data_dir'): HERE + 'poor message, silent acceptance',
     ('distributed.points.DistPoint', 'batch'): HERE + 'silent acceptance',
     ('distributed.points.DistPoint', 'bucket_cap_mb'): HERE + 'silent acceptance',
     ('distributed.points.DistPoint', 'fault'): HERE + 'crash, silent acceptance',

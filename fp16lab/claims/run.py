@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import device  # the module, not its names: tests replace its functions
+from .. import device, validate  # the module, not its names: tests replace its functions
 from ..measure import data_dir as committed_dir, describe_source, local_dir, read_result
 from . import autocast, gemm, scaling, training
 from .core import RECORDED_GPU_RESULT, UNTESTABLE, Claim, Figures, Judgement
@@ -42,9 +42,11 @@ def device_slug(gpu_name: str | None) -> str:
 def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
     """Returns the recorded GPU claims run (``claims_h200`` first, else any GPU one), or None.
 
-    Without ``data_dir``, this machine's results folder is searched before the committed one.
+    Without ``data_dir``, this machine's results folder is searched before the committed one;
+    a ``data_dir`` given must be a folder that exists.
     """
-    folders = [Path(data_dir)] if data_dir is not None else [local_dir(), committed_dir()]
+    folders = ([validate.existing_dir("data_dir", data_dir)] if data_dir is not None
+               else [local_dir(), committed_dir()])
     candidates = [f / f"{RECORDED_GPU_RESULT}.json" for f in folders]
     for f in folders:
         candidates += sorted(p for p in f.glob("claims_*.json") if p not in candidates)
@@ -86,6 +88,8 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
         recorded: an already loaded recorded run (saves re-reading it for every claim).
     """
     c = get_claim(claim) if isinstance(claim, int) else claim
+    if data_dir is not None:
+        validate.existing_dir("data_dir", data_dir)
     gpu = device.has_gpu()
     quick = (not gpu) if quick is None else quick
     if c.needs_gpu and not gpu:
