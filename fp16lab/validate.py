@@ -124,7 +124,8 @@ def text(name: str, value: Any, *, pattern: str | None = None, like: str = "") -
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string{shape}, got {_shown(value)} ({type(value).__name__})")
     if not value or (pattern is not None and re.fullmatch(pattern, value) is None):
-        raise ValueError(f"{name} must be a non-empty string{shape}, got {_shown(value)}")
+        kind = "a string" if pattern is not None else "a non-empty string"
+        raise ValueError(f"{name} must be {kind}{shape}, got {_shown(value)}")
     return value
 
 

@@ -157,6 +157,8 @@ ALLOWED = {
        "showing the bits of NaN, inf, a negative number and zero is what the explorer is for"
        for v in ("nan", "inf", "-1", "0")},
     ("fp16lab.inputs.augment.flip_draw", "p", "0"): "p=0 never flips, as in torchvision",
+    ("fp16lab.distributed.points.DistPoint", "profile_steps", "0"): "0 profiles no step (the default)",
+    ("fp16lab.distributed.points.DistPoint", "fault", "''"): "'' plants no fault (the default)",
 }
 
 # ----------------------------------------------------------------------- valid calls, by name
@@ -278,15 +280,6 @@ HERE = "owned here, not fixed yet (issue 28): "
 #: fails today (strict: a fix makes it pass, and then its line must go).
 # BEGIN XFAIL
 XFAIL: dict[tuple[str, str], str] = {
-    ('distributed.points.DistPoint', 'batch'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'bucket_cap_mb'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'fault'): HERE + 'crash, silent acceptance',
-    ('distributed.points.DistPoint', 'gpus'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'gradient_as_bucket_view'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'profile_steps'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'static_graph'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'steps'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'warmup'): HERE + 'silent acceptance',
     ('execution.build_step', 'batch'): HERE + 'poor message',
     ('execution.build_step', 'compile_mode'): HERE + 'poor message',
     ('execution.build_step', 'device'): HERE + 'silent acceptance',

@@ -128,7 +128,7 @@ def test_number_may_take_nan_and_the_infinities_when_asked():
 def test_text_and_its_pattern():
     assert validate.text("arch", "sm_90a", pattern=r"sm_\d+a?", like="'sm_90a'") == "sm_90a"
     assert validate.text("title", "any words") == "any words"
-    with pytest.raises(ValueError, match=r"arch must be a non-empty string like 'sm_90a', got 'abc'"):
+    with pytest.raises(ValueError, match=r"arch must be a string like 'sm_90a', got 'abc'"):
         validate.text("arch", "abc", pattern=r"sm_\d+a?", like="'sm_90a'")
     with pytest.raises(ValueError, match="title must be a non-empty string, got ''"):
         validate.text("title", "")
