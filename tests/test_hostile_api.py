@@ -280,17 +280,6 @@ HERE = "owned here, not fixed yet (issue 28): "
 #: fails today (strict: a fix makes it pass, and then its line must go).
 # BEGIN XFAIL
 XFAIL: dict[tuple[str, str], str] = {
-    ('execution.build_step', 'batch'): HERE + 'poor message',
-    ('execution.build_step', 'compile_mode'): HERE + 'poor message',
-    ('execution.build_step', 'device'): HERE + 'silent acceptance',
-    ('execution.build_step', 'fused_optimizer'): HERE + 'silent acceptance',
-    ('execution.build_step', 'model_name'): HERE + 'poor message',
-    ('execution.build_step', 'seed'): HERE + 'crash, poor message, silent acceptance',
-    ('execution.build_step', 'traceable'): HERE + 'silent acceptance',
-    ('execution.make_step', 'compile_mode'): HERE + 'poor message',
-    ('execution.make_step', 'fused_optimizer'): HERE + 'silent acceptance',
-    ('execution.make_step', 'traceable'): HERE + 'silent acceptance',
-    ('execution.make_step', 'warmup'): HERE + 'poor message, silent acceptance',
     ('inputs.settings.InputSettings', 'backend'): HERE + 'silent acceptance',
     ('inputs.settings.InputSettings', 'batch'): HERE + 'silent acceptance',
     ('inputs.settings.InputSettings', 'channels_last'): HERE + 'silent acceptance',
