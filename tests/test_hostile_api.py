@@ -159,6 +159,10 @@ ALLOWED = {
     ("fp16lab.inputs.augment.flip_draw", "p", "0"): "p=0 never flips, as in torchvision",
     ("fp16lab.distributed.points.DistPoint", "profile_steps", "0"): "0 profiles no step (the default)",
     ("fp16lab.distributed.points.DistPoint", "fault", "''"): "'' plants no fault (the default)",
+    ("fp16lab.inputs.settings.InputSettings", "num_workers", "0"):
+        "0 workers: the dataloader loads in the main process",
+    ("fp16lab.inputs.settings.InputSettings", "cpu_decode_share", "0"):
+        "0 (the default) decodes everything on the GPU",
 }
 
 # ----------------------------------------------------------------------- valid calls, by name
@@ -280,16 +284,6 @@ HERE = "owned here, not fixed yet (issue 28): "
 #: fails today (strict: a fix makes it pass, and then its line must go).
 # BEGIN XFAIL
 XFAIL: dict[tuple[str, str], str] = {
-    ('inputs.settings.InputSettings', 'backend'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'batch'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'channels_last'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'cpu_decode_share'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'image_size'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'non_blocking'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'normalize_on'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'num_workers'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'pin_memory'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'seed'): HERE + 'silent acceptance',
     ('kernels.compiler.compile_options', 'include_dir'): HERE + 'silent acceptance',
     ('kernels.cubin.nvcc_flags', 'arch'): HERE + 'crash, silent acceptance',
     ('kernels.launch.ParamBlock', 'n'): HERE + 'silent acceptance',
