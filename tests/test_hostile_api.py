@@ -284,9 +284,6 @@ HERE = "owned here, not fixed yet (issue 28): "
 #: fails today (strict: a fix makes it pass, and then its line must go).
 # BEGIN XFAIL
 XFAIL: dict[tuple[str, str], str] = {
-    ('kernels.compiler.compile_options', 'include_dir'): HERE + 'silent acceptance',
-    ('kernels.cubin.nvcc_flags', 'arch'): HERE + 'crash, silent acceptance',
-    ('kernels.launch.ParamBlock', 'n'): HERE + 'silent acceptance',
     ('measure.provenance.find_result', 'suffix'): SWEEP + 'silent acceptance',
     ('measure.provenance.is_read_only', 'path'): SWEEP + 'silent acceptance',
     ('sweep.spec.SweepSpec', 'images_dir'): SWEEP + 'silent acceptance',

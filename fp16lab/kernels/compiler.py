@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import validate
 from .launch import cupy_or_none
 
 #: Directory that holds the ``.cu`` sources.
@@ -125,8 +126,13 @@ def source_path(filename: str) -> Path:
 
 
 def compile_options(include_dir: Path | None) -> tuple[str, ...]:
-    """Returns the NVRTC options used for every module (CuPy adds ``-arch`` itself)."""
-    return ("-std=c++17",) + ((f"-I{include_dir}",) if include_dir is not None else ())
+    """Returns the NVRTC options used for every module (CuPy adds ``-arch`` itself).
+
+    ``include_dir``, where given, must be an existing folder (:func:`find_cuda_include`'s).
+    """
+    if include_dir is None:
+        return ("-std=c++17",)
+    return ("-std=c++17", f"-I{validate.existing_dir('include_dir', include_dir)}")
 
 
 @functools.lru_cache(maxsize=None)
