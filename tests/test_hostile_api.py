@@ -292,10 +292,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ('telemetry.TelemetrySampler', 'device_index'): SWEEP + 'silent acceptance',
     ('telemetry.TelemetrySampler', 'enabled'): SWEEP + 'silent acceptance',
     ('telemetry.TelemetrySampler', 'interval_s'): SWEEP + 'poor message, silent acceptance',
-    ('training.RunConfig', 'static_scale'): HERE + 'silent acceptance',
-    ('training.reference_gradients', 'batch'): HERE + 'crash, poor message, silent acceptance',
-    ('training.reference_gradients', 'device'): HERE + 'crash',
-    ('training.reference_gradients', 'seed'): HERE + 'crash, poor message',
     ('widgets.bit_explorer.BitExplorer', 'value'): HERE + 'poor message, silent acceptance',
     ('widgets.sweep_panel.SweepPanel', 'out'): SWEEP + 'silent acceptance',
 }
