@@ -292,7 +292,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ('telemetry.TelemetrySampler', 'device_index'): SWEEP + 'silent acceptance',
     ('telemetry.TelemetrySampler', 'enabled'): SWEEP + 'silent acceptance',
     ('telemetry.TelemetrySampler', 'interval_s'): SWEEP + 'poor message, silent acceptance',
-    ('widgets.bit_explorer.BitExplorer', 'value'): HERE + 'poor message, silent acceptance',
     ('widgets.sweep_panel.SweepPanel', 'out'): SWEEP + 'silent acceptance',
 }
 # END XFAIL
