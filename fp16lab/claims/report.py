@@ -165,7 +165,7 @@ def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
     for i, row in enumerate(rows):
         try:
             c = get_claim(row["id"])
-        except ValueError as e:
+        except (TypeError, ValueError) as e:  # a number that names no claim, or no number
             raise ValueError(f"{path}: row {i}: {e}") from None
         if c.id not in checked_now:
             out.append(replace(c, figures=row.get("figures") or {}, verdict=row["verdict"],

@@ -24,6 +24,7 @@ CLAIMS: tuple[Claim, ...] = (gemm.CLAIM_1, training.CLAIM_2, training.CLAIM_3, t
 
 def get_claim(claim_id: int) -> Claim:
     """Returns the unchecked claim with this number."""
+    validate.count("claim_id", claim_id)
     for c in CLAIMS:
         if c.id == claim_id:
             return c
@@ -73,6 +74,14 @@ def _judge_recorded(c: Claim, figures: Figures) -> Judgement:
                             f"re-run `fp16lab bench claims` on the GPU")
 
 
+def _check_run(quick: Any, data_dir: Any) -> None:
+    """Raises unless ``quick`` is None, True or False and ``data_dir`` None or a folder."""
+    if quick is not None:
+        validate.boolean("quick", quick)
+    if data_dir is not None:
+        validate.existing_dir("data_dir", data_dir)
+
+
 def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | None = None,
           recorded: dict[str, Any] | None = None) -> Claim:
     """Returns the claim checked: its figures, verdict, reason and source filled in.
@@ -88,8 +97,7 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
         recorded: an already loaded recorded run (saves re-reading it for every claim).
     """
     c = get_claim(claim) if isinstance(claim, int) else claim
-    if data_dir is not None:
-        validate.existing_dir("data_dir", data_dir)
+    _check_run(quick, data_dir)
     gpu = device.has_gpu()
     quick = (not gpu) if quick is None else quick
     if c.needs_gpu and not gpu:
@@ -125,6 +133,8 @@ def check_all(ids: Iterable[int] | None = None, *, quick: bool | None = None,
               data_dir: Path | None = None, progress: bool = False) -> list[Claim]:
     """Returns every claim (or those in ``ids``) checked, in order."""
     chosen = [get_claim(i) for i in ids] if ids is not None else list(CLAIMS)
+    _check_run(quick, data_dir)
+    validate.boolean("progress", progress)
     rec = recorded_gpu_result(data_dir)
     out = []
     for c in chosen:
