@@ -158,8 +158,9 @@ def _as_path(name: str, value: Any) -> Path:
     return Path(text).expanduser()
 
 
-def existing_file(name: str, value: Any) -> Path:
-    """Returns ``value`` as a ``Path`` if it names a readable file."""
+def existing_file(name: str, value: Any, *, executable: bool = False) -> Path:
+    """Returns ``value`` as a ``Path`` if it names a readable file (one that may be run, where
+    ``executable``: a compiler, say)."""
     path = _as_path(name, value)
     if not path.exists():
         raise PathNotFound(f"{name}: {path} does not exist")
@@ -167,6 +168,8 @@ def existing_file(name: str, value: Any) -> Path:
         raise ValueError(f"{name}: {path} is not a file")
     if not os.access(path, os.R_OK):
         raise NotPermitted(f"{name}: {path} cannot be read")
+    if executable and not os.access(path, os.X_OK):
+        raise NotPermitted(f"{name}: {path} is not executable")
     return path
 
 

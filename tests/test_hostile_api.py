@@ -159,6 +159,8 @@ ALLOWED = {
     ("fp16lab.inputs.augment.flip_draw", "p", "0"): "p=0 never flips, as in torchvision",
     ("fp16lab.distributed.points.DistPoint", "profile_steps", "0"): "0 profiles no step (the default)",
     ("fp16lab.distributed.points.DistPoint", "fault", "''"): "'' plants no fault (the default)",
+    ("fp16lab.claims.run.device_slug", "gpu_name", "''"): "no GPU name is the 'cpu' slug",
+    ("fp16lab.claims.run.device_slug", "gpu_name", "'abc'"): "any GPU's name makes a slug",
     ("fp16lab.inputs.settings.InputSettings", "num_workers", "0"):
         "0 workers: the dataloader loads in the main process",
     ("fp16lab.inputs.settings.InputSettings", "cpu_decode_share", "0"):
@@ -175,6 +177,8 @@ VALID_BY_NAME = {
     "granularity": "tensorwise", "role": "input", "model_name": "small_cnn", "model": "small_cnn",
     "init_scale": 1024.0, "scale": 1024.0, "cores": 4, "device_index": 0, "threads": 2,
     "depth": 2, "what": "x", "name": "x", "ranks": 2, "gpus": 2, "world_size": 2,
+    "execution": "eager", "claim_id": 1, "gpu_name": "NVIDIA H200",
+    "arch": "sm_90a", "include_dir": ".", "filename": "census.cu",
 }
 
 

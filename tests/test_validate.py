@@ -151,3 +151,12 @@ def test_a_refused_path_is_a_value_error_too(tmp_path):
         assert isinstance(e.value, ValueError) and "where" in str(e.value)
     assert issubclass(validate.NotPermitted, PermissionError)
     assert issubclass(validate.NotPermitted, ValueError)
+
+
+def test_an_executable_file_must_be_one(tmp_path):
+    f = tmp_path / "nvcc"
+    f.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError, match="nvcc: .* is not executable"):
+        validate.existing_file("nvcc", f, executable=True)
+    f.chmod(0o755)
+    assert validate.existing_file("nvcc", f, executable=True) == f

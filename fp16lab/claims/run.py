@@ -33,9 +33,9 @@ def get_claim(claim_id: int) -> Claim:
 
 def device_slug(gpu_name: str | None) -> str:
     """Returns a short file-name slug for a device: ``NVIDIA H200`` -> ``h200``, None -> ``cpu``."""
-    if not gpu_name:
+    if gpu_name is None or gpu_name == "":
         return "cpu"
-    s = re.sub(r"^nvidia\s+", "", gpu_name.strip().lower())
+    s = re.sub(r"^nvidia\s+", "", validate.text("gpu_name", gpu_name).strip().lower())
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "gpu"
 

@@ -118,10 +118,10 @@ def available() -> tuple[bool, str]:
 
 def source_path(filename: str) -> Path:
     """Returns the path of one of the package's ``.cu`` files."""
-    p = SOURCE_DIR / filename
+    p = SOURCE_DIR / validate.text("filename", filename)
     if not p.is_file():
         known = ", ".join(sorted(x.name for x in SOURCE_DIR.glob("*.cu")))
-        raise FileNotFoundError(f"no kernel source {filename!r}; the package has: {known}")
+        raise FileNotFoundError(f"no kernel source {filename!r} (filename); the package has: {known}")
     return p
 
 

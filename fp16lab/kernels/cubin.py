@@ -88,7 +88,7 @@ def cubin_path(filename: str, defines: dict[str, int] | None = None, arch: str =
 
     The name holds a hash of the source text, the flags and nvcc's version string.
     """
-    nvcc = nvcc or require_nvcc()
+    nvcc = require_nvcc() if nvcc is None else validate.existing_file("nvcc", nvcc, executable=True)
     h = hashlib.sha256()
     h.update(source_path(filename).read_bytes())
     h.update("\0".join(nvcc_flags(arch, defines)).encode())
