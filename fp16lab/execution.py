@@ -45,7 +45,8 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity
 
-from .models import NUM_CLASSES, build_model, input_shape, is_image_model
+from . import validate
+from .models import MODELS, NUM_CLASSES, build_model, input_shape, is_image_model
 from .profile import phase, torch_profiler
 from .recipes import PRECISIONS, check_precision, make_train_step, precisions, sgd, tf32
 from .scaling import ScalerSettings
@@ -66,24 +67,24 @@ WARMUP_STEPS = 3
 
 def check_execution(execution: str, *, device: str, compile_mode: str = "default",
                     precision: str = "fp32", fused_optimizer: bool | None = None) -> None:
-    """Raises ValueError, saying what is allowed, for an execution this device cannot run."""
-    if execution not in EXECUTIONS:
-        raise ValueError(f"unknown execution {execution!r}; allowed: {', '.join(EXECUTIONS)}")
+    """Raises ValueError (TypeError for a flag that is not True or False), saying what is
+    allowed, for an execution this device cannot run."""
+    validate.choice("execution", execution, EXECUTIONS)
+    if fused_optimizer is not None:
+        validate.boolean("fused_optimizer", fused_optimizer)
     # fp16-o2's fp16 model and the FP8 layer swap are not captured or compiled here yet
     check_precision(precision, precisions(converts_model=False),
                     where="by fp16lab.execution's steps (they take the model as built)")
     if execution == "cuda-graph" and fused_optimizer is False:
         raise ValueError("execution 'cuda-graph' needs fused_optimizer=True (or None): a foreach "
                          "SGD under GradScaler reads found_inf on the host, which capture forbids")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    validate.choice("device", device, ("cpu", "cuda"))
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
     if execution == "cuda-graph" and device != "cuda":
         raise ValueError("execution 'cuda-graph' needs a CUDA device; on a CPU use 'eager' or "
                          "'compile'")
-    if compile_mode not in COMPILE_MODES:
-        raise ValueError(f"unknown compile mode {compile_mode!r}; allowed: {', '.join(COMPILE_MODES)}")
+    validate.choice("compile_mode", compile_mode, COMPILE_MODES)
     if execution == "compile" and compile_mode == "reduce-overhead" and device != "cuda":
         raise ValueError("compile mode 'reduce-overhead' replays CUDA graphs and needs a CUDA "
                          "device; on a CPU use 'default'")
@@ -145,10 +146,12 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
     device = x.device.type
     check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
                     fused_optimizer=fused_optimizer)
+    warmup = validate.count("warmup", warmup, low=0)
+    traceable = validate.boolean("traceable", traceable)
     if warmup < 1 and execution == "cuda-graph":
         raise ValueError(f"a CUDA graph needs warmup >= 1 steps before capture, got {warmup}")
     graph = execution == "cuda-graph"
-    fused = graph if fused_optimizer is None else bool(fused_optimizer)
+    fused = graph if fused_optimizer is None else fused_optimizer
     forward = model
     notes: list[str] = []
     mark_step = False
@@ -223,14 +226,18 @@ def build_step(model_name: str, batch: int, *, precision: str, execution: str = 
         seed: seeds the model's weights and the batch.
         fused_optimizer, traceable: see :func:`make_step`.
     """
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    validate.choice("model_name", model_name, MODELS)
+    batch, seed = validate.count("batch", batch), validate.count("seed", seed, low=0)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = validate.device("device", device)
     check_execution(execution, device=device, compile_mode=compile_mode, precision=precision,
                     fused_optimizer=fused_optimizer)
-    if layout not in ("nchw", "channels_last"):
-        raise ValueError(f"layout must be 'nchw' or 'channels_last', got {layout!r}")
+    validate.boolean("traceable", traceable)
+    validate.choice("layout", layout, ("nchw", "channels_last"))
     if layout == "channels_last" and not is_image_model(model_name):
         raise ValueError(f"layout 'channels_last' applies to image models only, not {model_name!r}")
-    shape = input_shape(model_name, batch)  # validates the name and the batch
+    shape = input_shape(model_name, batch)
     torch.manual_seed(seed)
     model = build_model(model_name).to(device)
     gen = torch.Generator(device="cpu").manual_seed(seed + 1)

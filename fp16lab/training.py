@@ -82,8 +82,8 @@ class RunConfig:
         # fp32 changed only by autocast: what the runs compare (fp32, amp-fp16, amp-bf16)
         recipes.check_precision(self.precision, recipes.precisions(autocast_recipe=True),
                                 where="in notebook 02's runs")
-        if self.scaling not in ("none", "static", "dynamic"):
-            raise ValueError(f"scaling must be 'none', 'static' or 'dynamic', got {self.scaling!r}")
+        validate.choice("scaling", self.scaling, ("none", "static", "dynamic"))
+        validate.number("static_scale", self.static_scale, low=0, low_open=True)
         if self.scaling != "none" and self.precision != "amp-fp16":
             raise ValueError(f"loss scaling is for amp-fp16 runs; {self.name!r} is {self.precision}")
         self.scaler_settings()  # the dynamic scaler's settings are checked now
@@ -123,8 +123,9 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     as they are after backward: scaled where a scaler is used, exact zeros where FP16 flushed).
     ``progress`` shows a tqdm bar over the steps.
     """
-    if steps < 1 or batch < 1:
-        raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
+    steps, batch, seed = _sizes(steps, batch, seed)
+    device, progress = validate.device("device", device), validate.boolean("progress", progress)
+    validate.number("lr", lr, low=0, low_open=True)
     torch.manual_seed(seed)
     model = deep_tanh_mlp(depth, width).to(device)
     x_all, y_all = make_task(seed=seed)
@@ -152,6 +153,12 @@ def train_run(config: RunConfig, *, steps: int = 150, batch: int = 256, seed: in
     stats.insert(0, "run", config.name)
     result.grad_stats = stats
     return result
+
+
+def _sizes(steps: Any, batch: Any, seed: Any) -> tuple[int, int, int]:
+    """Returns (steps, batch, seed) checked: counts >= 1, a seed >= 0."""
+    return (validate.count("steps", steps), validate.count("batch", batch),
+            validate.count("seed", seed, low=0))
 
 
 def _make_scaler(config: RunConfig, device: str):
@@ -187,6 +194,8 @@ def reference_gradients(*, batch: int = 256, seed: int = 0, device: str = "cpu",
     """Returns [(name, FP32 gradient on the CPU)] of every weight at the first step of
     :func:`train_run` (same initial weights and first batch), computed in FP32 without autocast
     on ``device``."""
+    _, batch, seed = _sizes(1, batch, seed)
+    device = validate.device("device", device)
     torch.manual_seed(seed)
     model = deep_tanh_mlp(depth, width).to(device)
     x_all, y_all = make_task(seed=seed)
@@ -345,8 +354,10 @@ def train_converging(config: RunConfig, *, steps: int = 30, batch: int = 1024, s
     """
     import pandas as pd
 
-    if steps < 1 or batch < 1:
-        raise ValueError(f"steps and batch must be >= 1, got steps={steps}, batch={batch}")
+    steps, batch, seed = _sizes(steps, batch, seed)
+    device, progress = validate.device("device", device), validate.boolean("progress", progress)
+    if lr is not None:
+        validate.number("lr", lr, low=0, low_open=True)
     torch.manual_seed(seed)
     x_all, y_all = (t.to(device) for t in regression_task(seed=seed))
     model = nn.Linear(x_all.shape[1], y_all.shape[1]).to(device)

@@ -8,20 +8,41 @@ writes ``steps = validate.count("steps", steps)``.
 
 Booleans are not numbers here, although Python says ``True == 1``: ``init_scale=True`` is a
 mistake, never a scale of 1.
+
+A refused path raises the ``OSError`` that names its problem (``NotADirectoryError``...) and is
+a ``ValueError`` as well (as ``io.UnsupportedOperation`` is both), so a caller that reports bad
+values with ``except ValueError`` reports a bad path too.
 """
 from __future__ import annotations
 
 import math
 import numbers
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["boolean", "choice", "count", "device", "existing_dir", "existing_file", "number",
-           "output_dir", "output_file"]
+__all__ = ["NotAFile", "NotAFolder", "NotPermitted", "PathNotFound", "boolean", "choice", "count",
+           "device", "existing_dir", "existing_file", "number", "output_dir", "output_file", "text"]
+
+
+class PathNotFound(FileNotFoundError, ValueError):
+    """A path that must exist does not."""
+
+
+class NotAFolder(NotADirectoryError, ValueError):
+    """A path that must be a folder is a file (or lies under one)."""
+
+
+class NotAFile(IsADirectoryError, ValueError):
+    """A path that must be a file is a folder."""
+
+
+class NotPermitted(PermissionError, ValueError):
+    """A path that must be read or written cannot be."""
 
 
 def _shown(value: Any) -> str:
@@ -30,7 +51,8 @@ def _shown(value: Any) -> str:
 
 
 def number(name: str, value: Any, *, low: float | None = None, high: float | None = None,
-           low_open: bool = False, high_open: bool = False, integer: bool = False) -> float | int:
+           low_open: bool = False, high_open: bool = False, integer: bool = False,
+           finite: bool = True) -> float | int:
     """Returns ``value`` if it is a finite real number (not a bool) within the bounds.
 
     Args:
@@ -39,6 +61,8 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
         low_open, high_open: whether the bound itself is excluded (``low=0, low_open=True``
             asks for a positive number).
         integer: the value must be a whole number; it is returned as an ``int``.
+        finite: NaN and the infinities are refused (``False`` takes them: a value whose bits
+            are shown, say); an ``integer`` is always finite.
 
     Raises:
         TypeError: not a real number (a string, a bool, ``None``, a complex number).
@@ -47,12 +71,14 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         kind = "a whole number" if integer else "a number"
         raise TypeError(f"{name} must be {kind}, got {_shown(value)} ({type(value).__name__})")
-    if not math.isfinite(value):
+    if not math.isfinite(value) and (finite or integer):
         raise ValueError(f"{name} must be finite, got {value}")
     if integer:
         if value != int(value):
             raise ValueError(f"{name} must be a whole number, got {value}")
         value = int(value)
+    if math.isnan(value):
+        return value  # finite=False: NaN is taken, and no bound can compare with it
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and (value >= high if high_open else value > high)
     if below or above:
@@ -89,6 +115,20 @@ def choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
     return value
 
 
+def text(name: str, value: Any, *, pattern: str | None = None, like: str = "") -> str:
+    """Returns ``value`` if it is a non-empty string, matching ``pattern`` in full when given.
+
+    ``like`` shows the allowed form in the message (``"'sm_90a'"``); give it with ``pattern``.
+    """
+    shape = f" like {like}" if like else ""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string{shape}, got {_shown(value)} ({type(value).__name__})")
+    if not value or (pattern is not None and re.fullmatch(pattern, value) is None):
+        kind = "a string" if pattern is not None else "a non-empty string"
+        raise ValueError(f"{name} must be {kind}{shape}, got {_shown(value)}")
+    return value
+
+
 def device(name: str, value: Any) -> str:
     """Returns ``value`` as a device name (``"cpu"``, ``"cuda"``, ``"cuda:1"``) if torch can parse it.
 
@@ -118,15 +158,18 @@ def _as_path(name: str, value: Any) -> Path:
     return Path(text).expanduser()
 
 
-def existing_file(name: str, value: Any) -> Path:
-    """Returns ``value`` as a ``Path`` if it names a readable file."""
+def existing_file(name: str, value: Any, *, executable: bool = False) -> Path:
+    """Returns ``value`` as a ``Path`` if it names a readable file (one that may be run, where
+    ``executable``: a compiler, say)."""
     path = _as_path(name, value)
     if not path.exists():
-        raise FileNotFoundError(f"{name}: {path} does not exist")
+        raise PathNotFound(f"{name}: {path} does not exist")
     if not path.is_file():
         raise ValueError(f"{name}: {path} is not a file")
     if not os.access(path, os.R_OK):
-        raise PermissionError(f"{name}: {path} cannot be read")
+        raise NotPermitted(f"{name}: {path} cannot be read")
+    if executable and not os.access(path, os.X_OK):
+        raise NotPermitted(f"{name}: {path} is not executable")
     return path
 
 
@@ -134,11 +177,11 @@ def existing_dir(name: str, value: Any) -> Path:
     """Returns ``value`` as a ``Path`` if it names a readable folder."""
     path = _as_path(name, value)
     if not path.exists():
-        raise FileNotFoundError(f"{name}: {path} does not exist")
+        raise PathNotFound(f"{name}: {path} does not exist")
     if not path.is_dir():
-        raise NotADirectoryError(f"{name}: {path} is a file, not a folder")
+        raise NotAFolder(f"{name}: {path} is a file, not a folder")
     if not os.access(path, os.R_OK | os.X_OK):
-        raise PermissionError(f"{name}: the folder {path} cannot be read")
+        raise NotPermitted(f"{name}: the folder {path} cannot be read")
     return path
 
 
@@ -158,15 +201,15 @@ def output_dir(name: str, value: Any) -> Path:
     path = _as_path(name, value)
     if path.exists():
         if not path.is_dir():
-            raise NotADirectoryError(f"{name}: {path} is a file, not a folder")
+            raise NotAFolder(f"{name}: {path} is a file, not a folder")
         if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(f"{name}: the folder {path} is not writable")
+            raise NotPermitted(f"{name}: the folder {path} is not writable")
         return path
     base = _nearest_existing(path)
     if not base.is_dir():
-        raise NotADirectoryError(f"{name}: {path} cannot be made: {base} is a file, not a folder")
+        raise NotAFolder(f"{name}: {path} cannot be made: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):
-        raise PermissionError(f"{name}: {path} cannot be made: the folder {base} is not writable")
+        raise NotPermitted(f"{name}: {path} cannot be made: the folder {base} is not writable")
     return path
 
 
@@ -175,9 +218,9 @@ def output_file(name: str, value: Any) -> Path:
     path = _as_path(name, value)
     if path.exists():
         if path.is_dir():
-            raise IsADirectoryError(f"{name}: {path} is a folder, not a file")
+            raise NotAFile(f"{name}: {path} is a folder, not a file")
         if not os.access(path, os.W_OK):
-            raise PermissionError(f"{name}: the file {path} is not writable")
+            raise NotPermitted(f"{name}: the file {path} is not writable")
         return path
     output_dir(f"{name}'s folder", path.parent if str(path.parent) else Path("."))
     return path

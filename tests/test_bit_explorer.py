@@ -94,3 +94,10 @@ def test_colours_and_dom_classes():
     assert "fp16lab-hex" in ex.hex_box._dom_classes
     assert "fp16lab-explain" in ex.explanation._dom_classes
     assert "fp16lab-format" in ex.format_dropdown._dom_classes
+
+
+def test_a_start_value_that_is_no_number_is_refused():
+    for bad, error in (("abc", TypeError), (True, TypeError), (None, TypeError)):
+        with pytest.raises(error, match="value must be a number"):
+            BitExplorer("fp16", bad)
+    assert BitExplorer("fp16", float("-inf")).hex_box.value == "0xfc00"

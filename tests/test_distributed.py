@@ -191,21 +191,26 @@ def test_buffer_broadcast_makes_rank1_start_each_forward_with_rank0s_statistics(
 def test_point_rejects_bad_settings_with_what_is_allowed():
     for kwargs, words in [
         (dict(precision="fp16"), "allowed: fp32, amp-fp16, amp-bf16"),
-        (dict(model="vgg"), "known:"),
-        (dict(batch=0), "positive integer"),
+        (dict(model="vgg"), "model must be one of 'small_cnn'"),
+        (dict(batch=0), r"batch \(per GPU\) must be >= 1"),
         (dict(strategy="fsdp", comm_hook="fp16", precision="amp-bf16"), "DDP only"),
         (dict(reduce_dtype="bf16"), "FSDP only"),
         (dict(strategy="fsdp", precision="amp-fp16"), "use ddp for amp-fp16"),
         (dict(model="mlp", layout="channels_last"), "image models only"),
         (dict(fault="raise@2", gpus=2), "R < gpus=2"),
-        (dict(bucket_cap_mb=0), "positive number"),
-        (dict(device="tpu"), "'cuda' or 'cpu'"),
-        (dict(optimizer="adamw"), "one of sgd, sgd-fused"),
+        (dict(bucket_cap_mb=0), "bucket_cap_mb must be > 0"),
+        (dict(device="tpu"), "device must be one of 'cuda', 'cpu'"),
+        (dict(optimizer="adamw"), "one of 'sgd', 'sgd-fused'"),
         (dict(broadcast_buffers="no"), "broadcast_buffers must be True or False, got 'no'"),
         (dict(broadcast_buffers=0), "broadcast_buffers must be True or False, got 0"),
         (dict(broadcast_buffers=None), "broadcast_buffers must be True or False, got None"),
+        (dict(fault="raise"), "fault must be a string like 'raise@R' or 'hang@R'"),
+        (dict(fault=7), "fault must be a string like"),
+        (dict(static_graph=1), "static_graph must be True or False, got 1"),
+        (dict(bucket_cap_mb=float("inf")), "bucket_cap_mb must be finite"),
+        (dict(steps=True), "steps must be a whole number"),
     ]:
-        with pytest.raises(ValueError, match=words):
+        with pytest.raises((TypeError, ValueError), match=words):
             d.DistPoint(**kwargs)
     assert d.DistPoint(model="resnet50").layout == "channels_last"
     assert d.DistPoint(model="transformer_stack").layout == "nchw"

@@ -157,6 +157,14 @@ ALLOWED = {
        "showing the bits of NaN, inf, a negative number and zero is what the explorer is for"
        for v in ("nan", "inf", "-1", "0")},
     ("fp16lab.inputs.augment.flip_draw", "p", "0"): "p=0 never flips, as in torchvision",
+    ("fp16lab.distributed.points.DistPoint", "profile_steps", "0"): "0 profiles no step (the default)",
+    ("fp16lab.distributed.points.DistPoint", "fault", "''"): "'' plants no fault (the default)",
+    ("fp16lab.claims.run.device_slug", "gpu_name", "''"): "no GPU name is the 'cpu' slug",
+    ("fp16lab.claims.run.device_slug", "gpu_name", "'abc'"): "any GPU's name makes a slug",
+    ("fp16lab.inputs.settings.InputSettings", "num_workers", "0"):
+        "0 workers: the dataloader loads in the main process",
+    ("fp16lab.inputs.settings.InputSettings", "cpu_decode_share", "0"):
+        "0 (the default) decodes everything on the GPU",
 }
 
 # ----------------------------------------------------------------------- valid calls, by name
@@ -169,6 +177,8 @@ VALID_BY_NAME = {
     "granularity": "tensorwise", "role": "input", "model_name": "small_cnn", "model": "small_cnn",
     "init_scale": 1024.0, "scale": 1024.0, "cores": 4, "device_index": 0, "threads": 2,
     "depth": 2, "what": "x", "name": "x", "ranks": 2, "gpus": 2, "world_size": 2,
+    "execution": "eager", "claim_id": 1, "gpu_name": "NVIDIA H200",
+    "arch": "sm_90a", "include_dir": ".", "filename": "census.cu",
 }
 
 
@@ -278,44 +288,6 @@ HERE = "owned here, not fixed yet (issue 28): "
 #: fails today (strict: a fix makes it pass, and then its line must go).
 # BEGIN XFAIL
 XFAIL: dict[tuple[str, str], str] = {
-    ('claims.report.claims_folder', 'out_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.report.recorded_claims', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.report.recorded_summary', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.report.recorded_table', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('claims.run.recorded_gpu_result', 'data_dir'): HERE + 'poor message, silent acceptance',
-    ('distributed.points.DistPoint', 'batch'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'bucket_cap_mb'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'fault'): HERE + 'crash, silent acceptance',
-    ('distributed.points.DistPoint', 'gpus'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'gradient_as_bucket_view'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'profile_steps'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'static_graph'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'steps'): HERE + 'silent acceptance',
-    ('distributed.points.DistPoint', 'warmup'): HERE + 'silent acceptance',
-    ('execution.build_step', 'batch'): HERE + 'poor message',
-    ('execution.build_step', 'compile_mode'): HERE + 'poor message',
-    ('execution.build_step', 'device'): HERE + 'silent acceptance',
-    ('execution.build_step', 'fused_optimizer'): HERE + 'silent acceptance',
-    ('execution.build_step', 'model_name'): HERE + 'poor message',
-    ('execution.build_step', 'seed'): HERE + 'crash, poor message, silent acceptance',
-    ('execution.build_step', 'traceable'): HERE + 'silent acceptance',
-    ('execution.make_step', 'compile_mode'): HERE + 'poor message',
-    ('execution.make_step', 'fused_optimizer'): HERE + 'silent acceptance',
-    ('execution.make_step', 'traceable'): HERE + 'silent acceptance',
-    ('execution.make_step', 'warmup'): HERE + 'poor message, silent acceptance',
-    ('inputs.settings.InputSettings', 'backend'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'batch'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'channels_last'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'cpu_decode_share'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'image_size'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'non_blocking'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'normalize_on'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'num_workers'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'pin_memory'): HERE + 'silent acceptance',
-    ('inputs.settings.InputSettings', 'seed'): HERE + 'silent acceptance',
-    ('kernels.compiler.compile_options', 'include_dir'): HERE + 'silent acceptance',
-    ('kernels.cubin.nvcc_flags', 'arch'): HERE + 'crash, silent acceptance',
-    ('kernels.launch.ParamBlock', 'n'): HERE + 'silent acceptance',
     ('measure.provenance.find_result', 'suffix'): SWEEP + 'silent acceptance',
     ('measure.provenance.is_read_only', 'path'): SWEEP + 'silent acceptance',
     ('sweep.spec.SweepSpec', 'images_dir'): SWEEP + 'silent acceptance',
@@ -324,11 +296,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ('telemetry.TelemetrySampler', 'device_index'): SWEEP + 'silent acceptance',
     ('telemetry.TelemetrySampler', 'enabled'): SWEEP + 'silent acceptance',
     ('telemetry.TelemetrySampler', 'interval_s'): SWEEP + 'poor message, silent acceptance',
-    ('training.RunConfig', 'static_scale'): HERE + 'silent acceptance',
-    ('training.reference_gradients', 'batch'): HERE + 'crash, poor message, silent acceptance',
-    ('training.reference_gradients', 'device'): HERE + 'crash',
-    ('training.reference_gradients', 'seed'): HERE + 'crash, poor message',
-    ('widgets.bit_explorer.BitExplorer', 'value'): HERE + 'poor message, silent acceptance',
     ('widgets.sweep_panel.SweepPanel', 'out'): SWEEP + 'silent acceptance',
 }
 # END XFAIL

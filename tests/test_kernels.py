@@ -446,3 +446,19 @@ def test_a_kernel_has_the_same_colour_in_the_ladder_and_the_roofline():
     for k in kernels:
         assert colours[0][k] == colours[1][k], k
     assert len({colours[0][k] for k in kernels}) == len(kernels)  # one colour each
+
+
+def test_build_arguments_are_checked_before_any_compiler_runs(tmp_path):
+    from fp16lab.kernels import compiler, cubin, launch
+
+    assert cubin.nvcc_flags("sm_100a")[0] == "-gencode=arch=compute_100a,code=sm_100a"
+    for bad, error in (("", ValueError), ("90a", ValueError), ("sm_90a;rm", ValueError),
+                       (7, TypeError)):
+        with pytest.raises(error, match="arch must be a string like 'sm_90a'"):
+            cubin.nvcc_flags(bad)
+    assert compiler.compile_options(tmp_path) == ("-std=c++17", f"-I{tmp_path}")
+    with pytest.raises(FileNotFoundError, match="include_dir"):
+        compiler.compile_options(tmp_path / "nope")
+    assert len(launch.ParamBlock(3).values) == 3
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        launch.ParamBlock(0)

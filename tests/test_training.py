@@ -29,6 +29,8 @@ def test_task_is_deterministic_and_balanced_enough():
     (dict(precision="amp-bf16", scaling="static"), "loss scaling is for amp-fp16"),
     (dict(precision="fp16"), "amp-fp16"),
     (dict(scaling="dynamic", precision="amp-fp16", growth_interval=0), "growth_interval"),
+    (dict(scaling="static", precision="amp-fp16", static_scale=0.0), "static_scale must be > 0"),
+    (dict(static_scale=float("nan")), "static_scale must be finite"),
 ])
 def test_run_config_rejects_bad_input(kwargs, words):
     with pytest.raises(ValueError, match=words):
@@ -172,8 +174,14 @@ def test_fp16_without_a_scale_stalls_where_a_dynamic_scale_does_not():
 
 
 def test_train_converging_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="steps and batch must be >= 1"):
+    with pytest.raises(ValueError, match="steps must be >= 1"):
         T.train_converging(T.CONVERGING_RUNS[0], steps=0)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        T.train_run(T.DEFAULT_RUNS[0], batch=0)
+    with pytest.raises(TypeError, match="seed must be a whole number"):
+        T.reference_gradients(seed=True)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        T.train_converging(T.CONVERGING_RUNS[0], lr=-1.0)
 
 
 def test_plot_converging_draws_each_run_and_seed():

@@ -111,3 +111,52 @@ def test_device_names_parse_and_nonsense_is_refused():
                        ("cuda:x", ValueError)):
         with pytest.raises(error, match="device"):
             validate.device("device", bad)
+
+
+def test_number_may_take_nan_and_the_infinities_when_asked():
+    import math
+    assert math.isnan(validate.number("value", float("nan"), finite=False))
+    assert validate.number("value", -float("inf"), finite=False) == -float("inf")
+    with pytest.raises(ValueError, match="value must be <= 1, got inf"):
+        validate.number("value", float("inf"), high=1, finite=False)
+    with pytest.raises(ValueError, match="n must be finite"):  # a whole number is finite
+        validate.number("n", float("inf"), integer=True, finite=False)
+    with pytest.raises(TypeError, match="value must be a number"):
+        validate.number("value", True, finite=False)
+
+
+def test_text_and_its_pattern():
+    assert validate.text("arch", "sm_90a", pattern=r"sm_\d+a?", like="'sm_90a'") == "sm_90a"
+    assert validate.text("title", "any words") == "any words"
+    with pytest.raises(ValueError, match=r"arch must be a string like 'sm_90a', got 'abc'"):
+        validate.text("arch", "abc", pattern=r"sm_\d+a?", like="'sm_90a'")
+    with pytest.raises(ValueError, match="title must be a non-empty string, got ''"):
+        validate.text("title", "")
+    for bad in (7, None, b"sm_90", True):
+        with pytest.raises(TypeError, match="arch must be a string like 'sm_90a'"):
+            validate.text("arch", bad, pattern=r"sm_\d+a?", like="'sm_90a'")
+
+
+def test_a_refused_path_is_a_value_error_too(tmp_path):
+    # a caller that reports bad values with `except ValueError` reports a bad path as well
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    for check, value, oserror in ((validate.existing_dir, f, NotADirectoryError),
+                                  (validate.existing_dir, tmp_path / "nope", FileNotFoundError),
+                                  (validate.existing_file, tmp_path / "nope", FileNotFoundError),
+                                  (validate.output_dir, f / "sub", NotADirectoryError),
+                                  (validate.output_file, tmp_path, IsADirectoryError)):
+        with pytest.raises(oserror) as e:
+            check("where", value)
+        assert isinstance(e.value, ValueError) and "where" in str(e.value)
+    assert issubclass(validate.NotPermitted, PermissionError)
+    assert issubclass(validate.NotPermitted, ValueError)
+
+
+def test_an_executable_file_must_be_one(tmp_path):
+    f = tmp_path / "nvcc"
+    f.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError, match="nvcc: .* is not executable"):
+        validate.existing_file("nvcc", f, executable=True)
+    f.chmod(0o755)
+    assert validate.existing_file("nvcc", f, executable=True) == f

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import device  # the module, not its names: tests replace its functions
+from .. import device, validate  # the module, not its names: tests replace its functions
 from ..measure import check_can_write, describe_source, local_dir, read_result, write_result
 from .core import VERDICTS, Claim
 from .run import _judge_recorded, device_slug, get_claim, recorded_gpu_result, row_measured_at
@@ -144,12 +144,10 @@ def claims_folder(out_dir: Path | None = None) -> Path:
     one), it can be written, and an earlier claims file in it can be read (it is merged with).
 
     Raises:
-        ValueError: naming the path and what is wrong with it.
+        ValueError: naming the path and what is wrong with it (the folder's own problems as
+            :mod:`fp16lab.validate`'s errors, which are OSErrors too).
     """
-    folder = Path(out_dir) if out_dir is not None else local_dir()
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{folder} is a file; --out takes a folder (claims_<device>.md and "
-                         f".json are written in it)")
+    folder = validate.output_dir("out_dir", out_dir) if out_dir is not None else local_dir()
     slug = device_slug(device.device_info().gpu_name)
     for f in (folder / f"claims_{slug}.json", folder / f"claims_{slug}.md"):
         check_can_write(f)
@@ -167,7 +165,7 @@ def _earlier_claims(path: Path, checked_now: set[int]) -> list[Claim]:
     for i, row in enumerate(rows):
         try:
             c = get_claim(row["id"])
-        except ValueError as e:
+        except (TypeError, ValueError) as e:  # a number that names no claim, or no number
             raise ValueError(f"{path}: row {i}: {e}") from None
         if c.id not in checked_now:
             out.append(replace(c, figures=row.get("figures") or {}, verdict=row["verdict"],

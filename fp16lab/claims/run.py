@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import device  # the module, not its names: tests replace its functions
+from .. import device, validate  # the module, not its names: tests replace its functions
 from ..measure import data_dir as committed_dir, describe_source, local_dir, read_result
 from . import autocast, gemm, scaling, training
 from .core import RECORDED_GPU_RESULT, UNTESTABLE, Claim, Figures, Judgement
@@ -24,6 +24,7 @@ CLAIMS: tuple[Claim, ...] = (gemm.CLAIM_1, training.CLAIM_2, training.CLAIM_3, t
 
 def get_claim(claim_id: int) -> Claim:
     """Returns the unchecked claim with this number."""
+    validate.count("claim_id", claim_id)
     for c in CLAIMS:
         if c.id == claim_id:
             return c
@@ -32,9 +33,9 @@ def get_claim(claim_id: int) -> Claim:
 
 def device_slug(gpu_name: str | None) -> str:
     """Returns a short file-name slug for a device: ``NVIDIA H200`` -> ``h200``, None -> ``cpu``."""
-    if not gpu_name:
+    if gpu_name is None or gpu_name == "":
         return "cpu"
-    s = re.sub(r"^nvidia\s+", "", gpu_name.strip().lower())
+    s = re.sub(r"^nvidia\s+", "", validate.text("gpu_name", gpu_name).strip().lower())
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "gpu"
 
@@ -42,9 +43,11 @@ def device_slug(gpu_name: str | None) -> str:
 def recorded_gpu_result(data_dir: Path | None = None) -> dict[str, Any] | None:
     """Returns the recorded GPU claims run (``claims_h200`` first, else any GPU one), or None.
 
-    Without ``data_dir``, this machine's results folder is searched before the committed one.
+    Without ``data_dir``, this machine's results folder is searched before the committed one;
+    a ``data_dir`` given must be a folder that exists.
     """
-    folders = [Path(data_dir)] if data_dir is not None else [local_dir(), committed_dir()]
+    folders = ([validate.existing_dir("data_dir", data_dir)] if data_dir is not None
+               else [local_dir(), committed_dir()])
     candidates = [f / f"{RECORDED_GPU_RESULT}.json" for f in folders]
     for f in folders:
         candidates += sorted(p for p in f.glob("claims_*.json") if p not in candidates)
@@ -71,6 +74,14 @@ def _judge_recorded(c: Claim, figures: Figures) -> Judgement:
                             f"re-run `fp16lab bench claims` on the GPU")
 
 
+def _check_run(quick: Any, data_dir: Any) -> None:
+    """Raises unless ``quick`` is None, True or False and ``data_dir`` None or a folder."""
+    if quick is not None:
+        validate.boolean("quick", quick)
+    if data_dir is not None:
+        validate.existing_dir("data_dir", data_dir)
+
+
 def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | None = None,
           recorded: dict[str, Any] | None = None) -> Claim:
     """Returns the claim checked: its figures, verdict, reason and source filled in.
@@ -86,6 +97,7 @@ def check(claim: int | Claim, *, quick: bool | None = None, data_dir: Path | Non
         recorded: an already loaded recorded run (saves re-reading it for every claim).
     """
     c = get_claim(claim) if isinstance(claim, int) else claim
+    _check_run(quick, data_dir)
     gpu = device.has_gpu()
     quick = (not gpu) if quick is None else quick
     if c.needs_gpu and not gpu:
@@ -121,6 +133,8 @@ def check_all(ids: Iterable[int] | None = None, *, quick: bool | None = None,
               data_dir: Path | None = None, progress: bool = False) -> list[Claim]:
     """Returns every claim (or those in ``ids``) checked, in order."""
     chosen = [get_claim(i) for i in ids] if ids is not None else list(CLAIMS)
+    _check_run(quick, data_dir)
+    validate.boolean("progress", progress)
     rec = recorded_gpu_result(data_dir)
     out = []
     for c in chosen:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .. import validate
 from ..models import MODELS, is_image_model
 from ..recipes import OPTIMIZERS, check_precision, precisions
 
@@ -91,19 +92,19 @@ class DistPoint:
             if not ok:
                 raise ValueError(message)
 
-        check(self.model in DIST_MODELS, f"unknown model {self.model!r}; known: {', '.join(DIST_MODELS)}")
-        check(isinstance(self.batch, int) and self.batch >= 1,
-              f"batch (per GPU) must be a positive integer, got {self.batch!r}")
+        def keep(name: str, value: Any) -> None:  # the checked value (an int for a count)
+            object.__setattr__(self, name, value)
+
+        validate.choice("model", self.model, DIST_MODELS)
+        keep("batch", validate.count("batch (per GPU)", self.batch))
         # fp32 changed only by autocast: the ranks run with TF32 off, and FSDP takes autocast's
         # dtype as its parameter dtype (fp32, amp-fp16, amp-bf16)
         check_precision(self.precision, precisions(autocast_recipe=True), where="across GPUs")
-        check(self.optimizer in OPTIMIZERS,
-              f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        check(isinstance(self.gpus, int) and self.gpus >= 1, f"gpus must be a positive integer, got {self.gpus!r}")
-        check(self.strategy in STRATEGIES, f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        check(self.comm_hook in COMM_HOOKS, f"comm_hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}")
-        check(self.reduce_dtype in REDUCE_DTYPES,
-              f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
+        validate.choice("optimizer", self.optimizer, OPTIMIZERS)
+        keep("gpus", validate.count("gpus", self.gpus))
+        validate.choice("strategy", self.strategy, STRATEGIES)
+        validate.choice("comm_hook", self.comm_hook, COMM_HOOKS)
+        validate.choice("reduce_dtype", self.reduce_dtype, REDUCE_DTYPES)
         check(self.strategy == "ddp" or self.comm_hook == "none",
               "comm_hook applies to DDP only; FSDP sets its gradient precision with reduce_dtype")
         check(self.strategy == "fsdp" or self.reduce_dtype == "fp32",
@@ -112,23 +113,22 @@ class DistPoint:
         # shard of the gradients, a case this package does not measure or check.
         check(not (self.strategy == "fsdp" and self.precision == "amp-fp16"),
               "strategy 'fsdp' is offered with fp32 and amp-bf16 (no loss scaler); use ddp for amp-fp16")
-        check(isinstance(self.bucket_cap_mb, (int, float)) and self.bucket_cap_mb > 0,
-              f"bucket_cap_mb must be a positive number, got {self.bucket_cap_mb!r}")
-        check(isinstance(self.broadcast_buffers, bool),
-              f"broadcast_buffers must be True or False, got {self.broadcast_buffers!r}")
-        check(self.device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', got {self.device!r}")
+        validate.number("bucket_cap_mb", self.bucket_cap_mb, low=0, low_open=True)
+        for name in ("gradient_as_bucket_view", "static_graph", "broadcast_buffers"):
+            keep(name, validate.boolean(name, getattr(self, name)))
+        validate.choice("device", self.device, ("cuda", "cpu"))
         image = self.model != "transformer_stack" and is_image_model(self.model)
         if self.layout is None:
-            object.__setattr__(self, "layout", "channels_last" if image else "nchw")
-        check(self.layout in ("nchw", "channels_last"), f"layout must be 'nchw' or 'channels_last', got {self.layout!r}")
+            keep("layout", "channels_last" if image else "nchw")
+        validate.choice("layout", self.layout, ("nchw", "channels_last"))
         check(image or self.layout == "nchw", f"layout 'channels_last' applies to image models only, not {self.model!r}")
-        for name in ("warmup", "steps", "profile_steps"):
-            value = getattr(self, name)
-            check(isinstance(value, int) and value >= (1 if name == "steps" else 0),
-                  f"{name} must be an integer >= {1 if name == 'steps' else 0}, got {value!r}")
-        if self.fault:
-            kind, _, rank = self.fault.partition("@")
-            check(kind in FAULTS and rank.isdigit() and int(rank) < self.gpus,
+        keep("warmup", validate.count("warmup", self.warmup, low=0))
+        keep("steps", validate.count("steps", self.steps))
+        keep("profile_steps", validate.count("profile_steps", self.profile_steps, low=0))
+        if self.fault != "":
+            validate.text("fault", self.fault, pattern=rf"({'|'.join(FAULTS)})@\d+",
+                          like="'raise@R' or 'hang@R' (or '', no fault)")
+            check(int(self.fault.partition("@")[2]) < self.gpus,
                   f"fault must be '', 'raise@R' or 'hang@R' with R < gpus={self.gpus}, got {self.fault!r}")
 
     def settings(self) -> dict[str, Any]:

@@ -23,8 +23,8 @@ The backend modules import without their optional heavy dependencies (torchvisio
 nvImageCodec, DALI): each imports its own inside the function that builds or checks it, so a
 backend that cannot run here costs nothing until it is asked for.
 
-:func:`make_input` checks everything it is given (backend, batch, folder, options) before any
-work starts. A file that cannot be decoded raises :class:`fp16lab.inputs.CorruptImageError`
+:class:`InputSettings` checks its fields as it is made; :func:`make_input` checks the folder
+and the device against them before any work starts. A file that cannot be decoded raises :class:`fp16lab.inputs.CorruptImageError`
 naming the file, from the batch that meets it.
 """
 
@@ -40,7 +40,7 @@ from .dataloader import dataloader_pipeline
 from .dataset import scan_image_folder
 from .gpu_decode import gpu_decode_pipeline, gpu_decode_unavailable
 from .hw_decode import hw_decode_pipeline, hw_decode_unavailable
-from .settings import CPU_SHARE_BACKENDS, READER_THREAD_BACKENDS, InputPipeline, InputSettings
+from .settings import InputPipeline, InputSettings
 from .synthetic import synthetic_pipeline
 
 __all__ = ["BACKENDS", "REGISTRY", "Backend", "make_input", "unavailable_reason"]
@@ -87,45 +87,20 @@ BACKENDS = {name: backend.description for name, backend in REGISTRY.items()}
 def unavailable_reason(backend: str, device: str) -> str | None:
     """Returns why ``backend`` cannot run on ``device`` here, or None when it can."""
     device = validate.device("device", device)
-    if backend not in REGISTRY:
-        raise ValueError(f"unknown input backend {backend!r}; known: {', '.join(BACKENDS)}")
+    validate.choice("backend", backend, REGISTRY)
     check = REGISTRY[backend].unavailable
     return None if check is None else check(device)
 
 
 def _check(settings: InputSettings, root: str | Path | None, device: str) -> None:
+    """Raises unless the folder and the device suit ``settings`` (checked as they were made)."""
     s = settings
-    problems = []
-    if s.backend not in BACKENDS:
-        problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {s.backend!r}")
-    for name, low in (("batch", 1), ("image_size", 8), ("seed", 0)):
-        value = getattr(s, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{name} must be an integer >= {low}, got {value!r}")
-    w = s.num_workers
-    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
-        problems.append(f"num_workers must be None (75% of the cores) or an integer >= 0, got {w!r}")
-    if w == 0 and s.backend in READER_THREAD_BACKENDS:
-        problems.append(f"{s.backend} needs num_workers >= 1 (its reader threads), got 0")
-    for name in ("pin_memory", "non_blocking", "channels_last"):
-        if not isinstance(getattr(s, name), bool):
-            problems.append(f"{name} must be True or False, got {getattr(s, name)!r}")
-    if s.normalize_on not in ("cpu", "gpu"):
-        problems.append(f"normalize_on must be 'cpu' or 'gpu', got {s.normalize_on!r}")
-    share = s.cpu_decode_share
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
-        problems.append(f"cpu_decode_share must be a number in [0, 1), got {share!r}")
-    elif share and s.backend not in CPU_SHARE_BACKENDS:
-        problems.append(f"cpu_decode_share applies to the {' and '.join(CPU_SHARE_BACKENDS)} "
-                        f"backends only, not {s.backend!r}")
-    if problems:
-        raise ValueError("bad input settings: " + "; ".join(problems))
     if not REGISTRY[s.backend].reads_files:
         return
     if root is None:
         raise ValueError(f"the {s.backend} backend reads image files: pass root= an image folder "
                          "(fp16lab.inputs.make_image_folder makes one)")
-    files, _, _ = scan_image_folder(root)
+    files, _, _ = scan_image_folder(validate.existing_dir("root", root))
     if len(files) < s.batch:
         raise ValueError(f"image folder {root} has {len(files)} images, fewer than one batch of "
                          f"{s.batch}; make more images or use a smaller batch")
@@ -142,6 +117,10 @@ def make_input(settings: InputSettings, root: str | Path | None = None, *,
     from the class folders). Raises ValueError, FileNotFoundError or RuntimeError, before any
     work starts, when a setting, the folder or the backend is not usable here.
     """
+    if not isinstance(settings, InputSettings):
+        raise TypeError(f"settings must be an InputSettings, got {type(settings).__name__}")
+    device = validate.device("device", device)
+    num_classes = validate.count("num_classes", num_classes)
     _check(settings, root, device)
     backend = REGISTRY[settings.backend]
     if backend.reads_files:

@@ -15,8 +15,12 @@ import torch
 
 from fp16lab import validate
 
-__all__ = ["CPU_SHARE_BACKENDS", "READER_THREAD_BACKENDS", "WORKER_SHARE", "InputPipeline",
-           "InputSettings", "cpu_cores", "default_workers"]
+__all__ = ["BACKEND_NAMES", "CPU_SHARE_BACKENDS", "READER_THREAD_BACKENDS", "WORKER_SHARE",
+           "InputPipeline", "InputSettings", "cpu_cores", "default_workers"]
+
+#: The input backends' names, in the order :data:`fp16lab.inputs.REGISTRY` describes and builds
+#: them (the registry imports this module, so the names that settings are checked against live here).
+BACKEND_NAMES = ("synthetic", "dataloader", "gpu-decode", "hw-decode", "dali")
 
 #: The backends built on gpu-decode's pipeline, whose reader threads can decode a share of each
 #: batch on the CPU (``InputSettings.cpu_decode_share``).
@@ -45,8 +49,8 @@ def default_workers(cores: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class InputSettings:
-    """How to build one input pipeline. Every field is checked by
-    :func:`fp16lab.inputs.make_input`.
+    """How to build one input pipeline. Every field is checked as the settings are made;
+    :func:`fp16lab.inputs.make_input` checks what depends on the folder and the device.
 
     Attributes:
         backend: one of ``fp16lab.inputs.BACKENDS``.
@@ -78,6 +82,27 @@ class InputSettings:
     normalize_on: str = "cpu"
     seed: int = 0
     cpu_decode_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        def keep(name: str, value: Any) -> None:  # the checked value (an int for a count)
+            object.__setattr__(self, name, value)
+
+        validate.choice("backend", self.backend, BACKEND_NAMES)
+        keep("batch", validate.count("batch", self.batch))
+        keep("image_size", validate.count("image_size", self.image_size, low=8))
+        if self.num_workers is not None:
+            keep("num_workers", validate.count("num_workers", self.num_workers, low=0))
+            if self.num_workers == 0 and self.backend in READER_THREAD_BACKENDS:
+                raise ValueError(f"{self.backend} needs num_workers >= 1 (its reader threads), got 0")
+        for name in ("pin_memory", "non_blocking", "channels_last"):
+            keep(name, validate.boolean(name, getattr(self, name)))
+        validate.choice("normalize_on", self.normalize_on, ("cpu", "gpu"))
+        keep("seed", validate.count("seed", self.seed, low=0))
+        share = validate.number("cpu_decode_share", self.cpu_decode_share, low=0, high=1,
+                                high_open=True)
+        if share and self.backend not in CPU_SHARE_BACKENDS:
+            raise ValueError(f"cpu_decode_share applies to the {' and '.join(CPU_SHARE_BACKENDS)} "
+                             f"backends only, not {self.backend!r}")
 
     def resolved_workers(self) -> int:
         """Returns the worker count this pipeline uses."""

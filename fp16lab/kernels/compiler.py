@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import validate
 from .launch import cupy_or_none
 
 #: Directory that holds the ``.cu`` sources.
@@ -117,16 +118,21 @@ def available() -> tuple[bool, str]:
 
 def source_path(filename: str) -> Path:
     """Returns the path of one of the package's ``.cu`` files."""
-    p = SOURCE_DIR / filename
+    p = SOURCE_DIR / validate.text("filename", filename)
     if not p.is_file():
         known = ", ".join(sorted(x.name for x in SOURCE_DIR.glob("*.cu")))
-        raise FileNotFoundError(f"no kernel source {filename!r}; the package has: {known}")
+        raise FileNotFoundError(f"no kernel source {filename!r} (filename); the package has: {known}")
     return p
 
 
 def compile_options(include_dir: Path | None) -> tuple[str, ...]:
-    """Returns the NVRTC options used for every module (CuPy adds ``-arch`` itself)."""
-    return ("-std=c++17",) + ((f"-I{include_dir}",) if include_dir is not None else ())
+    """Returns the NVRTC options used for every module (CuPy adds ``-arch`` itself).
+
+    ``include_dir``, where given, must be an existing folder (:func:`find_cuda_include`'s).
+    """
+    if include_dir is None:
+        return ("-std=c++17",)
+    return ("-std=c++17", f"-I{validate.existing_dir('include_dir', include_dir)}")
 
 
 @functools.lru_cache(maxsize=None)

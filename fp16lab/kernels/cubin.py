@@ -19,10 +19,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import validate
 from .compiler import KernelUnavailable, require_cupy, source_path
 
 #: The architecture-specific Hopper target that wgmma and setmaxnreg need.
 HOPPER_ARCH = "sm_90a"
+
+#: What an nvcc target looks like: sm_ and the compute capability, with 'a' (architecture-
+#: specific) or 'f' (family) after it where the kernel needs such instructions.
+ARCH_PATTERN = r"sm_[1-9][0-9]+[af]?"
 
 
 def cache_dir() -> Path:
@@ -66,6 +71,7 @@ def require_nvcc() -> Path:
 
 def nvcc_flags(arch: str = HOPPER_ARCH, defines: dict[str, int] | None = None) -> list[str]:
     """Returns the nvcc flags for one cubin: the target, C++17, ptxas's report and the defines."""
+    validate.text("arch", arch, pattern=ARCH_PATTERN, like="'sm_90a' or 'sm_100'")
     number = arch.removeprefix("sm_")
     return ([f"-gencode=arch=compute_{number},code={arch}", "-cubin", "-std=c++17", "-Xptxas", "-v"]
             + [f"-D{k}={v}" for k, v in sorted((defines or {}).items())])
@@ -82,7 +88,7 @@ def cubin_path(filename: str, defines: dict[str, int] | None = None, arch: str =
 
     The name holds a hash of the source text, the flags and nvcc's version string.
     """
-    nvcc = nvcc or require_nvcc()
+    nvcc = require_nvcc() if nvcc is None else validate.existing_file("nvcc", nvcc, executable=True)
     h = hashlib.sha256()
     h.update(source_path(filename).read_bytes())
     h.update("\0".join(nvcc_flags(arch, defines)).encode())

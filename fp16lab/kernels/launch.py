@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import validate
+
 _CUPY: list = []  # [cupy module or None], filled on first use
 _STREAMS: dict[tuple[int, int], Any] = {}
 
@@ -77,6 +79,7 @@ class ParamBlock:
     def __init__(self, n: int):
         import numpy as np
 
+        n = validate.count("n", n)
         self.values = np.zeros(n, dtype=np.uint64)
         self.addresses = (np.arange(n, dtype=np.uint64) * np.uint64(8)
                           + np.uint64(self.values.__array_interface__["data"][0]))

@@ -14,7 +14,7 @@ import html
 
 import ipywidgets as w
 
-from .. import bits
+from .. import bits, validate
 from ..formats import FORMATS, FormatInfo, format_info
 
 #: Button colour per field, as ipywidgets 8 button styles (a ToggleButton has no free colour):
@@ -34,7 +34,8 @@ class BitExplorer(w.VBox):
 
     Args:
         fmt: the format to start with ("fp16", "bf16", "e4m3", ...).
-        value: the number to start with (rounded into the format).
+        value: the number to start with (rounded into the format); NaN and the infinities
+            too, but not a string or a bool.
 
     Attributes:
         code: the current code (an int).
@@ -43,7 +44,7 @@ class BitExplorer(w.VBox):
 
     def __init__(self, fmt: str = "fp16", value: float = 1.0, **kwargs):
         self.fmt = format_info(fmt)
-        self.code = bits.encode(float(value), self.fmt)
+        self.code = bits.encode(float(validate.number("value", value, finite=False)), self.fmt)
         self._busy = False
         self.format_dropdown = w.Dropdown(options=list(FORMATS), value=self.fmt.name,
                                           description="format", tooltip="number format")
