@@ -91,6 +91,7 @@ LONG_DIGITS_ALLOWED = {
     ("01_fp16_bits", "013a36cd"): "the digits a weight keeps after 1000 updates in each format",
     ("01_fp16_bits", "75f9c9d4"): "fp16 against bf16: which digits of 0.1 and 1/3 survive",
     ("01_fp16_bits", "95222510"): "hex codes decoded to their exact values",
+    ("08_beyond_one_gpu", "6fa83395"): "what each comm hook's wire format makes of the same values",
     # not a lesson: sweep.format_report prints step ms with 2 decimals, 6 digits for a CPU step
     # over a second; to go once fp16lab/sweep/report.py rounds them
     ("04_interactive_sweeps", "9791b88a"): "CPU step times in ms from format_report",

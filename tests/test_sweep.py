@@ -684,3 +684,11 @@ def test_file_inputs_get_their_image_folder_written_before_any_point(monkeypatch
                 images_dir=str(tmp_path / "images"), images=6)
     sweep.run_sweep(spec)
     assert made == [(tmp_path / "images", 6), tmp_path / "images"] and len(calls) == 1
+
+
+def test_the_gpu_protocol_reads_as_a_sentence():
+    from fp16lab.sweep import GPU_PROTOCOL, Protocol
+    assert str(GPU_PROTOCOL) == (f"{GPU_PROTOCOL.warmup} warm-up steps, then {GPU_PROTOCOL.steps} "
+                                 "timed steps, cuDNN autotuning (cudnn.benchmark) on")
+    assert str(Protocol(cudnn_benchmark=False, warmup=0, steps=3)).endswith("off")
+    assert str(Protocol(cudnn_benchmark=False, warmup=0, steps=3)).startswith("0 warm-up steps, then 3 timed")

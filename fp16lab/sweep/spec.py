@@ -45,6 +45,10 @@ class Protocol:
     warmup: int
     steps: int
 
+    def __str__(self) -> str:
+        return (f"{self.warmup} warm-up steps, then {self.steps} timed steps, cuDNN autotuning "
+                f"(cudnn.benchmark) {'on' if self.cudnn_benchmark else 'off'}")
+
 
 #: The one GPU measurement protocol, written once: the reference sweep, the GPU grid of
 #: :meth:`SweepSpec.for_this_machine` and notebook 05's training claims all measure this way, so
