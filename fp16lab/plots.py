@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from . import validate
 from .bits import ulp
 from .census import CensusResult, census
 from .formats import format_info
@@ -112,6 +113,8 @@ def plot_ulp(formats: Iterable[str] = ("fp16", "bf16"), ax=None, *, points: int 
     range and rising through the subnormals, where precision is lost. The x range defaults to
     the first format's range (``xlim`` overrides it).
     """
+    points = validate.count("points", points, low=2)
+    validate.boolean("relative", relative)
     ax = _axes(ax)
     formats = tuple(formats)
     if xlim is None and formats:

@@ -112,6 +112,9 @@ def scheduler_warning_demo(device: str = "cpu", steps: int = 40, seed: int = 0) 
         dict run -> {"scheduler_warning": text or None, "collapse_warning": text or None,
         "skipped": list of skipped step indices, "history": DataFrame, **classify_skips(...)}.
     """
+    device = validate.device("device", device)
+    steps = validate.count("steps", steps)
+    seed = validate.count("seed", seed, low=0)
     out = {}
     for run, x_level, init_scale in (("warm-up", 1.0, 2.0**24), ("broken", 1e5, 2.0**16)):
         torch.manual_seed(seed)

@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import validate
 from ..recipes import PRECISIONS, check_precision, make_train_step, precisions
-from .linear import convert_to_fp8, scaled_mm_available
+from .linear import BACKENDS, convert_to_fp8, scaled_mm_available
 
 __all__ = ["CURVE_PRECISIONS", "GPTConfig", "TinyGPT", "compile_blocks", "make_batch",
            "make_fp8_step", "train_curve"]
@@ -199,10 +199,17 @@ def train_curve(precision: str, cfg: GPTConfig = GPTConfig(), *, steps: int = 40
     include the compile time, so give it a ``warmup``.
     """
     check_precision(precision, CURVE_PRECISIONS, where="by train_curve")
-    if not isinstance(steps, int) or steps < 1 or not isinstance(warmup, int) or not 0 <= warmup < steps:
-        raise ValueError(f"need steps >= 1 and 0 <= warmup < steps, got steps={steps!r}, "
-                         f"warmup={warmup!r}")
-    device = torch.device(device)
+    steps = validate.count("steps", steps)
+    warmup = validate.count("warmup", warmup, low=0, high=steps - 1)
+    seed = validate.count("seed", seed, low=0)
+    validate.choice("backend", backend, BACKENDS)
+    history_len = validate.count("history_len", history_len)
+    margin = validate.count("margin", margin, low=0)
+    if autocast is not None:
+        validate.boolean("autocast", autocast)
+    lr = validate.number("lr", lr, low=0, low_open=True)
+    validate.boolean("compile", compile)
+    device = torch.device(validate.device("device", device))
     torch.manual_seed(seed)
     model = TinyGPT(cfg).to(device)
     batches = [make_batch(cfg, i, seed=seed, device=device) for i in range(min(steps, 64))]

@@ -27,6 +27,7 @@ import math
 import ipywidgets as w
 import numpy as np
 
+from .. import validate
 from ..scaling import DynamicLossScaler, ScaleCollapseWarning
 
 FP16_OVERFLOW_AT = 65520.0
@@ -51,12 +52,12 @@ class ScalerPlayground(w.VBox):
 
     def __init__(self, steps: int = 600, grad_log2_max: float = -4.0, noise: float = 0.5,
                  seed: int = 0, spread: float = 10.0, n_values: int = 2048, **kwargs):
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
-        if n_values < 1:
-            raise ValueError(f"n_values must be >= 1, got {n_values}")
-        if not spread >= 0:
-            raise ValueError(f"spread must be >= 0 (binades), got {spread}")
+        steps = validate.count("steps", steps)
+        n_values = validate.count("n_values", n_values)
+        spread = validate.number("spread", spread, low=0)  # in binades
+        grad_log2_max = validate.number("grad_log2_max", grad_log2_max)
+        noise = validate.number("noise", noise, low=0)
+        seed = validate.count("seed", seed, low=0)
         self.steps = steps
         rng = np.random.default_rng(seed)
         self._log2_gmax = grad_log2_max + noise * rng.standard_normal(steps)
