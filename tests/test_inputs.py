@@ -547,14 +547,14 @@ def test_train_step_fp32_is_one_sgd_step_with_momentum():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
     ref = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
     x, y = torch.randn(5, 3, 8, 8), torch.randint(0, 10, (5,))
-    make_train_step(model, "fp32", "cpu")(x, y)
+    make_train_step("fp32", model, device="cpu")(x, y)
     h = torch.nn.functional.conv2d(x, ref[0], ref[1]).flatten(1)
     loss = torch.nn.functional.cross_entropy(h @ ref[2].T + ref[3], y)
     grads = torch.autograd.grad(loss, ref)
     for p, r, g in zip(model.parameters(), ref, grads):
         torch.testing.assert_close(p.detach(), r.detach() - 0.01 * g, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
-        make_train_step(model, "fp8", "cpu")
+        make_train_step("fp8", model, device="cpu")
 
 
 def test_train_step_takes_the_fused_optimizer_and_refuses_unknown_ones(folder):
@@ -564,14 +564,15 @@ def test_train_step_takes_the_fused_optimizer_and_refuses_unknown_ones(folder):
     b = torch.nn.Linear(6, 3)
     b.load_state_dict(a.state_dict())
     x, y = torch.randn(4, 6), torch.tensor([0, 1, 2, 0])
-    plain, fused = make_train_step(a, "fp32", "cpu"), make_train_step(b, "fp32", "cpu", "sgd-fused")
+    plain, fused = (make_train_step("fp32", a, device="cpu"),
+                    make_train_step("fp32", b, device="cpu", optimizer="sgd-fused"))
     assert fused.optimizer.defaults["fused"] is True and not plain.optimizer.defaults["fused"]
     for _ in range(2):  # the second step uses the momentum buffers
         plain(x, y), fused(x, y)
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="unknown optimizer 'adam'; known: sgd, sgd-fused"):
-        make_train_step(a, "fp32", "cpu", "adam")
+        make_train_step("fp32", a, device="cpu", optimizer="adam")
     with pytest.raises(ValueError, match="unknown optimizer 'adam'"):  # before any work starts
         measure_training("small_cnn", "fp32", InputSettings("dataloader", batch=4, image_size=32),
                          folder, device="cpu", optimizer="adam")

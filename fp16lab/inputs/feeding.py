@@ -86,9 +86,11 @@ class ProcessCpu:
         return {"cpu_cores_busy": busy, "cpu_util_pct": 100 * busy / cpu_cores()}
 
 
-def make_train_step(model: torch.nn.Module, precision: str, device: str,
+def make_train_step(precision: str, model: torch.nn.Module, *, device: str,
                     optimizer: str = "sgd") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Returns ``step(x, y) -> loss``: one SGD training step of ``model`` in ``precision``.
+
+    The arguments come in the order of :func:`fp16lab.recipes.make_train_step`, whose step it is.
 
     The model must already be on ``device`` in the layout the batches will have. The step is
     :func:`fp16lab.recipes.make_train_step`'s, fed a new batch at every call; ``optimizer`` is
@@ -128,7 +130,7 @@ def make_input_train_step(model_name: str, precision: str, settings: InputSettin
         model = build_model(model_name).to(device)
         if settings.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        train = make_train_step(model, precision, device, optimizer)
+        train = make_train_step(precision, model, device=device, optimizer=optimizer)
     except BaseException:
         pipeline.close()
         raise
