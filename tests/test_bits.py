@@ -869,3 +869,13 @@ def test_decode_reads_uint8_tensors_of_fp8_codes_like_ml_dtypes():
         want = codes.view(dt).astype(np.float64)
         got = bits.decode(torch.from_numpy(codes), name)
         np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_an_explanation_shows_its_text_in_a_notebook_not_its_fields():
+    from IPython.lib.pretty import pretty
+
+    from fp16lab.bits import explain
+
+    e = explain(1.0, "fp16")
+    assert pretty(e) == str(e)
+    assert "Explanation(" not in pretty(e)

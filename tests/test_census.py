@@ -563,3 +563,13 @@ def test_census_model_empty_kinds_message_in_full():
     with pytest.raises(ValueError) as info:
         census_model(torch.nn.Linear(2, 2), torch.randn(1, 2), kinds=[])
     assert str(info.value) == "kinds is empty; allowed: weight, activation, gradient"
+
+
+def test_a_census_shows_its_sentence_in_a_notebook_not_its_fields():
+    from IPython.lib.pretty import pretty
+
+    from fp16lab.census import census
+
+    result = census(np.array([0.0, 1e-9, 1.0, 7e4], dtype=np.float32), "fp16")
+    assert pretty(result) == str(result)
+    assert "CensusResult(" not in pretty(result)
