@@ -189,7 +189,7 @@ def test_a_read_only_results_file_is_not_replaced(tmp_path, results_file, monkey
 
 
 @pytest.mark.parametrize("prepare, words", [
-    (lambda p: p.write_text("a file\n"), ["is a file", "takes a folder"]),
+    (lambda p: p.write_text("a file\n"), ["is a file", "not a folder"]),
     (lambda p: (p.mkdir(), p.chmod(0o555)), ["read-only"]),
     (lambda p: (p.mkdir(), (p / f"claims_{device_slug(device_info().gpu_name)}.json")
                 .write_text('{"meta": {')), ["not valid JSON"]),

@@ -165,11 +165,11 @@ def read_result(name_or_path: str | Path, *, data_dir: Path | None = None,
         raise ValueError(f"{p}: 'meta' must be an object, got {type(meta).__name__}")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{p}: 'rows' must be a list of objects")
+    for field in (*PROVENANCE_FIELDS, *meta_needs):  # where and when first: it names the run
+        _lookup(meta, field, p)
     if not rows and not allow_empty:
         raise ValueError(f"{p}: holds no measured rows (a run that measured nothing, or cut "
                          f"short?); measure it again or restore the file")
-    for field in (*PROVENANCE_FIELDS, *meta_needs):
-        _lookup(meta, field, p)
     for i, row in enumerate(rows):
         missing = [f for f in rows_need if f not in row]
         if missing:
