@@ -95,13 +95,13 @@ def test_check_execution_refuses_with_what_is_allowed_word_for_word():
     check = execution.check_execution
     cases = [
         (dict(execution="jit", device="cpu"),
-         "unknown execution 'jit'; allowed: eager, cuda-graph, compile"),
+         "execution must be one of 'eager', 'cuda-graph', 'compile'; got 'jit'"),
         (dict(execution="cuda-graph", device="cuda", fused_optimizer=False),
          "execution 'cuda-graph' needs fused_optimizer=True (or None): a foreach SGD under "
          "GradScaler reads found_inf on the host, which capture forbids"),
-        (dict(execution="eager", device="tpu"), "device must be 'cpu' or 'cuda', got 'tpu'"),
+        (dict(execution="eager", device="tpu"), "device must be one of 'cpu', 'cuda'; got 'tpu'"),
         (dict(execution="compile", device="cpu", compile_mode="fast"),
-         "unknown compile mode 'fast'; allowed: default, reduce-overhead, max-autotune-no-cudagraphs"),
+         "compile_mode must be one of 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs'; got 'fast'"),
         (dict(execution="compile", device="cpu", compile_mode="reduce-overhead"),
          "compile mode 'reduce-overhead' replays CUDA graphs and needs a CUDA device; on a CPU use "
          "'default'"),
