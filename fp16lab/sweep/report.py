@@ -255,7 +255,8 @@ def engine_check(name: str = "sweep_engine_vs_loop") -> str:
     try:
         r = read_result(name, meta_needs=[f"summary.{k}" for k in (
             "model", "batch", "layout", "precision", "repeats", "steps", "repeat_spread",
-            "bare_ms", "engine_ms", "engine_vs_bare", "telemetry_overhead")])
+            "bare_ms", "engine_ms", "engine_vs_bare", "telemetry_overhead")],
+                        allow_empty=True)  # the findings are the meta's summary, not its rows
     except FileNotFoundError:
         return (f"{name}.json is not in the data folder yet: run `fp16lab bench "
                 f"sweep_engine_vs_loop` on a GPU to make it")
