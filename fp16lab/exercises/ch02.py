@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ..scaling import replay_with_gradscaler, simulate_dynamic
 from ..training import reference_gradients
 from .core import Exercise, Wrong, expect_power_of_two
+from .recording import RecordingScaler
 
 __all__ = ["q1", "q2", "q3", "q4"]
 
@@ -100,26 +101,6 @@ def _q3_setup():
     return model, batches
 
 
-class _RecordingScaler(torch.amp.GradScaler):
-    """A GradScaler that records which of its methods a step called (to tell what is missing)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.called: set[str] = set()
-
-    def scale(self, outputs):
-        self.called.add("scale")
-        return super().scale(outputs)
-
-    def step(self, optimizer, *args, **kwargs):
-        self.called.add("step")
-        return super().step(optimizer, *args, **kwargs)
-
-    def update(self, new_scale=None):
-        self.called.add("update")
-        return super().update(new_scale)
-
-
 def _q3_run(step, *, autocast=True, unscale=True, clip=True, update=True, scaler_step=True):
     """Runs ``step`` (the learner's) or the reference with some parts left out, on 5 batches.
 
@@ -128,7 +109,7 @@ def _q3_run(step, *, autocast=True, unscale=True, clip=True, update=True, scaler
     model, batches = _q3_setup()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     # starts far too high, so the first steps overflow and must be skipped
-    scaler = _RecordingScaler("cpu", init_scale=2.0**40, backoff_factor=2.0**-10,
+    scaler = RecordingScaler("cpu", init_scale=2.0**40, backoff_factor=2.0**-10,
                               growth_interval=2)
     scales = []
     for x, y in batches:

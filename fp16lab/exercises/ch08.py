@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .core import Exercise, Wrong
+from .recording import RecordingScaler
 
 __all__ = ["ddp_loop", "q1", "q2", "q3", "q4"]
 
@@ -215,27 +216,14 @@ class _Samples(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-class _Scaler(torch.amp.GradScaler):
-    """A GradScaler that notes which of its methods the loop called."""
+class _Scaler(RecordingScaler):
+    """A recording GradScaler that also keeps every instance the loop made."""
 
     made: list = []
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.called: set[str] = set()
         _Scaler.made.append(self)
-
-    def scale(self, outputs):
-        self.called.add("scale")
-        return super().scale(outputs)
-
-    def step(self, optimizer, *args, **kwargs):
-        self.called.add("step")
-        return super().step(optimizer, *args, **kwargs)
-
-    def update(self, new_scale=None):
-        self.called.add("update")
-        return super().update(new_scale)
 
 
 def _free_port() -> int:
