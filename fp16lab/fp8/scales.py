@@ -133,6 +133,7 @@ _CASTS = {"compiled": None}
 
 def compile_casts(enabled: bool = True) -> bool:
     """Turns on (or off) a torch.compile-fused cast for CUDA tensors; returns whether it is on."""
+    enabled = validate.boolean("enabled", enabled)
     _CASTS["compiled"] = torch.compile(_scale_and_cast, dynamic=None) if enabled else None
     return _CASTS["compiled"] is not None
 

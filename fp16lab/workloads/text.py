@@ -38,7 +38,9 @@ def padded(size: int, multiple: int | None) -> int:
 
 def _tokens(tiny: bool, seq_len: int | None, real: int, small: int) -> int:
     validate.boolean("tiny", tiny)
-    return validate.count("seq_len", small if tiny and seq_len is None else seq_len or real)
+    if seq_len is None:
+        return small if tiny else real
+    return validate.count("seq_len", seq_len)
 
 
 def bert_base(tiny: bool = False, head: str = "mlm", seq_len: int | None = None,
