@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from fp16lab.testing import mutation
+from fp16lab.testing import mutation, mutation_scores, mutation_targets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ DIFF = """--- fp16lab/bits.py
 
 
 def test_every_target_names_files_that_exist():
-    for target in mutation.TARGETS.values():
+    for target in mutation_targets.TARGETS.values():
         assert (ROOT / target.source).is_file(), target.source
         assert target.tests, f"{target.name} maps to no test file"
         for test in target.tests:
@@ -32,32 +32,33 @@ def test_every_target_names_files_that_exist():
 
 
 def test_every_module_of_the_package_is_mutated_or_left_out_with_a_reason():
-    modules = {mutation.module_name(p) or "fp16lab" for p in (ROOT / "fp16lab").rglob("*.py")}
-    assert modules == set(mutation.TARGETS) | set(mutation.LEFT_OUT)
-    assert not set(mutation.TARGETS) & set(mutation.LEFT_OUT)
-    assert all(why.strip() for why in mutation.LEFT_OUT.values())
+    modules = {mutation_targets.module_name(p) or "fp16lab" for p in (ROOT / "fp16lab").rglob("*.py")}
+    assert modules == set(mutation_targets.TARGETS) | set(mutation_targets.LEFT_OUT)
+    assert not set(mutation_targets.TARGETS) & set(mutation_targets.LEFT_OUT)
+    assert all(why.strip() for why in mutation_targets.LEFT_OUT.values())
     # the tables name only modules that exist, and an override is not left out as well
-    assert set(mutation.EXCLUDED) <= modules and set(mutation.OVERRIDES) <= set(mutation.TARGETS)
+    assert set(mutation_targets.EXCLUDED) <= modules
+    assert set(mutation_targets.OVERRIDES) <= set(mutation_targets.TARGETS)
     # the modules the issue names are mutated, not left out
     for name in ("fp8.scales", "fp8.linear", "waves", "alignment", "execution", "recipes",
                  "inputs.augment", "inputs.producers", "inputs.feeding", "telemetry",
                  "profile.record", "bits.patterns", "sweep.engine"):
-        assert name in mutation.TARGETS, name
+        assert name in mutation_targets.TARGETS, name
 
 
 def test_convention_maps_a_module_to_the_mirrored_test_file():
-    assert mutation.conventional_tests("inputs.feeding") == ("tests/test_inputs_feeding.py",)
-    assert mutation.conventional_tests("waves") == ("tests/test_waves.py",)
-    assert mutation.conventional_tests("fp8.scales") == ("tests/test_fp8.py",)  # the package's file
-    assert mutation.conventional_tests("nothing.like_this") == ()
-    assert mutation.TARGETS["bits.patterns"].tests[0] == "tests/test_bits.py"
-    assert "tests/test_hostile.py" in mutation.TARGETS["scaling.scalers"].tests
-    assert mutation.TARGETS["fp8.training"].tests == mutation.OVERRIDES["fp8.training"]
+    assert mutation_targets.conventional_tests("inputs.feeding") == ("tests/test_inputs_feeding.py",)
+    assert mutation_targets.conventional_tests("waves") == ("tests/test_waves.py",)
+    assert mutation_targets.conventional_tests("fp8.scales") == ("tests/test_fp8.py",)  # the package's file
+    assert mutation_targets.conventional_tests("nothing.like_this") == ()
+    assert mutation_targets.TARGETS["bits.patterns"].tests[0] == "tests/test_bits.py"
+    assert "tests/test_hostile.py" in mutation_targets.TARGETS["scaling.scalers"].tests
+    assert mutation_targets.TARGETS["fp8.training"].tests == mutation_targets.OVERRIDES["fp8.training"]
     # tests written against a module's survivors join its tests
     for kills in (ROOT / "tests").glob("test_mutation_kills_*.py"):
-        name = next(n for n in mutation.TARGETS
+        name = next(n for n in mutation_targets.TARGETS
                     if kills.name == f"test_mutation_kills_{n.replace('.', '_')}.py")
-        assert f"tests/{kills.name}" in mutation.TARGETS[name].tests
+        assert f"tests/{kills.name}" in mutation_targets.TARGETS[name].tests
 
 
 def test_changed_modules_names_targets_whose_files_differ_from_a_base(monkeypatch):
@@ -73,18 +74,18 @@ def test_changed_modules_names_targets_whose_files_differ_from_a_base(monkeypatc
         return type("R", (), {"returncode": 0 if out is not None else 1, "stdout": out or ""})()
 
     monkeypatch.setattr(mutation.subprocess, "run", fake_run)
-    changed = mutation.changed_modules()
+    changed = mutation_targets.changed_modules()
     assert ("diff", "--name-only", "abc", "--") in seen  # the merge-base with main
     assert {"waves", "inputs.feeding", "fp8.scales", "fp8.linear"} <= set(changed)
-    assert "formats" not in changed and all(n in mutation.TARGETS for n in changed)
+    assert "formats" not in changed and all(n in mutation_targets.TARGETS for n in changed)
 
 
 def test_only_reexporting_init_files_are_recognised(tmp_path):
     init = tmp_path / "__init__.py"
     init.write_text('"""Doc."""\nfrom .a import b\nimport os\n__all__ = ["b"]\n')
-    assert mutation.only_reexports(init)
+    assert mutation_targets.only_reexports(init)
     init.write_text('"""Doc."""\nfrom .a import b\ndef f():\n    return 1\n')
-    assert not mutation.only_reexports(init)
+    assert not mutation_targets.only_reexports(init)
 
 
 def test_results_are_cached_by_the_content_of_the_module_and_its_tests(tmp_path, monkeypatch):
@@ -96,7 +97,7 @@ def test_results_are_cached_by_the_content_of_the_module_and_its_tests(tmp_path,
     (tmp_path / "fp16lab" / "m.py").write_text("def f():\n    return 1\n")
     (tmp_path / "tests" / "test_m.py").write_text("def test_f():\n    pass\n")
     (tmp_path / "tests" / "conftest.py").write_text("")
-    target = mutation.Target("m", "fp16lab/m.py", ("tests/test_m.py",))
+    target = mutation_targets.Target("m", "fp16lab/m.py", ("tests/test_m.py",))
     key = mutation.cache_key(target)
     assert mutation.state(target) == "stale"
     work = tmp_path / "build" / "m"
@@ -115,27 +116,27 @@ def test_results_are_cached_by_the_content_of_the_module_and_its_tests(tmp_path,
 
 
 def test_changed_lines_ignore_headers_context_and_spacing():
-    assert mutation.changed_lines(DIFF) == "-return code + 1\n+return code + 2"
-    assert mutation.changed_lines(DIFF.replace("    return", "  return")) == \
-        mutation.changed_lines(DIFF)
+    assert mutation_scores.changed_lines(DIFF) == "-return code + 1\n+return code + 2"
+    assert mutation_scores.changed_lines(DIFF.replace("    return", "  return")) == \
+        mutation_scores.changed_lines(DIFF)
 
 
 def test_function_of_a_mutant_name():
-    assert mutation.function_of("fp16lab.bits.x_next_up__mutmut_12") == "x_next_up"
-    assert mutation.function_of("fp16lab.scaling.xǁDynamicLossScalerǁupdate__mutmut_3") == \
+    assert mutation_scores.function_of("fp16lab.bits.x_next_up__mutmut_12") == "x_next_up"
+    assert mutation_scores.function_of("fp16lab.scaling.xǁDynamicLossScalerǁupdate__mutmut_3") == \
         "xǁDynamicLossScalerǁupdate"
 
 
 def test_score_counts_timeouts_as_caught_and_leaves_equivalents_out():
     statuses = {"a": "killed", "b": "killed", "c": "timeout", "d": "survived", "e": "survived",
                 "f": "no tests"}
-    counts = mutation.summarize(statuses, equivalent={"e"})
+    counts = mutation_scores.summarize(statuses, equivalent={"e"})
     assert (counts["killed"], counts["survived"], counts["no tests"], counts["equivalent"]) == \
         (2, 2, 1, 1)
     assert counts["score"] == 3 / (3 + 2)  # caught 3; missed: d and f (e is equivalent)
-    assert math.isnan(mutation.summarize({}, set())["score"])
+    assert math.isnan(mutation_scores.summarize({}, set())["score"])
     with pytest.raises(ValueError, match="status 'weird'; rerun that module"):
-        mutation.summarize({"a": "weird"}, set())
+        mutation_scores.summarize({"a": "weird"}, set())
 
 
 def test_equivalents_file_is_read_and_checked(tmp_path):
@@ -143,17 +144,17 @@ def test_equivalents_file_is_read_and_checked(tmp_path):
     path.write_text('[[equivalent]]\nmodule = "bits"\nfunction = "x_next_up"\n'
                     'change = """\n-    return code + 1\n+    return code + 2\n"""\n'
                     'reason = "the codes are the same"\n')
-    eq = mutation.load_equivalents(path)
-    assert eq == {("bits", "x_next_up", mutation.changed_lines(DIFF)): "the codes are the same"}
+    eq = mutation_scores.load_equivalents(path)
+    assert eq == {("bits", "x_next_up", mutation_scores.changed_lines(DIFF)): "the codes are the same"}
     path.write_text('[[equivalent]]\nmodule = "bits"\n')
     with pytest.raises(ValueError, match=r"lacks \['change', 'function', 'reason'\]"):
-        mutation.load_equivalents(path)
-    assert mutation.load_equivalents(tmp_path / "absent.toml") == {}
+        mutation_scores.load_equivalents(path)
+    assert mutation_scores.load_equivalents(tmp_path / "absent.toml") == {}
 
 
 def test_the_committed_equivalents_file_is_well_formed():
-    for (module, function, change), reason in mutation.load_equivalents().items():
-        assert module in mutation.TARGETS and function.startswith("x") and reason
+    for (module, function, change), reason in mutation_scores.load_equivalents(mutation.EQUIVALENT).items():
+        assert module in mutation_targets.TARGETS and function.startswith("x") and reason
         assert change.startswith("-") and "\n+" in change or change.startswith("+")
 
 

@@ -14,7 +14,8 @@ from torch import nn
 from fp16lab import models
 from fp16lab.recipes import PRECISIONS, precisions
 from fp16lab.workload import (Workload, WorkloadCannotRun, WorkloadNotFound, check_settings,
-                              load_workload, loader_batch, synthetic_batch, train_step)
+                              load_workload, train_step)
+from fp16lab.workloads.batches import loader_batch, synthetic_batch
 from fp16lab.workloads import WORKLOADS, missing_package
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -154,7 +155,8 @@ def test_an_unknown_precision_or_layout_is_a_plain_error():
 
 MODULE = '''
 from torch import nn
-from fp16lab.workload import Workload, synthetic_batch
+from fp16lab.workload import Workload
+from fp16lab.workloads.batches import synthetic_batch
 
 def make(width=8):
     return Workload(name="tmp-mlp", build=lambda: nn.Sequential(nn.Linear(4, width), nn.ReLU(),

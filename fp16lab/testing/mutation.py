@@ -7,14 +7,10 @@ change does not alter behaviour (an *equivalent* mutant, recorded with its reaso
 ``tests/mutation_equivalent.toml``). The score is killed / (killed + survived), equivalents left
 out; mutants no test reaches count as survivors.
 
-The modules are found in the tree (:func:`discover`): every .py file under fp16lab/ except
-fp16lab/testing/, __init__ files that only re-export, and the GPU-only modules of ``EXCLUDED``
-(each with its reason). A module's tests follow the convention that tests mirror the package
-(fp16lab/x/y.py -> tests/test_x_y.py, else tests/test_y.py, else tests/test_x.py), with
-``OVERRIDES`` where it does not hold, and tests/test_mutation_kills_x_y.py where it exists (tests
-written against this module's survivors); tests/test_mutation.py checks that every module maps to
-existing test files or is left out with a reason. Its name is its dotted path below fp16lab
-(``bits.patterns``, ``sweep.engine``), as in the equivalents file.
+Which modules, and which tests check each, is :mod:`fp16lab.testing.mutation_targets`; the
+score arithmetic and the equivalents file are :mod:`fp16lab.testing.mutation_scores`. A module's
+name is its dotted path below fp16lab (``bits.patterns``, ``sweep.engine``), as in the
+equivalents file.
 
 Each module runs in its own directory under ``build/mutation/<name>/`` holding a copy of the
 package, only that module's fast CPU tests and a ``[tool.mutmut]`` section naming them, with one
@@ -36,7 +32,6 @@ This is a developer tool for a git checkout (it needs ``tests/``); ``make mutati
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -46,153 +41,15 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+from .mutation_scores import COLUMNS, changed_lines, function_of, load_equivalents, summarize
+from .mutation_targets import (DESELECTED, EXCLUDED_MARKERS, LEFT_OUT, ROOT, TARGETS, Target,
+                               changed_modules)
+
 BUILD = ROOT / "build" / "mutation"
 REPORT = ROOT / "data" / "mutation_report.md"
 EQUIVALENT = ROOT / "tests" / "mutation_equivalent.toml"
-
-#: Tests with these markers never run under mutation: they need a GPU, nvcc, a browser, or minutes.
-EXCLUDED_MARKERS = "not gpu and not nvcc and not notebook and not browser and not slow"
-
-#: Tests left out of every run (``--deselect`` adds more): mutmut needs the module's tests to pass
-#: before it plants anything, so a test failing on the unchanged code is named here, with the
-#: failure, until it is fixed (the report lists them).
-DESELECTED: list[str] = [
-    # fp16lab/bench/wave_quantization.py: its function measure() shadows the module measure, so
-    # main() fails with AttributeError before it can say that it needs a GPU (reported to the lead)
-    "tests/test_waves.py::test_benchmark_says_it_needs_a_gpu",
-]
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """One module to mutate: its file and the fast tests that check it."""
-
-    name: str
-    source: str
-    tests: tuple[str, ...]
-    #: extra files or folders the tests read, relative to the checkout.
-    data: tuple[str, ...] = ("data",)
-
-
-#: Modules left out, each with the reason: nothing in them runs without a GPU (or a GPU library),
-#: so the CPU tests cannot reach them and every mutant would be "no tests".
-EXCLUDED: dict[str, str] = {
-    "bench.alignment": "times cuBLAS matmuls on the GPU; no CPU path",
-    "bench.diagnostics_overhead": "times ResNet-50 training steps on the GPU; no CPU test",
-    "bench.distributed_bare": "one torchrun + NCCL rank of the bare DDP loop; runs only under torchrun on GPUs",
-    "bench.gemm": "times the CUDA GEMM kernels against cuBLAS; needs CuPy and a GPU",
-    "bench.gemm_ceiling": "times register-only and mma.sync CUDA kernels; needs CuPy and a GPU",
-    "bench.sweep_engine_vs_loop": "times the sweep engine against a bare loop with CUDA events; GPU only",
-    "bench.wgmma_cluster": "builds and times sm_90a cluster kernels with nvcc; Hopper GPU only",
-    "bench.wgmma_probe": "checks the sm_90a wgmma kernels element by element; Hopper GPU only",
-    "inputs.dali": "an NVIDIA DALI pipeline; DALI and a GPU only (its unavailable-check is tested through inputs.registry)",
-    "inputs.gpu_decode": "nvJPEG decoding on the GPU (torchvision.io.decode_jpeg(device='cuda'))",
-    "inputs.hw_decode": "the GPU's hardware JPEG engines through nvImageCodec; GPU only",
-    "kernels.cubin": "compiles .cu files with nvcc for sm_90a; needs nvcc (its tests are marked nvcc)",
-    "kernels.launch": "launches compiled kernels on torch's CUDA stream through CuPy; GPU only",
-    "kernels.measure": "runs the GEMM ladder's checks and benchmark on the local GPU",
-}
-
-#: Where the convention (fp16lab/x/y.py -> tests/test_x_y.py, else tests/test_y.py, else the
-#: package's tests/test_x.py) does not find a module's tests, or finds the wrong ones: the tests
-#: named here are used instead.
-OVERRIDES: dict[str, tuple[str, ...]] = {
-    "alignment": ("tests/test_claims.py", "tests/test_exercises_ch03.py"),
-    "bench.census": ("tests/test_bench.py",),  # test_census.py tests fp16lab.census
-    "bench.distributed_report": ("tests/test_bench_distributed.py",),
-    "bench.wave_quantization": ("tests/test_waves.py",),
-    "bits.patterns": ("tests/test_bits.py", "tests/test_census.py", "tests/test_hostile.py"),
-    "census": ("tests/test_census.py", "tests/test_hostile.py"),
-    "claims.cli": ("tests/test_claims.py", "tests/test_hostile_runs.py"),
-    "claims.run": ("tests/test_claims.py", "tests/test_hostile_runs.py"),
-    "claims.scaling": ("tests/test_claims.py",),  # test_scaling.py tests fp16lab.scaling
-    "claims.training": ("tests/test_claims.py",),  # test_training.py tests fp16lab.training
-    "cli": ("tests/test_bench.py", "tests/test_claims.py", "tests/test_device.py",
-            "tests/test_sweep_cli.py"),
-    "diagnostics.locator": ("tests/test_diagnostics_locator.py", "tests/test_diagnostics.py",
-                            "tests/test_hostile_runs.py"),
-    "distributed_worker": ("tests/test_distributed.py",),
-    "formats": ("tests/test_formats.py", "tests/test_hostile.py"),
-    "fp8.training": ("tests/test_fp8.py", "tests/test_recipes.py"),  # not test_training.py
-    "kernels.emulate": ("tests/test_kernels.py", "tests/test_bounds.py"),
-    "models": ("tests/test_recipes.py", "tests/test_execution.py"),
-    "sweep.engine": ("tests/test_sweep.py", "tests/test_hostile_runs.py"),
-    "workloads": ("tests/test_workloads_text.py", "tests/test_workloads_vision.py",
-                  "tests/test_workload.py"),
-    "workloads.builtin": ("tests/test_workload.py",),
-    "sweep.plots": ("tests/test_plots.py",),
-    "sweep.report": ("tests/test_sweep.py", "tests/test_exercises_ch04.py"),
-    "sweep.results": ("tests/test_sweep_results.py", "tests/test_sweep.py"),
-    "widgets": ("tests/test_bit_explorer.py", "tests/test_scaler_playground.py"),
-}
-#: Packages whose every module is also checked by these tests (the hostile-input tests).
-ALSO: dict[str, tuple[str, ...]] = {
-    "bits": ("tests/test_hostile.py",),
-    "scaling": ("tests/test_hostile.py",),
-}
-
-
-def module_name(path: pathlib.Path) -> str:
-    """fp16lab/bits/patterns.py -> ``bits.patterns``; fp16lab/widgets/__init__.py -> ``widgets``."""
-    parts = path.relative_to(ROOT / "fp16lab").with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def only_reexports(path: pathlib.Path) -> bool:
-    """True for a file of nothing but a docstring, imports and ``__all__``: nothing to mutate."""
-    import ast
-
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue
-        if isinstance(node, ast.Assign) and all(getattr(t, "id", "") == "__all__" for t in node.targets):
-            continue
-        return False
-    return True
-
-
-def conventional_tests(name: str) -> tuple[str, ...]:
-    """The first of tests/test_x_y.py, tests/test_y.py, tests/test_x.py that exists, for ``x.y``."""
-    parts = name.split(".")
-    for candidate in ("_".join(parts), parts[-1], parts[0]):
-        if (ROOT / "tests" / f"test_{candidate}.py").is_file():
-            return (f"tests/test_{candidate}.py",)
-    return ()
-
-
-def discover(root: pathlib.Path | None = None) -> tuple[dict[str, Target], dict[str, str]]:
-    """Returns ({name: Target} for every module to mutate, {name: why} for each one left out).
-
-    Every .py file under fp16lab/ is one or the other: fp16lab/testing/ (the tools that run the
-    tests), the package's own __init__ and __init__ files that only re-export are left out with
-    that reason, GPU-only modules with theirs (``EXCLUDED``)."""
-    root = root or ROOT / "fp16lab"
-    targets, left_out = {}, {}
-    for path in sorted(root.rglob("*.py")):
-        name = module_name(path)
-        if name == "" or name.startswith("testing"):
-            left_out[name or "fp16lab"] = ("developer tools that run the tests (fp16lab/testing/)"
-                                          if name else "the package's __init__: its version and re-exports")
-        elif path.name == "__init__.py" and only_reexports(path):
-            left_out[name] = "an __init__ that only re-exports its modules"
-        elif name in EXCLUDED:
-            left_out[name] = EXCLUDED[name]
-        else:
-            tests = OVERRIDES.get(name) or conventional_tests(name)
-            tests += tuple(t for t in ALSO.get(name.split(".")[0], ()) if t not in tests)
-            kills = f"tests/test_mutation_kills_{name.replace('.', '_')}.py"
-            if (ROOT / kills).is_file():  # tests written to kill this module's survivors
-                tests += (kills,)
-            targets[name] = Target(name, str(path.relative_to(ROOT)), tests)
-    return targets, left_out
-
-
-TARGETS, LEFT_OUT = discover()
 
 
 def _status_by_exit_code():
@@ -338,24 +195,6 @@ def run_target(target: Target, rerun_missed: bool = False) -> float:
     return seconds
 
 
-def changed_modules(base: str | None = None) -> list[str]:
-    """The targets whose source or tests changed since ``base`` (default: the merge-base with
-    origin/main, else with main, else HEAD~1), uncommitted changes included."""
-    def git(*args):
-        r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return r.stdout.strip() if r.returncode == 0 else None
-
-    if base is None:
-        base = next((mb for ref in ("origin/main", "main") if (mb := git("merge-base", "HEAD", ref))
-                     and mb != git("rev-parse", "HEAD")), None) or "HEAD~1"
-    changed = git("diff", "--name-only", base, "--")
-    if changed is None:
-        raise SystemExit(f"git cannot diff against {base!r}")
-    files = set(changed.split()) | set((git("ls-files", "--others", "--exclude-standard") or "").split())
-    return [name for name, t in TARGETS.items()
-            if t.source in files or any(x.split("::")[0] in files for x in t.tests)]
-
-
 def load_results(target: Target) -> dict[str, str]:
     """Returns {mutant name: status} for a target's last run ({} when it has not run)."""
     meta = BUILD / target.name / "mutants" / (target.source + ".meta")
@@ -384,53 +223,6 @@ def mutant_diffs(target: Target, names: list[str]) -> dict[str, str]:
             for name, diff in json.loads(out).items()}
 
 
-def changed_lines(diff: str) -> str:
-    """Returns the changed lines of a diff, stripped: what identifies a mutant across renumbering."""
-    return "\n".join(line[0] + line[1:].strip() for line in diff.splitlines()
-                     if line[:1] in "+-" and not line.startswith(("+++", "---")))
-
-
-def function_of(name: str) -> str:
-    """Returns the function part of a mutant name (``fp16lab.bits.x_next_up__mutmut_3`` -> ``x_next_up``)."""
-    return name.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1]
-
-
-def load_equivalents(path: pathlib.Path = EQUIVALENT) -> dict[tuple[str, str, str], str]:
-    """Returns {(module, function, changed lines): reason} from the equivalents file."""
-    if not path.exists():
-        return {}
-    entries = tomllib.loads(path.read_text()).get("equivalent", [])
-    out = {}
-    for e in entries:
-        missing = {"module", "function", "change", "reason"} - set(e)
-        if missing:
-            raise ValueError(f"{path}: an [[equivalent]] entry lacks {sorted(missing)}: {e}")
-        out[(e["module"], e["function"], changed_lines(e["change"]))] = e["reason"].strip()
-    return out
-
-
-COLUMNS = ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "segfault",
-           "not checked")
-
-
-def summarize(statuses: dict[str, str], equivalent: set[str]) -> dict[str, float]:
-    """Returns the counts per status, the equivalents and the score for one module.
-
-    Survivors and mutants no test reaches count against the score unless recorded as
-    equivalent; timeouts and segfaults count as killed (the tests noticed), as mutmut counts them.
-    """
-    counts = {c: 0 for c in COLUMNS}
-    for name, status in statuses.items():
-        if status not in counts:
-            raise ValueError(f"mutant {name} has status {status!r}; rerun that module")
-        counts[status] += 1
-    counts["equivalent"] = len(equivalent)
-    caught = counts["killed"] + counts["timeout"] + counts["segfault"]
-    missed = counts["survived"] + counts["no tests"] - counts["equivalent"]
-    counts["score"] = caught / (caught + missed) if caught + missed else float("nan")
-    return counts
-
-
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -441,7 +233,7 @@ def _git_commit() -> str:
 
 def write_report(path: pathlib.Path = REPORT) -> float:
     """Writes the report from every target that has results; returns the overall score."""
-    equivalents = load_equivalents()
+    equivalents = load_equivalents(EQUIVALENT)
     rows, survivors, totals = [], [], {c: 0 for c in (*COLUMNS, "equivalent")}
     for target in TARGETS.values():
         statuses = load_results(target)

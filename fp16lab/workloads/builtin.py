@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .. import models
-from ..workload import Workload, cross_entropy, synthetic_batch
+from ..workload import Workload
+from .batches import cross_entropy, synthetic_batch
 from . import require
 
 

@@ -20,7 +20,8 @@ import math
 from typing import Any
 
 from .. import validate
-from ..workload import Workload, cross_entropy, lm_cross_entropy, token_batch
+from ..workload import Workload
+from .batches import cross_entropy, lm_cross_entropy, token_batch
 from . import require
 
 #: Attention implementations the configurations may ask ``transformers`` for.

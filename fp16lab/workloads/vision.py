@@ -11,7 +11,8 @@ images: ViT with 8x8 patches, hidden 32, two layers; ResNet with one Bottleneck 
 from __future__ import annotations
 
 from .. import validate
-from ..workload import Workload, cross_entropy, synthetic_batch
+from ..workload import Workload
+from .batches import cross_entropy, synthetic_batch
 from . import require
 
 
