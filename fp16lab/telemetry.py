@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol
 
+from . import validate
+
 #: The counters a source returns on every read, in this order.
 COUNTERS = ("gpu_busy_pct", "mem_busy_pct", "sm_clock_mhz", "power_w")
 
@@ -282,9 +284,9 @@ class TelemetrySampler:
     def __init__(self, source: TelemetrySource | None = None, *, interval_s: float = 0.05,
                  enabled: bool = True, device_index: int = 0,
                  sleep: Callable[[float], Any] | None = None):
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be > 0 seconds, got {interval_s}")
-        self.interval_s = interval_s
+        self.interval_s = validate.number("interval_s", interval_s, low=0, high=60, low_open=True)
+        enabled = validate.boolean("enabled", enabled)
+        device_index = validate.count("device_index", device_index, low=0)
         self.note = ""
         if not enabled:
             source, self.note = None, "telemetry off"

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["NotAFile", "NotAFolder", "NotPermitted", "PathNotFound", "boolean", "choice", "count",
-           "device", "existing_dir", "existing_file", "number", "output_dir", "output_file", "text"]
+           "device", "existing_dir", "existing_file", "existing_path", "number", "output_dir", "output_file", "text"]
 
 
 class PathNotFound(FileNotFoundError, ValueError):
@@ -170,6 +170,14 @@ def existing_file(name: str, value: Any, *, executable: bool = False) -> Path:
         raise NotPermitted(f"{name}: {path} cannot be read")
     if executable and not os.access(path, os.X_OK):
         raise NotPermitted(f"{name}: {path} is not executable")
+    return path
+
+
+def existing_path(name: str, value: Any) -> Path:
+    """Returns ``value`` as a ``Path`` if something (a file or a folder) is there."""
+    path = _as_path(name, value)
+    if not path.exists():
+        raise PathNotFound(f"{name}: {path} does not exist")
     return path
 
 

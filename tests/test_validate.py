@@ -68,6 +68,11 @@ def test_paths(tmp_path):
     f.write_text("x")
     assert validate.existing_file("data", str(f)) == f
     assert validate.existing_dir("root", tmp_path) == tmp_path
+    assert validate.existing_path("path", str(f)) == f and validate.existing_path("p", tmp_path) == tmp_path
+    with pytest.raises(FileNotFoundError, match="path: .*nope does not exist"):
+        validate.existing_path("path", tmp_path / "nope")
+    with pytest.raises(TypeError, match="path must be a path"):
+        validate.existing_path("path", 3)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         validate.existing_file("data", tmp_path / "nope")
     with pytest.raises(ValueError, match="is not a file"):

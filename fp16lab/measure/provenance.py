@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import validate
 from .. import device  # the module, not its names: tests replace its functions
 
 #: Name of the setting that overrides where the committed results are.
@@ -64,6 +65,8 @@ def find_result(name: str, suffix: str = ".json") -> Path:
 
     The path may not exist; callers that need it say so with the folders they looked in.
     """
+    name = validate.text("name", name, pattern=r"[A-Za-z0-9_.+-]+", like="'sweep_h200'")
+    suffix = validate.text("suffix", suffix, pattern=r"\.[A-Za-z0-9_.]+", like="'.json'")
     local = local_dir() / f"{name}{suffix}"
     return local if local.exists() else data_dir() / f"{name}{suffix}"
 
@@ -74,6 +77,7 @@ def is_read_only(path: Path) -> bool:
     The mode bits are checked as well as ``os.access`` because the superuser (a container, a
     cloud GPU box) may write anything: a file marked read-only was still marked so by someone.
     """
+    path = validate.existing_path("path", path)
     return not os.access(path, os.W_OK) or not (path.stat().st_mode & 0o222)
 
 

@@ -311,8 +311,9 @@ class SweepSpec:
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
         check_tolerance(self.tolerance)
-        if not self.telemetry_interval_s > 0:
-            raise ValueError(f"telemetry_interval_s must be > 0, got {self.telemetry_interval_s!r}")
+        validate.boolean("telemetry", self.telemetry)
+        validate.number("telemetry_interval_s", self.telemetry_interval_s, low=0, high=60,
+                        low_open=True)
         self.resolved_device()  # fails now if 'cuda' was asked for without a GPU
         points = self.points()  # fails now if a value is bad or applies to no point
         if self.images_dir is not None:

@@ -22,6 +22,7 @@ from typing import Any
 import ipywidgets as w
 import pandas as pd
 
+from .. import validate
 from .. import sweep, telemetry  # telemetry the module: tests replace its functions
 from ..execution import COMPILE_MODES, EXECUTIONS
 from ..inputs import BACKENDS, unavailable_reason
@@ -65,7 +66,7 @@ class SweepPanel:
     def __init__(self, out: str | Path | None = None, *, device: str = "auto"):
         probe = sweep.SweepSpec(device=device, telemetry=False)  # validates the device
         self.device = probe.resolved_device()
-        self.out = out
+        self.out = None if out is None else validate.output_file("out", out)
         d = _defaults(self.device)
         vision = importlib.util.find_spec("torchvision") is not None
         models = [m for m in MODELS if vision or not m.startswith("resnet")]
