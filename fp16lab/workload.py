@@ -317,7 +317,7 @@ def _batch_size(targets: Any) -> int:
 
 def train_step(workload: Workload, precision: str, device: str | torch.device, batch_size: int, *,
                layout: str = "nchw", scaler: ScalerSettings | None = None, seed: int = 0,
-               **engine: Any) -> WorkloadStep:
+               compile_mode: str | None = None, **engine: Any) -> WorkloadStep:
     """Returns a :class:`WorkloadStep` training a fresh ``workload`` model under ``precision``.
 
     The model is built (seeded by ``seed``), moved to ``device`` and put in ``layout``; the
@@ -326,7 +326,9 @@ def train_step(workload: Workload, precision: str, device: str | torch.device, b
     can take (:func:`fp16lab.fp8.linear.convert_to_fp8`) and trains as ``amp-bf16``. The maths
     flags (TF32) are set around each call. ``engine`` passes make_train_step's keywords an
     engine adds (``forward``, ``autocast_cache``, ``after_backward``, ``unscale_first``,
-    ``region``, ``loss_scaler``).
+    ``region``, ``loss_scaler``). ``compile_mode`` (``"default"``, ``"reduce-overhead"``,
+    ``"max-autotune"``...) runs the forward through ``torch.compile(model, mode=...)``; the
+    loss, the scaler and the optimizer stay eager, as :mod:`fp16lab.execution` compiles.
 
     Raises:
         WorkloadCannotRun: the workload rules out the precision or the layout, or an FP8
@@ -360,6 +362,9 @@ def train_step(workload: Workload, precision: str, device: str | torch.device, b
     if layout == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         inputs = _map_float(inputs, _channels_last)
+    if compile_mode is not None:
+        mode = validate.text("compile_mode", compile_mode)
+        engine["forward"] = torch.compile(model, mode=None if mode == "default" else mode)
     engine = {**engine, "forward": _forward_of(workload, engine.get("forward"), model)}
     body, gs = make_train_step("amp-bf16" if p.fp8 else precision, model, _Inputs(inputs),
                                targets, device=device.type, scaler=scaler,

@@ -40,7 +40,7 @@ from .multi_gpu import measure_on_gpus
 from .results import (MEASUREMENT, META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path,
                       claim, drop_duplicate_measurements, read_results, release)
 from .spec import Point, SweepSpec, check_images_dir
-from .steps import build_step, input_warmup
+from .steps import build_step, build_workload_step, input_warmup
 
 __all__ = ["LR", "MOMENTUM", "FaultInjector", "is_oom", "measure_point", "run_sweep"]
 
@@ -99,16 +99,24 @@ def _run_point(point: Point, *, warmup: int, steps: int, telemetry: bool, interv
     if dev == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    if point.workload is not None:
+        return _measure_built(point, build_workload_step(point, seed=1234 + repeat), warmup=warmup,
+                              steps=steps, telemetry=telemetry, interval_s=interval_s,
+                              repeat=repeat, fault_injector=fault_injector)
     model = models.build_model(point.model).to(dev)
     x = torch.randn(models.input_shape(point.model, point.batch), device=dev)
     y = torch.randint(0, models.NUM_CLASSES, (point.batch,), device=dev)
     if point.layout == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    built = build_step(point, model, x, y)
+    return _measure_built(point, build_step(point, model, x, y), warmup=warmup, steps=steps,
+                          telemetry=telemetry, interval_s=interval_s, repeat=repeat,
+                          fault_injector=fault_injector)
+
+
+def _measure_built(point: Point, built: Any, **timing: Any) -> dict[str, Any]:
     try:
-        measured = _time_steps(point, built, warmup=warmup, steps=steps, telemetry=telemetry,
-                               interval_s=interval_s, repeat=repeat, fault_injector=fault_injector)
+        measured = _time_steps(point, built, **timing)
     finally:
         built.close()
     return {**measured, **built.columns, **built.finish()}

@@ -15,7 +15,7 @@ import importlib.util
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -23,6 +23,7 @@ from .. import validate
 from ..models import MODELS, is_image_model
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
+from ..workload import Workload, load_workload
 from .axes import (AXIS_DEFAULTS, BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS,
                    check_execution_axis, check_gpus_axis, check_input_axis, fp8_problem,
                    variant_label)
@@ -73,6 +74,26 @@ def _check_names(kind: str, given: Sequence[str], allowed: Iterable[str]) -> Non
         raise ValueError(f"unknown {kind} {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
 
 
+def _resolve_model(entry: Any) -> tuple[str, Workload | None]:
+    """Returns (the name rows record, the workload or None) for one ``models`` entry: a built-in
+    model name, a :class:`fp16lab.workload.Workload`, or a workload's name for
+    :func:`fp16lab.workload.load_workload` (built-in or ``"package.module:function"``)."""
+    if isinstance(entry, Workload):
+        return entry.name, entry
+    if isinstance(entry, str) and entry in MODELS:
+        return entry, None
+    if not isinstance(entry, str):
+        raise TypeError(f"a sweep model must be a model name, a workload name or a Workload, "
+                        f"got {type(entry).__name__}")
+    try:
+        return entry, load_workload(entry)
+    except (ImportError, TypeError, RuntimeError) as e:  # one kind of refusal for the sweep
+        raise ValueError(f"model {entry!r}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"unknown model {entry!r}: not one of {', '.join(MODELS)}, and {e}") \
+            from None
+
+
 class PointError(ValueError):
     """A point that cannot run, blaming the sweep axis (``gpus``, ``inputs``, ...) whose value is why."""
 
@@ -121,8 +142,15 @@ class Point:
     normalize_on: str | None = None
     images_dir: str | None = None
     gpus: int = 1
+    #: the workload this point trains (its ``model`` is then the workload's name); None: the
+    #: built-in model ``model``. A workload decides at run time what it cannot run (a layout,
+    #: an FP8 recipe), and the row records that error.
+    workload: Workload | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.workload is not None:
+            self._check_workload_point()
+            return
         _check_names("model", [self.model], MODELS)
         _check_names("layout", [self.layout], LAYOUTS)
         _check_names("precision", [self.precision], SWEEP_PRECISIONS)
@@ -153,6 +181,39 @@ class Point:
                execution=self.execution, input=self.input, scaler=self.scaler,
                cudnn_benchmark=self.cudnn_benchmark)
 
+    def _check_workload_point(self) -> None:
+        if not isinstance(self.workload, Workload):
+            raise TypeError(f"a point's workload must be a Workload, got "
+                            f"{type(self.workload).__name__}")
+        _check_names("layout", [self.layout], LAYOUTS)
+        _check_names("precision", [self.precision], SWEEP_PRECISIONS)
+        _check_batches([self.batch])
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"a point's device must be 'cpu' or 'cuda', got {self.device!r}")
+        allowed = self.workload.precisions
+        if allowed is not None and self.precision not in allowed:
+            raise PointError("precisions", f"workload {self.workload.name!r} runs "
+                                           f"{', '.join(allowed)}, not {self.precision!r}")
+        if self.precision in SCALED_PRECISIONS and self.scaler is None:
+            object.__setattr__(self, "scaler", ScalerSettings())
+        if self.precision not in SCALED_PRECISIONS:
+            object.__setattr__(self, "scaler", None)
+        if self.execution == "cuda-graph":
+            raise PointError("executions", f"workload {self.workload.name!r}: the sweep runs a "
+                                           "workload eager or compiled; cuda-graph capture takes "
+                                           "the built-in models only")
+        mode = _blame("executions", check_execution_axis, self.execution, self.compile_mode,
+                      precision=self.precision, device=self.device)
+        object.__setattr__(self, "compile_mode", mode)
+        if self.input != "synthetic":
+            raise PointError("inputs", f"workload {self.workload.name!r} makes its own batches; "
+                                       f"input {self.input!r} feeds the built-in image models only")
+        if self.gpus != 1:
+            raise PointError("gpus", f"workload {self.workload.name!r}: the sweep runs a workload "
+                                     "on one GPU (gpus 1)")
+        if self.cudnn_benchmark not in (True, False):
+            raise ValueError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
+
     def settings(self) -> dict[str, Any]:
         """Returns the point's settings as flat columns (scaler fields None when unused)."""
         s = self.scaler
@@ -175,6 +236,8 @@ class Point:
         """
         kept = {k: v for k, v in self.settings().items()
                 if k != "images_dir" and not (k in AXIS_DEFAULTS and v == AXIS_DEFAULTS[k])}
+        if self.workload is not None and self.workload.settings:  # another build, another point
+            kept["workload_settings"] = self.workload.settings
         blob = json.dumps(kept, sort_keys=True)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -254,9 +317,17 @@ class SweepSpec:
     value, or one that applies to no point, fails before anything runs. ``images_dir`` is the
     image folder file inputs read; :func:`fp16lab.sweep.run_sweep` writes it first
     (:func:`fp16lab.data.make_image_folder`, ``images`` files) when it holds no images yet.
+
+    ``models`` takes the built-in models (:data:`fp16lab.models.MODELS`) and workloads: a
+    :class:`fp16lab.workload.Workload`, or the name :func:`fp16lab.workload.load_workload`
+    builds one from (a built-in workload such as ``"bert-base"``, or
+    ``"package.module:function"``). A workload point trains the workload's model on its own
+    batches (input ``synthetic``), eager or compiled, on one GPU; what the workload cannot run
+    (channels_last without a convolution, FP8 without a linear layer it can take) is an error
+    recorded in that point's row, and the sweep goes on.
     """
 
-    models: tuple[str, ...] = ("small_cnn",)
+    models: tuple[str | Workload, ...] = ("small_cnn",)
     batches: tuple[int, ...] = (8, 16)
     layouts: tuple[str, ...] = ("nchw",)
     precisions: tuple[str, ...] = ("fp32",)
@@ -279,14 +350,22 @@ class SweepSpec:
     tolerance: float = 0.03
     telemetry: bool = True
     telemetry_interval_s: float = 0.05
+    #: the workload of each ``models`` entry that is one, by the name rows record (filled in)
+    workloads: dict[str, Workload] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
 
     def __post_init__(self) -> None:
         for name in _GRID_AXES:
             value = getattr(self, name)
-            if value is None or isinstance(value, (str, int, ScalerSettings, bool)):
+            if value is None or isinstance(value, (str, int, ScalerSettings, bool, Workload)):
                 value = (value,)
             object.__setattr__(self, name, _unique(value))
-        _check_names("model", self.models, MODELS)
+        if not self.models:
+            raise ValueError(f"the sweep needs at least one model; allowed: {', '.join(MODELS)}, "
+                             "a workload's name or a Workload")
+        resolved = [_resolve_model(m) for m in self.models]
+        object.__setattr__(self, "models", _unique(name for name, _ in resolved))
+        object.__setattr__(self, "workloads", {name: w for name, w in resolved if w is not None})
         _check_batches(self.batches)
         _check_names("layout", self.layouts, LAYOUTS)
         _check_names("precision", self.precisions, SWEEP_PRECISIONS)
@@ -301,7 +380,7 @@ class SweepSpec:
             raise ValueError(f"cudnn_benchmark must be one or more of True/False, "
                              f"got {self.cudnn_benchmark!r}")
         for m in self.models:
-            if m.startswith("resnet") and importlib.util.find_spec("torchvision") is None:
+            if m in MODELS and m.startswith("resnet") and importlib.util.find_spec("torchvision") is None:
                 raise ValueError(f"model {m!r} needs torchvision, which is not installed "
                                  f"(pip install 'fp16lab[vision]')")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -383,7 +462,7 @@ class SweepSpec:
                               cudnn_benchmark=bench, device=device, execution=ex,
                               compile_mode=mode, input=inp, num_workers=nw, pin_memory=pin,
                               non_blocking=nb, normalize_on=norm, images_dir=self.images_dir,
-                              gpus=g)
+                              gpus=g, workload=self.workloads.get(m))
                 except ValueError as e:  # this combination does not apply; others may
                     if isinstance(e, PointError):
                         blamed.setdefault((e.axis, axes[e.axis]), str(e))

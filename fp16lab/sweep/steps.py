@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import fp8, inputs  # modules, not names: tests replace inputs.make_input
+from .. import fp8, inputs, workload  # modules, not names: tests replace inputs.make_input
 from ..execution import make_step
 from ..fp8 import training as fp8_training  # a module too (tests replace make_fp8_step)
 from ..models import NUM_CLASSES, input_shape
@@ -47,6 +47,20 @@ def input_warmup(point: Point, warmup: int) -> int:
     if point.input == "dataloader":
         return max(warmup, int(point.num_workers) + 2)
     return warmup
+
+
+def build_workload_step(point: Point, seed: int = 0) -> PointStep:
+    """Returns the step of a workload point: :func:`fp16lab.workload.train_step` of its
+    workload (FP8 recipes included, which it converts itself), compiled if its execution says."""
+    step = workload.train_step(point.workload, point.precision, point.device, point.batch,
+                               layout=point.layout, scaler=point.scaler, seed=seed,
+                               compile_mode=point.compile_mode)
+    columns = {"execution_notes": f"torch.compile(model, mode={point.compile_mode!r}); loss, "
+                                  "scaler, optimizer eager"} if point.compile_mode else {}
+    if not PRECISIONS[point.precision].fp8:
+        return PointStep(step, step.scaler, columns)
+    columns.update(fp8_layers=len(step.converted), fp8_scaled_mm=fp8.scaled_mm_available(point.device))
+    return PointStep(step, None, columns, finish=_fp8_finish(point))
 
 
 def build_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
@@ -116,9 +130,16 @@ def _fp8_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
     step = fp8_training.make_fp8_step(model, x, y, recipe, optimizer=sgd(model.parameters()),
                                       autocast=True)
     fast = fp8.scaled_mm_available(point.device)
+    return PointStep(step, None, {"fp8_layers": len(step.converted), "fp8_scaled_mm": fast},
+                     finish=_fp8_finish(point))
+
+
+def _fp8_finish(point: Point) -> Callable[[], dict[str, Any]]:
+    """Returns what an FP8 point's row records after its steps: emulated or not, and why."""
+    fast = fp8.scaled_mm_available(point.device)
     # FALLBACKS keys start with the scale kind _scaled_mm was asked for: tensorwise (also the
     # delayed recipe's), rowwise, or "tiles" (blockwise, always emulated)
-    kind = fp8.granularity(recipe, "data")
+    kind = fp8.granularity(PRECISIONS[point.precision].fp8_recipe, "data")
     kind = kind if kind in ("tensorwise", "rowwise") else "tiles"
 
     def finish() -> dict[str, Any]:
@@ -128,5 +149,4 @@ def _fp8_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
                    f"newer, the device is {point.device}"]
         return {"fp8_emulated": not fast or bool(met), "fp8_fallbacks": "; ".join(met)}
 
-    return PointStep(step, None, {"fp8_layers": len(step.converted), "fp8_scaled_mm": fast},
-                     finish=finish)
+    return finish

@@ -1,0 +1,134 @@
+"""A user's workload through the sweep: trained as a bare loop would, by object or by name.
+
+The oracle is a textbook training loop written here (SGD with the recipes' learning rate and
+momentum, cross-entropy), not fp16lab's step: the sweep's fp32 row must end on that loop's loss.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp16lab import sweep
+from fp16lab.recipes import LR, MOMENTUM
+from fp16lab.workload import Workload
+from fp16lab.workloads.batches import synthetic_batch
+
+WARMUP, STEPS = 2, 3
+
+
+def mlp_workload(width: int = 32) -> Workload:
+    return Workload(name="user-mlp",
+                    build=lambda: nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 5)),
+                    batch=synthetic_batch((16,), num_classes=5, seed=3), settings={"width": width})
+
+
+def bare_loop_losses(workload: Workload, batch: int, seed: int, n: int) -> list[float]:
+    torch.manual_seed(seed)
+    model = workload.build()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    x, y = workload.batch(batch, "cpu")
+    losses = []
+    for _ in range(n):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def _spec(models, **kw):
+    base = dict(models=models, batches=(8,), device="cpu", warmup=WARMUP, steps=STEPS,
+                repeats=1, telemetry=False)
+    return sweep.SweepSpec(**{**base, **kw})
+
+
+def test_a_workload_object_trains_in_the_sweep_as_a_bare_loop_does():
+    w = mlp_workload()
+    rows = sweep.run_sweep(_spec((w,), precisions=("fp32", "amp-bf16")))
+    by = {r["precision"]: r for r in rows.to_dict("records")}
+    assert set(by) == {"fp32", "amp-bf16"} and all(r["status"] == "ok" for r in by.values())
+    assert by["fp32"]["model"] == "user-mlp"
+    expected = bare_loop_losses(w, 8, seed=1234, n=WARMUP + STEPS)
+    assert by["fp32"]["final_loss"] == pytest.approx(expected[-1], rel=1e-6)
+    # bf16 autocast trains the same model to a loss near fp32's, not equal to it
+    assert by["amp-bf16"]["final_loss"] == pytest.approx(expected[-1], rel=0.05)
+    assert by["amp-bf16"]["final_loss"] != by["fp32"]["final_loss"]
+
+
+def test_a_workload_named_module_colon_function_is_loaded_and_keyed_by_its_settings(tmp_path,
+                                                                                   monkeypatch):
+    (tmp_path / "my_sweep_workload.py").write_text(textwrap.dedent("""
+        from torch import nn
+        from fp16lab.workload import Workload
+        from fp16lab.workloads.batches import synthetic_batch
+
+        def make(width=8):
+            return Workload(name="named-mlp",
+                            build=lambda: nn.Sequential(nn.Linear(16, width), nn.Linear(width, 5)),
+                            batch=synthetic_batch((16,), 5), settings={"width": width})
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = _spec(("my_sweep_workload:make",))
+    (point,) = spec.points()
+    assert point.model == "my_sweep_workload:make" and point.workload.name == "named-mlp"
+    other = _spec((mlp_workload(width=64),)).points()[0]
+    same_but_wider = _spec((mlp_workload(width=32),)).points()[0]
+    assert other.key != same_but_wider.key  # the settings are part of what was measured
+    rows = sweep.run_sweep(spec)
+    assert list(rows["status"]) == ["ok"] and rows["model"][0] == "my_sweep_workload:make"
+    sys.modules.pop("my_sweep_workload", None)
+
+
+def test_what_a_workload_cannot_run_is_recorded_in_its_row_and_the_sweep_goes_on():
+    rows = sweep.run_sweep(_spec((mlp_workload(),), layouts=("nchw", "channels_last")))
+    by = {r["layout"]: r for r in rows.to_dict("records")}
+    assert by["nchw"]["status"] == "ok"
+    assert by["channels_last"]["status"] == "error"
+    assert "WorkloadCannotRun" in by["channels_last"]["error"]
+    assert "'user-mlp'" in by["channels_last"]["error"] and "channels_last" in by["channels_last"]["error"]
+
+
+def test_an_fp8_recipe_converts_the_workloads_linear_layers():
+    rows = sweep.run_sweep(_spec((mlp_workload(),), precisions=("fp8-tensorwise",)))
+    (row,) = rows.to_dict("records")
+    # Linear(16, 32) converts; Linear(32, 5) cannot (5 features, not a multiple of 16)
+    assert row["status"] == "ok" and row["fp8_layers"] == 1
+    assert row["fp8_emulated"]  # a CPU has no FP8 matmul: the row says so
+
+
+def test_a_workload_compiles_on_a_cpu():
+    pytest.importorskip("torch._inductor")
+    rows = sweep.run_sweep(_spec((mlp_workload(),), executions=("compile",), steps=1, warmup=1))
+    (row,) = rows.to_dict("records")
+    assert row["status"] == "ok", row["error"]
+    assert "torch.compile" in row["execution_notes"]
+
+
+@pytest.mark.parametrize("models, words", [
+    (("no_such_module_here:make",), ["no_such_module_here", "cannot be imported"]),
+    (("nonsense",), ["unknown model 'nonsense'", "small_cnn", "bert-base"]),
+    ((3,), ["a sweep model must be", "int"]),
+])
+def test_a_workload_that_does_not_load_is_refused_before_anything_runs(models, words):
+    with pytest.raises((ValueError, TypeError)) as err:
+        _spec(models)
+    for w in words:
+        assert w in str(err.value)
+
+
+@pytest.mark.parametrize("axis, value, words", [
+    ("executions", ("cuda-graph",), ["cuda-graph", "user-mlp"]),
+    ("inputs", ("dataloader",), ["makes its own batches", "dataloader"]),
+])
+def test_a_setting_no_workload_point_takes_is_refused_with_the_reason(axis, value, words):
+    with pytest.raises(ValueError) as err:
+        _spec((mlp_workload(),), **{axis: value})
+    for w in words:
+        assert w in str(err.value)
