@@ -25,6 +25,7 @@ by torch where CuPy is missing, so a CUDA tensor never leaves the GPU.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -285,7 +286,8 @@ def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | Format
 
     Args:
         model: a ``torch.nn.Module``.
-        inputs: one input batch (a tensor, or a tuple passed as ``model(*inputs)``).
+        inputs: one input batch (a tensor, a tuple passed as ``model(*inputs)`` or a dict
+            passed as ``model(**inputs)``, as a transformers model takes ``input_ids``).
         targets: labels for the default loss (cross-entropy); ignored if ``loss_fn`` is given.
         loss_fn: ``loss_fn(output)`` or, with targets, ``loss_fn(output, targets)``; default
             cross-entropy with ``targets``, or ``mean(output^2) / 2`` without targets.
@@ -329,7 +331,8 @@ def census_model(model, inputs, targets=None, *, loss_fn=None, fmt: str | Format
                 handles.append(mod.register_forward_hook(hook))
     try:
         model.zero_grad(set_to_none=True)
-        out = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+        out = model(*inputs) if isinstance(inputs, tuple) else \
+            model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
     finally:
         for h in handles:
             h.remove()

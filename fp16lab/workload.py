@@ -40,7 +40,7 @@ from torch import nn
 
 from . import validate
 from .fp8.linear import convert_to_fp8
-from .recipes import PRECISIONS, check_precision, make_train_step, math_flags, sgd
+from .recipes import PRECISIONS, autocast, check_precision, make_train_step, math_flags, sgd
 from .scaling import ScalerSettings
 from .workloads import WORKLOADS, WorkloadNeedsPackage
 from .workloads.batches import cross_entropy
@@ -280,7 +280,14 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
 @dataclass
 class WorkloadStep:
     """One workload's training step: ``loss = step()`` trains once on the batch it was built
-    with (``step(inputs, targets)`` on another batch of the same kind, on the device)."""
+    with (``step(inputs, targets)`` on another batch of the same kind, on the device).
+
+    What the other engines take from it: ``model`` (a :class:`fp16lab.diagnostics.GradientMonitor`
+    watches its parameters), :meth:`forward_loss` (the step's forward and loss alone, what
+    :func:`fp16lab.diagnostics.locate_first_nonfinite` runs), :meth:`loss` with ``inputs`` and
+    ``targets`` (what :func:`fp16lab.census.census_model` needs) and the step itself (what
+    :func:`fp16lab.profile.profile_steps` times).
+    """
 
     run: Callable[..., torch.Tensor]
     workload: Workload
@@ -292,6 +299,24 @@ class WorkloadStep:
     precision: str
     layout: str
     converted: list[str] = field(default_factory=list)
+    forward: Callable[[Any], Any] | None = field(default=None, repr=False)
+
+    def loss(self, output: Any, targets: Any) -> torch.Tensor:
+        """The workload's loss of a model ``output`` (its logits taken as the workload says)."""
+        return _loss_of(self.workload)(_FloatLogits(self.workload.logits(output)), targets)
+
+    def forward_loss(self) -> torch.Tensor:
+        """Returns the loss of one forward pass on the step's batch, computed as the step
+        computes it (the precision's autocast; fp16 inputs where the model is fp16), with no
+        backward pass and no optimizer step."""
+        p = PRECISIONS["amp-bf16" if PRECISIONS[self.precision].fp8 else self.precision]
+        inputs = _Inputs(self.inputs)
+        if p.master_weights:
+            inputs = inputs.half()
+        forward = self.forward or _forward_of(self.workload, None, self.model)
+        with math_flags(self.precision), autocast(p.name, self.inputs_device.type):
+            out = forward(inputs)
+            return _loss_of(self.workload)(out.float() if p.master_weights else out, self.targets)
 
     def __call__(self, inputs: Any = None, targets: Any = None) -> torch.Tensor:
         with math_flags(self.precision):
@@ -371,7 +396,7 @@ def train_step(workload: Workload, precision: str, device: str | torch.device, b
                                optimizer=workload.optimizer or sgd, loss_fn=_loss_of(workload),
                                **engine)
     return WorkloadStep(body, workload, model, body.optimizer, gs, inputs, targets, precision,
-                        layout, converted)
+                        layout, converted, engine["forward"])
 
 
 def _forward_of(workload: Workload, forward: Any, model: nn.Module) -> Callable[[_Inputs], Any]:

@@ -132,3 +132,75 @@ def test_a_setting_no_workload_point_takes_is_refused_with_the_reason(axis, valu
         _spec((mlp_workload(),), **{axis: value})
     for w in words:
         assert w in str(err.value)
+
+
+# ----------------------------------------------------------------------------- the other engines
+
+class _DictModel(nn.Module):
+    """A model as transformers writes one: keyword inputs, a dict output with logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.proj = nn.Linear(16, 50)
+
+    def forward(self, input_ids, attention_mask=None):
+        return {"logits": self.proj(self.embed(input_ids))}
+
+
+def _dict_workload() -> Workload:
+    from fp16lab.workloads.batches import token_batch
+    return Workload(name="dict-lm", build=_DictModel, output="logits",
+                    batch=token_batch(6, 50, causal=True))
+
+
+def test_census_model_takes_a_workloads_dict_inputs_and_loss():
+    from fp16lab.census import census_model
+    from fp16lab.workload import train_step
+
+    ws = train_step(_dict_workload(), "fp32", "cpu", 4)
+    df = census_model(ws.model, ws.inputs, ws.targets, loss_fn=ws.loss)
+    grads = df[df.kind == "gradient"]
+    assert set(grads.layer) == {"embed", "proj"}
+    assert set(df[df.kind == "activation"].layer) == {"embed", "proj"}
+    # the loss census_model backpropagated is the workload's: the same gradient as by hand
+    model = ws.model
+    from_census = model.proj.weight.grad.clone()
+    model.zero_grad()
+    out = model(**ws.inputs)["logits"]
+    F.cross_entropy(out.flatten(0, 1), ws.targets.flatten()).backward()
+    assert torch.equal(from_census, model.proj.weight.grad)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "fp16-o2"])
+def test_forward_loss_is_the_loss_the_step_computes(precision):
+    from fp16lab.workload import train_step
+
+    ws = train_step(_dict_workload(), precision, "cpu", 4, seed=1)
+    before = float(ws.forward_loss())
+    assert float(ws()) == pytest.approx(before, rel=1e-6)  # the step's loss, before its update
+    assert float(ws.forward_loss()) != before  # the step did update the weights
+
+
+def test_the_locator_the_monitor_and_the_profiler_take_a_workloads_step():
+    from fp16lab.diagnostics import GradientMonitor, locate_first_nonfinite
+    from fp16lab.profile import profile_steps
+    from fp16lab.workload import train_step
+
+    ws = train_step(_dict_workload(), "fp32", "cpu", 4)
+    assert locate_first_nonfinite(ws.model, ws.forward_loss) is None
+    with torch.no_grad():
+        ws.model.proj.weight[3, 2] = float("inf")
+    report = locate_first_nonfinite(ws.model, ws.forward_loss)
+    assert report is not None and report.module == "proj"
+    ws = train_step(_dict_workload(), "fp32", "cpu", 4)
+    monitor = GradientMonitor(ws.model)
+    monitor.attach()
+    for _ in range(3):
+        ws()
+    assert monitor.steps == 3 and set(monitor.frame().param) >= {"proj.weight", "embed.weight"}
+    monitor.remove()
+    prof = profile_steps(ws, steps=2, warmup=1, cuda=False)
+    assert prof.steps == 2 and prof.summary.lane == "cpu" and prof.summary.busy_us > 0
+    ranges = prof.events[prof.events.name == "fp16lab.step"]
+    assert len(ranges) == 2  # the two profiled calls of the workload's step
