@@ -34,7 +34,9 @@ from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, poi
 from .measure import step_times_ms
 from .models import NUM_CLASSES, build_model, input_shape
 from .profile import gpu_kernels
+from . import workload
 from .recipes import LR, MOMENTUM, autocast_dtype, make_train_step, optimizer_factory, set_tf32
+from .workload import load_workload
 
 #: The reduce dtypes of FSDP points, by name.
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -217,6 +219,20 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+def _workload_step(point: DistPoint, ctx: Context) -> tuple[nn.Module, Callable[[], Any]]:
+    """Returns (model, step) of a workload point on this rank: the workload built by name with
+    the same seed on every rank, its own batch, wrapped as the point says."""
+    w = load_workload(point.model, **point.workload_settings)
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = workload.build_model(w)
+    w.check_can_run(point.precision, point.layout, model)
+    model = model.to(ctx.device)
+    inputs, targets = w.batch(point.batch, ctx.device)
+    step = workload.step_of(w, point.precision, wrap(point, model, ctx), inputs, targets,
+                            device=ctx.device, optimizer=optimizer_factory(point.optimizer))
+    return model, step
+
+
 def train(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Measures one DistPoint on this rank and returns rank 0's row (all ranks gathered)."""
     point = DistPoint(**{k: item[k] for k in point_fields()})
@@ -227,17 +243,20 @@ def train(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
         torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
         torch.cuda.reset_peak_memory_stats(dev)
     ctx.report.phase("build")
-    torch.manual_seed(0)  # the same initial weights on every rank
-    with dev:  # initialised where it trains: 300M parameters initialise in seconds on a CPU
-        model = build(point.model)
-    torch.manual_seed(1000 + ctx.rank)  # different synthetic data on every rank
-    x = torch.randn(batch_shape(point.model, point.batch), device=dev)
-    y = torch.randint(0, NUM_CLASSES, (point.batch,), device=dev)
-    if point.layout == "channels_last":
-        model = model.to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
+    if point.is_workload:
+        model, step = _workload_step(point, ctx)
+    else:
+        torch.manual_seed(0)  # the same initial weights on every rank
+        with dev:  # initialised where it trains: 300M parameters initialise in seconds on a CPU
+            model = build(point.model)
+        torch.manual_seed(1000 + ctx.rank)  # different synthetic data on every rank
+        x = torch.randn(batch_shape(point.model, point.batch), device=dev)
+        y = torch.randint(0, NUM_CLASSES, (point.batch,), device=dev)
+        if point.layout == "channels_last":
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+        step = make_step(point.precision, wrap(point, model, ctx), x, y, point.optimizer)
     params = sum(p.numel() for p in model.parameters())
-    step = make_step(point.precision, wrap(point, model, ctx), x, y, point.optimizer)
     ctx.report.phase("warm-up")
     for _ in range(point.warmup):
         step()

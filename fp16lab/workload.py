@@ -363,14 +363,7 @@ def train_step(workload: Workload, precision: str, device: str | torch.device, b
     batch_size = validate.count("batch_size", batch_size)
     validate.choice("layout", layout, LAYOUTS)
     torch.manual_seed(validate.count("seed", seed, low=0))
-    try:
-        model = workload.build()
-    except Exception as e:
-        raise RuntimeError(f"workload {workload.name!r}: build() raised {type(e).__name__}: {e}") \
-            from e
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"workload {workload.name!r}: build() returned a {type(model).__name__}, "
-                        "not a torch.nn.Module")
+    model = build_model(workload)
     workload.check_can_run(precision, layout, model)
     p = PRECISIONS[precision]
     converted: list[str] = []
@@ -390,13 +383,44 @@ def train_step(workload: Workload, precision: str, device: str | torch.device, b
     if compile_mode is not None:
         mode = validate.text("compile_mode", compile_mode)
         engine["forward"] = torch.compile(model, mode=None if mode == "default" else mode)
+    return step_of(workload, precision, model, inputs, targets, device=device, scaler=scaler,
+                   layout=layout, converted=converted, **engine)
+
+
+def build_model(workload: Workload) -> nn.Module:
+    """Returns ``workload.build()``, checked to be a module; its failure names the workload."""
+    try:
+        model = workload.build()
+    except Exception as e:
+        raise RuntimeError(f"workload {workload.name!r}: build() raised {type(e).__name__}: {e}") \
+            from e
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"workload {workload.name!r}: build() returned a {type(model).__name__}, "
+                        "not a torch.nn.Module")
+    return model
+
+
+def step_of(workload: Workload, precision: str, model: nn.Module, inputs: Any, targets: Any, *,
+            device: str | torch.device, scaler: ScalerSettings | None = None,
+            optimizer: Callable[[Iterable[Any]], torch.optim.Optimizer] | None = None,
+            layout: str = "nchw", converted: list[str] | None = None,
+            **engine: Any) -> WorkloadStep:
+    """Returns the :class:`WorkloadStep` of a workload's model that is already built, on
+    ``device`` with its batch (and wrapped, where an engine wraps it: DDP, FSDP2).
+
+    :func:`train_step` builds and places the model and calls this; a distributed rank wraps it
+    first. ``optimizer`` replaces the workload's (and the recipes' SGD); FP8 precisions train
+    as ``amp-bf16`` once the layers are converted.
+    """
+    p = PRECISIONS[check_precision(precision)]
+    device = torch.device(device)
     engine = {**engine, "forward": _forward_of(workload, engine.get("forward"), model)}
     body, gs = make_train_step("amp-bf16" if p.fp8 else precision, model, _Inputs(inputs),
                                targets, device=device.type, scaler=scaler,
-                               optimizer=workload.optimizer or sgd, loss_fn=_loss_of(workload),
-                               **engine)
+                               optimizer=optimizer or workload.optimizer or sgd,
+                               loss_fn=_loss_of(workload), **engine)
     return WorkloadStep(body, workload, model, body.optimizer, gs, inputs, targets, precision,
-                        layout, converted, engine["forward"])
+                        layout, list(converted or []), engine["forward"])
 
 
 def _forward_of(workload: Workload, forward: Any, model: nn.Module) -> Callable[[_Inputs], Any]:
@@ -432,4 +456,4 @@ def _loss_of(workload: Workload) -> Callable[[_FloatLogits, Any], torch.Tensor]:
 
 
 __all__ = ["LAYOUTS", "Workload", "WorkloadCannotRun", "WorkloadNotFound", "WorkloadStep",
-           "check_settings", "load_workload", "train_step"]
+           "build_model", "check_settings", "load_workload", "step_of", "train_step"]

@@ -1,7 +1,7 @@
 """fp16lab.distributed: torchrun launches of two gloo ranks on the CPU, and the arithmetic.
 
 Two launches serve the CPU tests (torchrun with two ranks takes seconds to start): one runs a
-training point then a point whose rank 1 raises; the other averages chosen gradients under each
+training point, a workload named by module:function, then a point whose rank 1 raises; the other averages chosen gradients under each
 comm hook, runs GradScaler with an inf on rank 1, trains a BatchNorm on a different batch per
 rank with and without DDP's buffer broadcast, then a point whose rank 1 hangs.
 """
@@ -35,6 +35,7 @@ HANG_TIMEOUT_S = 8.0
 def train_and_raise():
     points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused",
                           broadcast_buffers=False),
+              d.DistPoint(**{**CPU, "model": "fp16lab.workloads.builtin:mlp"}, precision="fp32"),
               d.DistPoint(**CPU, precision="amp-bf16", fault="raise@1")]
     return points, d.measure_points(points, timeout_s=120)
 
@@ -56,7 +57,7 @@ def checks_and_hang(tmp_path_factory):
 # ----------------------------------------------------------------------------- launches
 
 def test_row_from_rank0_gathers_both_ranks(train_and_raise):
-    (point, _), (row, _) = train_and_raise
+    (point, *_), (row, *_) = train_and_raise
     assert row["status"] == "ok", row["error"]
     assert {k: row[k] for k in d.point_fields()} == point.settings()
     assert (row["world_size"], row["backend"], row["wrapper"]) == (2, "gloo", "ddp")
@@ -72,8 +73,28 @@ def test_row_from_rank0_gathers_both_ranks(train_and_raise):
     assert row["optimizer_fused"] is True  # the point's optimizer is the one the ranks stepped
 
 
+def test_a_workload_named_module_colon_function_trains_on_both_ranks(train_and_raise):
+    (_, point, _), (_, row, _) = train_and_raise
+    assert row["status"] == "ok", row["error"]
+    assert row["model"] == "fp16lab.workloads.builtin:mlp" and point.is_workload
+    assert (row["world_size"], row["wrapper"]) == (2, "ddp")
+    assert [r["rank"] for r in row["per_rank"]] == [0, 1]
+    # each rank built the workload's model (fp16lab's mlp): its parameter count, by hand
+    assert row["parameters"] == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+
+
+def test_a_workload_that_does_not_load_is_refused_before_any_rank_starts():
+    with pytest.raises(ValueError, match="no_such_module_anywhere.*cannot be imported"):
+        d.DistPoint(**{**CPU, "model": "no_such_module_anywhere:make"})
+    with pytest.raises(ValueError, match="workload_settings apply to a workload model only"):
+        d.DistPoint(**CPU, workload_settings={"tiny": True})
+    with pytest.raises(TypeError, match="plain value"):
+        d.DistPoint(**{**CPU, "model": "fp16lab.workloads.builtin:mlp"},
+                    workload_settings={"f": object()})
+
+
 def test_a_rank_that_raises_ends_its_point_as_error(train_and_raise):
-    _, (_, row) = train_and_raise
+    _, (*_, row) = train_and_raise
     assert row["status"] == "error"
     assert row["error"] == "rank 1 raised RuntimeError: a fault planted for the test: rank 1 raises"
 

@@ -3,12 +3,14 @@ and how its gradients travel), checked on creation; its fields start the point's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .. import validate
 from ..models import MODELS, is_image_model
 from ..recipes import OPTIMIZERS, check_precision, precisions
+from ..workload import check_settings, load_workload
+from ..workloads import WORKLOADS
 
 #: How the gradients are averaged across ranks.
 STRATEGIES = {
@@ -46,7 +48,9 @@ class DistPoint:
     """One distributed training configuration to measure.
 
     Args:
-        model: a name in ``DIST_MODELS``.
+        model: a name in ``DIST_MODELS``, or a workload's name (a built-in workload such as
+            ``"gpt2-small"``, or ``"package.module:function"`` importable on every rank) that
+            each rank builds with :func:`fp16lab.workload.load_workload`.
         batch: samples per GPU (the global batch is ``batch * gpus``).
         precision: ``fp32``, ``amp-fp16`` (autocast + GradScaler) or ``amp-bf16`` (autocast):
             the precisions whose ``autocast_recipe`` is true (:mod:`fp16lab.recipes`).
@@ -66,6 +70,8 @@ class DistPoint:
         profile_steps: extra steps under torch.profiler to split the step into compute and
             communication (CUDA only; 0 skips).
         fault: ``''``, ``'raise@R'`` or ``'hang@R'`` (see ``FAULTS``).
+        workload_settings: the settings a workload ``model`` is built with (plain values:
+            they travel to the ranks as JSON), e.g. ``{"tiny": True}``.
     """
 
     model: str = "resnet50"
@@ -86,6 +92,12 @@ class DistPoint:
     steps: int = STEPS
     profile_steps: int = 0
     fault: str = ""
+    workload_settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_workload(self) -> bool:
+        """True where ``model`` names a workload rather than one of ``DIST_MODELS``."""
+        return self.model not in DIST_MODELS
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -95,7 +107,18 @@ class DistPoint:
         def keep(name: str, value: Any) -> None:  # the checked value (an int for a count)
             object.__setattr__(self, name, value)
 
-        validate.choice("model", self.model, DIST_MODELS)
+        keep("workload_settings", check_settings(self.workload_settings))
+        if self.is_workload:
+            try:  # what every rank will do, once here: a name that does not load fails now
+                load_workload(validate.text("model", self.model), **self.workload_settings)
+            except (ImportError, TypeError, RuntimeError) as e:
+                raise ValueError(f"model {self.model!r}: {e}") from None
+            except ValueError:
+                raise ValueError(f"model must be one of {', '.join(map(repr, DIST_MODELS))}, or "
+                                 f"a workload: a built-in one ({', '.join(map(repr, WORKLOADS))}) "
+                                 f"or 'package.module:function'; got {self.model!r}") from None
+        else:
+            check(not self.workload_settings, "workload_settings apply to a workload model only")
         keep("batch", validate.count("batch (per GPU)", self.batch))
         # fp32 changed only by autocast: the ranks run with TF32 off, and FSDP takes autocast's
         # dtype as its parameter dtype (fp32, amp-fp16, amp-bf16)
@@ -117,11 +140,13 @@ class DistPoint:
         for name in ("gradient_as_bucket_view", "static_graph", "broadcast_buffers"):
             keep(name, validate.boolean(name, getattr(self, name)))
         validate.choice("device", self.device, ("cuda", "cpu"))
-        image = self.model != "transformer_stack" and is_image_model(self.model)
+        image = not self.is_workload and self.model != "transformer_stack" and \
+            is_image_model(self.model)
         if self.layout is None:
             keep("layout", "channels_last" if image else "nchw")
         validate.choice("layout", self.layout, ("nchw", "channels_last"))
-        check(image or self.layout == "nchw", f"layout 'channels_last' applies to image models only, not {self.model!r}")
+        check(image or self.layout == "nchw",
+              f"layout 'channels_last' applies to the built-in image models only, not {self.model!r}")
         keep("warmup", validate.count("warmup", self.warmup, low=0))
         keep("steps", validate.count("steps", self.steps))
         keep("profile_steps", validate.count("profile_steps", self.profile_steps, low=0))
