@@ -29,6 +29,7 @@ BENCHMARKS = {
     "input_pipeline": "input backends alone and feeding ResNet-50 training (notebook 07)",
     "distributed": "two GPUs against one: DDP and FSDP2 settings (notebook 08; needs 2 GPUs)",
     "fp8": "FP8 GEMM against fp16/bf16 cuBLAS and FP8 training per recipe (notebook 09)",
+    "workloads": "BERT, GPT-2, ViT: AMP speed, memory predicted and measured, engine vs a bare loop",
     "notebook_times": "minutes per notebook and per section, executed with nbclient",
 }
 

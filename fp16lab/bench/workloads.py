@@ -1,0 +1,223 @@
+"""Real models under each precision: speed, memory predicted against measured, the engine's cost.
+
+For BERT-base (sequence 128, masked LM), GPT-2 small (sequence 1024, vocabulary 50257) and
+ViT-B/16 (224 x 224), built offline from their configurations with random weights
+(:mod:`fp16lab.workloads`), in this order of parts (``--budget-s`` stops starting new ones):
+
+1. ``speed``: samples/s and peak memory per precision (fp32, tf32, amp-fp16, amp-bf16) through
+   :func:`fp16lab.sweep.measure_point`, with the ratios over fp32 and over tf32;
+2. ``engine``: the amp-bf16 step through the sweep engine against a bare loop written here
+   (autocast, cross-entropy, SGD: no fp16lab code in it), repeats interleaved;
+3. ``memory``: :func:`fp16lab.memory.compare`, the predicted bytes over the measured peak, per
+   precision;
+4. ``vocab``: GPT-2 small's vocabulary padded to a multiple of 64 (50304) against 50257.
+
+One timing protocol everywhere: :func:`fp16lab.measure.step_times_ms` (a CUDA event pair per
+step after the warm-up) and the median step. ``--tiny``: the tiny configurations on the CPU,
+a smoke test of the script (CI runs it).
+
+    python -m fp16lab.bench.workloads            # GPU, about 3 minutes on an H200
+    python -m fp16lab.bench.workloads --tiny     # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from fp16lab import measure, memory, sweep, validate
+from fp16lab.bench import argument_parser
+from fp16lab.recipes import LR, MOMENTUM, set_tf32
+from fp16lab.workload import Workload, load_workload
+from fp16lab.workloads import missing_package
+
+#: (workload, batch per step, settings) of the real models.
+MODELS = (("bert-base", 64, {}), ("gpt2-small", 8, {}), ("vit-b16", 64, {}))
+PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
+PARTS = ("speed", "engine", "memory", "vocab")
+
+
+def bare_loop(w: Workload, batch: int, device: str) -> Callable[[], torch.Tensor]:
+    """Returns one amp-bf16 training step of ``w``'s model written out by hand (TF32 off)."""
+    set_tf32(False)
+    torch.manual_seed(0)
+    model = w.build().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    inputs, targets = w.batch(batch, device)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            out = model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+            logits = out[w.output] if isinstance(w.output, str) else out
+            loss = w.loss(logits, targets) if w.loss else \
+                F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def _point(name: str, w: Workload, batch: int, precision: str, device: str) -> sweep.Point:
+    return sweep.Point(model=name, batch=batch, precision=precision, device=device, workload=w)
+
+
+def _engine_ms(point: sweep.Point, warmup: int, steps: int) -> tuple[float, dict[str, Any]]:
+    row = sweep.measure_point(point, warmup=warmup, steps=steps, telemetry=False)
+    if row["status"] != "ok":
+        raise RuntimeError(f"{point.label()}: {row['error']}")
+    return row["step_ms_median"], row
+
+
+def _bare_ms(w: Workload, batch: int, device: str, warmup: int, steps: int) -> float:
+    step = bare_loop(w, batch, device)
+    for _ in range(warmup):
+        step()
+    ms = statistics.median(measure.step_times_ms(step, steps, device))
+    del step
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return ms
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argument_parser("workloads", __doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="tiny configurations on the CPU")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per point")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per point")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved repeats (engine, vocab)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new part after this many seconds (what ran is written)")
+    ap.add_argument("--only", default=",".join(PARTS), help=f"parts, comma-separated: {','.join(PARTS)}")
+    ap.add_argument("--name", default=None, help="result file stem under data/")
+    ap.add_argument("--replace", action="store_true",
+                    help="write the committed file in data/ instead of data/local/")
+    ap.add_argument("--out", default=None, help="folder to write the result to (default: data/local/)")
+    args = ap.parse_args(argv)
+    parts = [validate.choice("--only", p, PARTS) for p in args.only.split(",")]
+    warmup = validate.count("--warmup", args.warmup if args.warmup is not None else (1 if args.tiny else 3), low=0)
+    steps = validate.count("--steps", args.steps if args.steps is not None else (2 if args.tiny else 10))
+    repeats = validate.count("--repeats", args.repeats)
+    budget = None if args.budget_s is None else validate.number("--budget-s", args.budget_s, low=0,
+                                                                low_open=True)
+    gpu = torch.cuda.is_available() and not args.tiny
+    if not gpu and not args.tiny:
+        print("no CUDA GPU: running the --tiny CPU version")
+        args.tiny = True
+    device = "cuda" if gpu else "cpu"
+    missing = [m for m, _, _ in MODELS if missing_package(m)]
+    if missing:
+        print(f"cannot build {', '.join(missing)}: {missing_package(missing[0])}", file=sys.stderr)
+        return 2
+    name = args.name or ("workloads_h200" if gpu else "workloads_tiny")
+    settings = {"tiny": True} if args.tiny else {}
+    built = {m: (load_workload(m, **settings, **extra), b if not args.tiny else 4)
+             for m, b, extra in MODELS}
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    ran: list[str] = []
+
+    def out_of_time() -> bool:
+        return budget is not None and time.perf_counter() - t0 > budget
+
+    for part in parts:
+        if out_of_time():
+            print(f"budget of {budget:g} s spent: part {part!r} not run")
+            continue
+        ran.append(part)
+        for m, (w, batch) in built.items():
+            if part == "speed":
+                for prec in PRECISIONS:
+                    ms, row = _engine_ms(_point(m, w, batch, prec, device), warmup, steps)
+                    rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                                 "step_ms": ms, "samples_per_s": batch / (ms / 1e3),
+                                 "peak_mem_allocated_mb": row["peak_mem_allocated_mb"]})
+            elif part == "engine":
+                point = _point(m, w, batch, "amp-bf16", device)
+                for r in range(repeats):  # interleaved: bare, engine, then engine, bare
+                    order = ("bare", "engine") if r % 2 == 0 else ("engine", "bare")
+                    for variant in order:
+                        ms = _bare_ms(w, batch, device, warmup, steps) if variant == "bare" \
+                            else _engine_ms(point, warmup, steps)[0]
+                        rows.append({"part": part, "model": m, "batch": batch,
+                                     "precision": "amp-bf16", "variant": variant, "repeat": r,
+                                     "step_ms": ms})
+            elif part == "memory":
+                for prec in ("fp32", "amp-fp16", "amp-bf16"):
+                    if gpu:
+                        c = memory.compare(w, prec, batch, count_on="cuda")
+                        rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                                     "predicted_bytes": c["total"],
+                                     "measured_peak_bytes": c["measured_peak"],
+                                     "ratio": c["ratio"]})
+                    else:  # no peak counter for host memory: the prediction alone
+                        p = memory.predict(w, prec, batch).as_dict()
+                        rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                                     "predicted_bytes": p["total"], "measured_peak_bytes": None,
+                                     "ratio": None})
+            elif part == "vocab" and m == "gpt2-small":
+                padded = load_workload(m, **settings, pad_vocab_to=64)
+                for r in range(repeats):
+                    for label, wl in (("unpadded", w), ("padded", padded))[:: 1 if r % 2 == 0 else -1]:
+                        ms, _ = _engine_ms(_point(m, wl, batch, "amp-bf16", device), warmup, steps)
+                        rows.append({"part": part, "model": m, "batch": batch,
+                                     "precision": "amp-bf16", "vocab": label, "repeat": r,
+                                     "step_ms": ms})
+        print(f"part {part} done at {time.perf_counter() - t0:.0f} s", flush=True)
+    summary = summarize(rows)
+    path = measure.write_result(name, rows, replace=args.replace, data_dir=args.out, meta={
+        "summary": summary, "parts_run": ran, "warmup": warmup, "steps": steps,
+        "repeats": repeats, "device": device, "tiny": args.tiny,
+        "timing": "fp16lab.measure.step_times_ms, median step; engine = sweep.measure_point"})
+    print_summary(summary)
+    print(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Returns the ratios the rows give: AMP over fp32 and tf32, engine over bare, memory, vocab."""
+    out: dict[str, Any] = {"speed": {}, "engine_vs_bare": {}, "memory_ratio": {}, "vocab_gain": None}
+    for m in dict.fromkeys(r["model"] for r in rows):
+        sp = {r["precision"]: r["samples_per_s"] for r in rows if r["part"] == "speed" and r["model"] == m}
+        if sp:
+            out["speed"][m] = {p: {"samples_per_s": v, "over_fp32": v / sp["fp32"],
+                                   "over_tf32": v / sp["tf32"]} for p, v in sp.items()}
+        eng = [r for r in rows if r["part"] == "engine" and r["model"] == m]
+        if eng:
+            med = {v: statistics.median(r["step_ms"] for r in eng if r["variant"] == v)
+                   for v in ("bare", "engine")}
+            out["engine_vs_bare"][m] = med["engine"] / med["bare"]
+        mem = {r["precision"]: r["ratio"] for r in rows if r["part"] == "memory" and r["model"] == m}
+        if mem:
+            out["memory_ratio"][m] = mem
+    voc = [r for r in rows if r["part"] == "vocab"]
+    if voc:
+        med = {v: statistics.median(r["step_ms"] for r in voc if r["vocab"] == v)
+               for v in ("unpadded", "padded")}
+        out["vocab_gain"] = med["unpadded"] / med["padded"] - 1
+    return out
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    for m, by in s["speed"].items():
+        print(f"{m}: " + "  ".join(f"{p} {v['samples_per_s']:.0f}/s (x{v['over_fp32']:.2f} fp32, "
+                                   f"x{v['over_tf32']:.2f} tf32)" for p, v in by.items()))
+    for m, ratio in s["engine_vs_bare"].items():
+        print(f"{m}: engine / bare loop (amp-bf16 step time) {ratio:.4f}")
+    for m, by in s["memory_ratio"].items():
+        print(f"{m}: predicted / measured peak " + "  ".join(
+            f"{p} {r:.3f}" if r is not None else f"{p} (no GPU)" for p, r in by.items()))
+    if s["vocab_gain"] is not None:
+        print(f"gpt2-small: vocabulary padded to a multiple of 64, step-time gain "
+              f"{100 * s['vocab_gain']:+.1f}%")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
