@@ -97,7 +97,7 @@ import time  # noqa: E402
 
 #: The exercises whose answer is a function that the checker calls, with the function's arity.
 FUNCTION_EXERCISES = [("ch01", "q5", 3), ("ch02", "q3", 6), ("ch03", "q1", 2),
-                      ("ch06", "q2", 2), ("ch07", "q1", 2), ("ch09", "q3", 1)]
+                      ("ch06", "q2", 2), ("ch07", "q1", 2), ("ch09", "q4", 1)]
 
 
 def _looping(arity):

@@ -18,41 +18,41 @@ def test_q1_tensorwise_scale():
     assert not ch09.q1.check(float("inf"))
 
 
-def test_q2_delayed_scale_after_a_history():
+def test_q3_delayed_scale_after_a_history():
     s = fp8.DelayedScaling("e4m3", history_len=3)
     for a in (2.0, 8.0, 1.0, 1.0, 0.5):
         s.update(a)
     assert s.scale.item() == E4M3 / 1.0
-    assert ch09.q2.check(s.scale.item())
-    assert "current scaling" in ch09.q2.check(E4M3 / 0.5).message
-    assert "has left it" in ch09.q2.check(E4M3 / 8.0).message
-    assert not ch09.q2.check(1.0)
+    assert ch09.q3.check(s.scale.item())
+    assert "current scaling" in ch09.q3.check(E4M3 / 0.5).message
+    assert "has left it" in ch09.q3.check(E4M3 / 8.0).message
+    assert not ch09.q3.check(1.0)
 
 
-def test_q3_current_scale_function():
-    assert ch09.q3.check(lambda x: E4M3 / x.abs().max())
-    assert ch09.q3.check(lambda x: fp8.quantize(x, "e4m3").scale)
-    assert "inverse" in ch09.q3.check(lambda x: x.abs().max() / E4M3).message
-    assert "mean" in ch09.q3.check(lambda x: E4M3 / x.abs().mean()).message
-    assert "negative" in ch09.q3.check(lambda x: E4M3 / x.max()).message
-    assert not ch09.q3.check(lambda x: E5M2 / x.abs().max())
-    assert "give a function" in ch09.q3.check(448).message
+def test_q4_current_scale_function():
+    assert ch09.q4.check(lambda x: E4M3 / x.abs().max())
+    assert ch09.q4.check(lambda x: fp8.quantize(x, "e4m3").scale)
+    assert "inverse" in ch09.q4.check(lambda x: x.abs().max() / E4M3).message
+    assert "mean" in ch09.q4.check(lambda x: E4M3 / x.abs().mean()).message
+    assert "negative" in ch09.q4.check(lambda x: E4M3 / x.max()).message
+    assert not ch09.q4.check(lambda x: E5M2 / x.abs().max())
+    assert "give a function" in ch09.q4.check(448).message
 
 
-def test_q4_gradient_format_per_granularity():
-    assert ch09.q4.check(("e5m2", "e4m3")) and ch09.q4.check([" E5M2 ", "e4m3"])
-    per_tensor_e4m3 = ch09.q4.check(("e4m3", "e4m3"))
+def test_q2_gradient_format_per_granularity():
+    assert ch09.q2.check(("e5m2", "e4m3")) and ch09.q2.check([" E5M2 ", "e4m3"])
+    per_tensor_e4m3 = ch09.q2.check(("e4m3", "e4m3"))
     assert not per_tensor_e4m3 and "binades" in per_tensor_e4m3.message
     assert "one scale per tensor" in per_tensor_e4m3.message
-    per_row_e5m2 = ch09.q4.check(("e5m2", "e5m2"))
+    per_row_e5m2 = ch09.q2.check(("e5m2", "e5m2"))
     assert not per_row_e5m2 and "mantissa bit" in per_row_e5m2.message
-    assert not ch09.q4.check(("e4m3", "e5m2"))
-    assert "pair of formats" in ch09.q4.check("e5m2").message
-    assert "'e4m3' or 'e5m2'" in ch09.q4.check(("fp16", "e4m3")).message
+    assert not ch09.q2.check(("e4m3", "e5m2"))
+    assert "pair of formats" in ch09.q2.check("e5m2").message
+    assert "'e4m3' or 'e5m2'" in ch09.q2.check(("fp16", "e4m3")).message
 
 
 def test_every_exercise_has_hint_and_solution():
-    for q in (ch09.q1, ch09.q2, ch09.q3, ch09.q4):
+    for q in (ch09.q1, ch09.q3, ch09.q4, ch09.q2):
         assert q.hint().message and q.solution().message
         assert q.check().kind == "missing"
 

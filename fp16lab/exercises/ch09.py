@@ -51,8 +51,66 @@ q1 = Exercise(
     solution_code="from fp16lab import fp8\nfp8.fp8_max('e4m3') / 3.5")
 
 
-Q2_AMAXES = (2.0, 8.0, 1.0, 1.0, 0.5)
-Q2_HISTORY = 3
+def _binades(dtype) -> float:
+    """Returns log2(largest finite / smallest subnormal) of an ml_dtypes format."""
+    info = ml_dtypes.finfo(dtype)
+    return float(np.log2(float(info.max) / float(info.smallest_subnormal)))
+
+
+_SPANS = {"e4m3": _binades(ml_dtypes.float8_e4m3fn), "e5m2": _binades(ml_dtypes.float8_e5m2)}
+
+
+Q2_ROWS_BINADES = 20          # the rows of the made-up tensor of notebook 09 run from 2^-10 to 2^10
+_FORMATS = ("e4m3", "e5m2")
+
+
+def _q2_pair(answer: object) -> tuple[str, str]:
+    if isinstance(answer, str) or not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        raise Wrong("answer with a pair of formats, (one scale per tensor, one scale per row), "
+                    "e.g. ('e4m3', 'e4m3').")
+    pair = tuple(str(a).strip().lower() for a in answer)
+    if any(a not in _FORMATS for a in pair):
+        raise Wrong(f"each format is 'e4m3' or 'e5m2'; got {answer!r}.")
+    return pair
+
+
+def _check_q2(answer: object) -> str:
+    per_tensor, per_row = _q2_pair(answer)
+    spans = _SPANS
+    if per_tensor == "e4m3":
+        raise Wrong(f"with one scale per tensor the whole tensor must fit one range: its rows span "
+                    f"{Q2_ROWS_BINADES} binades of size and the values inside a row more, while e4m3 "
+                    f"spans {spans['e4m3']:.1f} from its smallest subnormal to its largest value "
+                    f"(e5m2: {spans['e5m2']:.1f}). Section 2's table of `spread_rows` (tensorwise) shows what e4m3 loses to zero.")
+    if per_row == "e5m2":
+        raise Wrong("with one scale per tensor, yes: e5m2's range keeps the small rows. But with one "
+                    "scale per row each row only needs its own range, which e4m3 holds (the "
+                    "rowwise row of section 2's `spread_rows` table), and e4m3 keeps one more mantissa bit: the extra range of e5m2 buys "
+                    "nothing there and costs precision.")
+    return (f"('e5m2', 'e4m3'): one scale for the whole tensor needs e5m2's {spans['e5m2']:.1f} binades "
+            f"of range (e4m3 has {spans['e4m3']:.1f}); once every row has its own scale, e4m3's range "
+            "suffices and its extra mantissa bit wins. That is why the FP8 paper's recipe with one "
+            "scale per tensor casts gradients to e5m2 (Micikevicius et al. 2022, arXiv 2209.05433), "
+            "while DeepSeek-V3, with 1x128 and 128x128 scales, keeps every tensor, gradients "
+            "included, in e4m3 (arXiv 2412.19437, section 3.3).")
+
+
+q2 = Exercise(
+    "q2", "Take a gradient whose rows differ in size as much as section 2's made-up tensor "
+          "`spread_rows` (2^-10 to 2^10). Which FP8 format would you cast it to with one scale per tensor, and "
+          "which with one scale per row? Fewest values lost to zero first, then the most precision. "
+          "Answer with a pair, e.g. ('e4m3', 'e4m3').",
+    _check_q2,
+    hint="In section 2's table of `spread_rows`, compare the e4m3 and e5m2 underflow columns, "
+         "scaling by scaling. Then recall which format has the extra mantissa bit.",
+    solution="('e5m2', 'e4m3'): per tensor e4m3's range is too short for rows 20 binades apart; per "
+             "row it is long enough, and e4m3 has one more mantissa bit.",
+    solution_code="from fp16lab.fp8 import ranges\n"
+                  "ranges.granularity_census({'rows': spread_rows}, 'e5m2')")
+
+
+Q3_AMAXES = (2.0, 8.0, 1.0, 1.0, 0.5)
+Q3_HISTORY = 3
 
 
 def _delayed_scale_for_next_step(amaxes, history_len, top=E4M3_MAX) -> float:
@@ -60,34 +118,34 @@ def _delayed_scale_for_next_step(amaxes, history_len, top=E4M3_MAX) -> float:
     return top / max(amaxes[-history_len:])
 
 
-def _check_q2(answer: object) -> str:
+def _check_q3(answer: object) -> str:
     value = _number(answer)
-    right = _delayed_scale_for_next_step(Q2_AMAXES, Q2_HISTORY)
+    right = _delayed_scale_for_next_step(Q3_AMAXES, Q3_HISTORY)
     if np.isclose(value, right, rtol=1e-6):
-        window = Q2_AMAXES[-Q2_HISTORY:]
-        return (f"{right:g}: the history holds the last {Q2_HISTORY} amaxes {window}, their "
+        window = Q3_AMAXES[-Q3_HISTORY:]
+        return (f"{right:g}: the history holds the last {Q3_HISTORY} amaxes {window}, their "
                 f"maximum is {max(window):g}, and {E4M3_MAX:g} / {max(window):g} = {right:g}.")
-    if np.isclose(value, E4M3_MAX / Q2_AMAXES[-1], rtol=1e-6):
+    if np.isclose(value, E4M3_MAX / Q3_AMAXES[-1], rtol=1e-6):
         raise Wrong("that is current scaling (the newest amax only); delayed scaling takes the "
-                    f"maximum over the last {Q2_HISTORY} steps.")
-    if np.isclose(value, E4M3_MAX / max(Q2_AMAXES), rtol=1e-6):
-        raise Wrong(f"the history holds only the last {Q2_HISTORY} amaxes: the 8.0 has left it.")
+                    f"maximum over the last {Q3_HISTORY} steps.")
+    if np.isclose(value, E4M3_MAX / max(Q3_AMAXES), rtol=1e-6):
+        raise Wrong(f"the history holds only the last {Q3_HISTORY} amaxes: the 8.0 has left it.")
     raise Wrong(f"{value:g} is not {E4M3_MAX:g} divided by the largest of the last "
-                f"{Q2_HISTORY} amaxes.")
+                f"{Q3_HISTORY} amaxes.")
 
 
-q2 = Exercise(
-    "q2", f"Delayed scaling with a history of {Q2_HISTORY} steps has recorded the amaxes "
-    f"{Q2_AMAXES} (oldest first). What e4m3 scale will the next step use? Answer with a number.",
-    _check_q2,
+q3 = Exercise(
+    "q3", f"Delayed scaling with a history of {Q3_HISTORY} steps has recorded the amaxes "
+    f"{Q3_AMAXES} (oldest first). What e4m3 scale will the next step use? Answer with a number.",
+    _check_q3,
     hint="Only the newest few amaxes are kept; the scale divides e4m3's largest value by their maximum.",
-    solution=f"The last {Q2_HISTORY} amaxes are {Q2_AMAXES[-Q2_HISTORY:]}; 448 / "
-             f"{max(Q2_AMAXES[-Q2_HISTORY:]):g} = {_delayed_scale_for_next_step(Q2_AMAXES, Q2_HISTORY):g}.",
+    solution=f"The last {Q3_HISTORY} amaxes are {Q3_AMAXES[-Q3_HISTORY:]}; 448 / "
+             f"{max(Q3_AMAXES[-Q3_HISTORY:]):g} = {_delayed_scale_for_next_step(Q3_AMAXES, Q3_HISTORY):g}.",
     solution_code="from fp16lab import fp8\ns = fp8.DelayedScaling('e4m3', history_len=3)\n"
                   "for a in (2.0, 8.0, 1.0, 1.0, 0.5):\n    s.update(a)\ns.scale")
 
 
-def _check_q3(answer: object) -> str:
+def _check_q4(answer: object) -> str:
     if not callable(answer):
         raise Wrong("give a function: def current_scale(x): return ... (x is a torch tensor).")
     import torch
@@ -113,70 +171,12 @@ def _check_q3(answer: object) -> str:
     return "right on three tensors whose amax spans 0.003 to 700: 448 / x.abs().max()."
 
 
-q3 = Exercise(
-    "q3", "Write current_scale(x): the tensorwise e4m3 scale of a torch tensor x (current scaling).",
-    _check_q3,
+q4 = Exercise(
+    "q4", "Write current_scale(x): the tensorwise e4m3 scale of a torch tensor x (current scaling).",
+    _check_q4,
     hint="Two steps: the absolute maximum of x, then e4m3's largest value divided by it.",
     solution="448 / |x|max; fp8.quantize computes the same (and clamps an all-zero tensor's amax).",
     solution_code="def current_scale(x):\n    return 448.0 / x.abs().max()")
-
-
-def _binades(dtype) -> float:
-    """Returns log2(largest finite / smallest subnormal) of an ml_dtypes format."""
-    info = ml_dtypes.finfo(dtype)
-    return float(np.log2(float(info.max) / float(info.smallest_subnormal)))
-
-
-_SPANS = {"e4m3": _binades(ml_dtypes.float8_e4m3fn), "e5m2": _binades(ml_dtypes.float8_e5m2)}
-
-
-Q4_ROWS_BINADES = 20          # the rows of the made-up tensor of notebook 09 run from 2^-10 to 2^10
-_FORMATS = ("e4m3", "e5m2")
-
-
-def _q4_pair(answer: object) -> tuple[str, str]:
-    if isinstance(answer, str) or not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        raise Wrong("answer with a pair of formats, (one scale per tensor, one scale per row), "
-                    "e.g. ('e4m3', 'e4m3').")
-    pair = tuple(str(a).strip().lower() for a in answer)
-    if any(a not in _FORMATS for a in pair):
-        raise Wrong(f"each format is 'e4m3' or 'e5m2'; got {answer!r}.")
-    return pair
-
-
-def _check_q4(answer: object) -> str:
-    per_tensor, per_row = _q4_pair(answer)
-    spans = _SPANS
-    if per_tensor == "e4m3":
-        raise Wrong(f"with one scale per tensor the whole tensor must fit one range: its rows span "
-                    f"{Q4_ROWS_BINADES} binades of size and the values inside a row more, while e4m3 "
-                    f"spans {spans['e4m3']:.1f} from its smallest subnormal to its largest value "
-                    f"(e5m2: {spans['e5m2']:.1f}). Section 2's table of `spread_rows` (tensorwise) shows what e4m3 loses to zero.")
-    if per_row == "e5m2":
-        raise Wrong("with one scale per tensor, yes: e5m2's range keeps the small rows. But with one "
-                    "scale per row each row only needs its own range, which e4m3 holds (the "
-                    "rowwise row of section 2's `spread_rows` table), and e4m3 keeps one more mantissa bit: the extra range of e5m2 buys "
-                    "nothing there and costs precision.")
-    return (f"('e5m2', 'e4m3'): one scale for the whole tensor needs e5m2's {spans['e5m2']:.1f} binades "
-            f"of range (e4m3 has {spans['e4m3']:.1f}); once every row has its own scale, e4m3's range "
-            "suffices and its extra mantissa bit wins. That is why the FP8 paper's recipe with one "
-            "scale per tensor casts gradients to e5m2 (Micikevicius et al. 2022, arXiv 2209.05433), "
-            "while DeepSeek-V3, with 1x128 and 128x128 scales, keeps every tensor, gradients "
-            "included, in e4m3 (arXiv 2412.19437, section 3.3).")
-
-
-q4 = Exercise(
-    "q4", "Take a gradient whose rows differ in size as much as section 2's made-up tensor "
-          "`spread_rows` (2^-10 to 2^10). Which FP8 format would you cast it to with one scale per tensor, and "
-          "which with one scale per row? Fewest values lost to zero first, then the most precision. "
-          "Answer with a pair, e.g. ('e4m3', 'e4m3').",
-    _check_q4,
-    hint="Run ranges.granularity_census({'rows': spread_rows}, 'e5m2') and compare it with "
-         "section 2's e4m3 table, row by row. Then recall which format has the extra mantissa bit.",
-    solution="('e5m2', 'e4m3'): per tensor e4m3's range is too short for rows 20 binades apart; per "
-             "row it is long enough, and e4m3 has one more mantissa bit.",
-    solution_code="from fp16lab.fp8 import ranges\n"
-                  "ranges.granularity_census({'rows': spread_rows}, 'e5m2')")
 
 
 # -- delayed: the delayed-scaling update, from an amax history ----------------------------------
@@ -193,7 +193,7 @@ def reference_delayed_scales(amaxes, history_len, margin=0):
 
 #: Histories the check runs: (amaxes, history_len, margin, what each one tests).
 DELAYED_CASES = (
-    ((2.0, 8.0, 1.0, 1.0, 0.5, 0.5), 3, 0, "q2's amaxes, one step further"),
+    ((2.0, 8.0, 1.0, 1.0, 0.5, 0.5), 3, 0, "q3's amaxes, one step further"),
     ((1.0, 1.1, 1.2, 60.0, 1.3, 1.4, 1.5, 1.6), 4, 0, "a spike at step 3"),
     ((0.5, 0.25, 0.125, 4.0), 2, 1, "a margin of 1"),
     ((0.0, 0.0, 3.0, float("inf"), 2.0), 2, 0, "zeros first, then an inf"),
