@@ -204,3 +204,27 @@ def test_the_locator_the_monitor_and_the_profiler_take_a_workloads_step():
     assert prof.steps == 2 and prof.summary.lane == "cpu" and prof.summary.busy_us > 0
     ranges = prof.events[prof.events.name == "fp16lab.step"]
     assert len(ranges) == 2  # the two profiled calls of the workload's step
+
+
+@pytest.mark.gpu
+def test_a_workload_point_on_the_gpu_trains_as_the_bare_loop_and_records_its_peak():
+    w = mlp_workload()
+    rows = sweep.run_sweep(_spec((w,), batches=(16,), device="cuda",
+                                 precisions=("fp32", "amp-fp16", "fp8-tensorwise")))
+    by = {r["precision"]: r for r in rows.to_dict("records")}
+    assert all(r["status"] == "ok" for r in by.values()), {p: r["error"] for p, r in by.items()}
+    assert all(r["peak_mem_allocated_mb"] > 0 for r in by.values())
+    # fp32 on the GPU, TF32 off: the bare CPU loop's loss up to the sums' order
+    expected = bare_loop_losses(w, 16, seed=1234, n=WARMUP + STEPS)
+    assert by["fp32"]["final_loss"] == pytest.approx(expected[-1], rel=1e-4)
+    assert by["amp-fp16"]["final_scale"] == 65536.0 and by["amp-fp16"]["skipped_steps"] == 0
+    assert by["fp8-tensorwise"]["fp8_layers"] == 1
+
+
+@pytest.mark.gpu
+def test_a_dict_workloads_step_on_the_gpu_matches_its_forward_loss():
+    from fp16lab.workload import train_step
+
+    ws = train_step(_dict_workload(), "amp-fp16", "cuda", 8, seed=2)
+    before = float(ws.forward_loss())
+    assert float(ws()) == pytest.approx(before, rel=1e-3)  # autocast fp16 on both sides

@@ -124,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ran: list[str] = []
 
+    def write() -> Any:
+        return measure.write_result(name, rows, replace=args.replace, data_dir=args.out, meta={
+            "summary": summarize(rows), "parts_run": ran, "warmup": warmup, "steps": steps,
+            "repeats": repeats, "device": device, "tiny": args.tiny,
+            "timing": "fp16lab.measure.step_times_ms, median step; engine = sweep.measure_point"})
+
     def out_of_time() -> bool:
         return budget is not None and time.perf_counter() - t0 > budget
 
@@ -133,62 +139,76 @@ def main(argv: list[str] | None = None) -> int:
             continue
         ran.append(part)
         for m, (w, batch) in built.items():
-            if part == "speed":
-                for prec in PRECISIONS:
-                    ms, row = _engine_ms(_point(m, w, batch, prec, device), warmup, steps)
-                    rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
-                                 "step_ms": ms, "samples_per_s": batch / (ms / 1e3),
-                                 "peak_mem_allocated_mb": row["peak_mem_allocated_mb"]})
-            elif part == "engine":
-                point = _point(m, w, batch, "amp-bf16", device)
-                for r in range(repeats):  # interleaved: bare, engine, then engine, bare
-                    order = ("bare", "engine") if r % 2 == 0 else ("engine", "bare")
-                    for variant in order:
-                        ms = _bare_ms(w, batch, device, warmup, steps) if variant == "bare" \
-                            else _engine_ms(point, warmup, steps)[0]
-                        rows.append({"part": part, "model": m, "batch": batch,
-                                     "precision": "amp-bf16", "variant": variant, "repeat": r,
-                                     "step_ms": ms})
-            elif part == "memory":
-                for prec in ("fp32", "amp-fp16", "amp-bf16"):
-                    if gpu:
-                        c = memory.compare(w, prec, batch, count_on="cuda")
-                        rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
-                                     "predicted_bytes": c["total"],
-                                     "measured_peak_bytes": c["measured_peak"],
-                                     "ratio": c["ratio"]})
-                    else:  # no peak counter for host memory: the prediction alone
-                        p = memory.predict(w, prec, batch).as_dict()
-                        rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
-                                     "predicted_bytes": p["total"], "measured_peak_bytes": None,
-                                     "ratio": None})
-            elif part == "vocab" and m == "gpt2-small":
-                padded = load_workload(m, **settings, pad_vocab_to=64)
-                for r in range(repeats):
-                    for label, wl in (("unpadded", w), ("padded", padded))[:: 1 if r % 2 == 0 else -1]:
-                        ms, _ = _engine_ms(_point(m, wl, batch, "amp-bf16", device), warmup, steps)
-                        rows.append({"part": part, "model": m, "batch": batch,
-                                     "precision": "amp-bf16", "vocab": label, "repeat": r,
-                                     "step_ms": ms})
+            try:
+                _run_part(part, m, w, batch, rows, device=device, gpu=gpu, warmup=warmup,
+                          steps=steps, repeats=repeats, settings=settings)
+            except Exception as e:  # recorded; the other models and parts still run
+                rows.append({"part": part, "model": m, "error": f"{type(e).__name__}: {e}"})
+                print(f"part {part}, {m}: {type(e).__name__}: {e}", flush=True)
         print(f"part {part} done at {time.perf_counter() - t0:.0f} s", flush=True)
-    summary = summarize(rows)
-    path = measure.write_result(name, rows, replace=args.replace, data_dir=args.out, meta={
-        "summary": summary, "parts_run": ran, "warmup": warmup, "steps": steps,
-        "repeats": repeats, "device": device, "tiny": args.tiny,
-        "timing": "fp16lab.measure.step_times_ms, median step; engine = sweep.measure_point"})
-    print_summary(summary)
+        path = write()  # after every part: a run stopped later keeps what it measured
+    path = write()
+    print_summary(summarize(rows))
     print(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
     return 0
 
 
+def _run_part(part: str, m: str, w: Workload, batch: int, rows: list[dict[str, Any]], *,
+              device: str, gpu: bool, warmup: int, steps: int, repeats: int,
+              settings: dict[str, Any]) -> None:
+    """Measures one part for one model, appending its rows."""
+    if part == "speed":
+        for prec in PRECISIONS:
+            ms, row = _engine_ms(_point(m, w, batch, prec, device), warmup, steps)
+            rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                         "step_ms": ms, "samples_per_s": batch / (ms / 1e3),
+                         "peak_mem_allocated_mb": row["peak_mem_allocated_mb"]})
+    elif part == "engine":
+        point = _point(m, w, batch, "amp-bf16", device)
+        for r in range(repeats):  # interleaved: bare, engine, then engine, bare
+            order = ("bare", "engine") if r % 2 == 0 else ("engine", "bare")
+            for variant in order:
+                ms = _bare_ms(w, batch, device, warmup, steps) if variant == "bare" \
+                    else _engine_ms(point, warmup, steps)[0]
+                rows.append({"part": part, "model": m, "batch": batch,
+                             "precision": "amp-bf16", "variant": variant, "repeat": r,
+                             "step_ms": ms})
+    elif part == "memory":
+        for prec in ("fp32", "amp-fp16", "amp-bf16"):
+            if gpu:
+                c = memory.compare(w, prec, batch, count_on="cuda")
+                rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                             "predicted_bytes": c["total"],
+                             "measured_peak_bytes": c["measured_peak"],
+                             "ratio": c["ratio"]})
+            else:  # no peak counter for host memory: the prediction alone
+                p = memory.predict(w, prec, batch).as_dict()
+                rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                             "predicted_bytes": p["total"], "measured_peak_bytes": None,
+                             "ratio": None})
+    elif part == "vocab" and m == "gpt2-small":
+        padded = load_workload(m, **settings, pad_vocab_to=64)
+        for r in range(repeats):
+            for label, wl in (("unpadded", w), ("padded", padded))[:: 1 if r % 2 == 0 else -1]:
+                ms, _ = _engine_ms(_point(m, wl, batch, "amp-bf16", device), warmup, steps)
+                rows.append({"part": part, "model": m, "batch": batch,
+                             "precision": "amp-bf16", "vocab": label, "repeat": r,
+                             "step_ms": ms})
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Returns the ratios the rows give: AMP over fp32 and tf32, engine over bare, memory, vocab."""
-    out: dict[str, Any] = {"speed": {}, "engine_vs_bare": {}, "memory_ratio": {}, "vocab_gain": None}
+    out: dict[str, Any] = {"speed": {}, "engine_vs_bare": {}, "memory_ratio": {}, "vocab_gain": None,
+                           "errors": [f"{r['part']} {r['model']}: {r['error']}" for r in rows
+                                      if "error" in r]}
+    rows = [r for r in rows if "error" not in r]
     for m in dict.fromkeys(r["model"] for r in rows):
         sp = {r["precision"]: r["samples_per_s"] for r in rows if r["part"] == "speed" and r["model"] == m}
         if sp:
-            out["speed"][m] = {p: {"samples_per_s": v, "over_fp32": v / sp["fp32"],
-                                   "over_tf32": v / sp["tf32"]} for p, v in sp.items()}
+            out["speed"][m] = {p: {"samples_per_s": v,
+                                   "over_fp32": v / sp["fp32"] if "fp32" in sp else None,
+                                   "over_tf32": v / sp["tf32"] if "tf32" in sp else None}
+                               for p, v in sp.items()}
         eng = [r for r in rows if r["part"] == "engine" and r["model"] == m]
         if eng:
             med = {v: statistics.median(r["step_ms"] for r in eng if r["variant"] == v)
@@ -207,13 +227,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_summary(s: dict[str, Any]) -> None:
     for m, by in s["speed"].items():
-        print(f"{m}: " + "  ".join(f"{p} {v['samples_per_s']:.0f}/s (x{v['over_fp32']:.2f} fp32, "
-                                   f"x{v['over_tf32']:.2f} tf32)" for p, v in by.items()))
+        print(f"{m}: " + "  ".join(f"{p} {v['samples_per_s']:.0f}/s (x{v['over_fp32'] or 0:.2f} "
+                                   f"fp32, x{v['over_tf32'] or 0:.2f} tf32)" for p, v in by.items()))
     for m, ratio in s["engine_vs_bare"].items():
         print(f"{m}: engine / bare loop (amp-bf16 step time) {ratio:.4f}")
     for m, by in s["memory_ratio"].items():
         print(f"{m}: predicted / measured peak " + "  ".join(
             f"{p} {r:.3f}" if r is not None else f"{p} (no GPU)" for p, r in by.items()))
+    for e in s["errors"]:
+        print(f"error: {e}")
     if s["vocab_gain"] is not None:
         print(f"gpt2-small: vocabulary padded to a multiple of 64, step-time gain "
               f"{100 * s['vocab_gain']:+.1f}%")
