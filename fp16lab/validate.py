@@ -275,14 +275,12 @@ def argument(check: Callable[..., Any], *args: Any, many: bool = False,
         return check("value", _from_text(check, text.strip()), *args, **kwargs)
 
     def read(text: str) -> Any:
+        items = [t for t in text.split(",") if t.strip()] if many else [text]
+        if not items:
+            raise argparse.ArgumentTypeError(
+                f"must be a comma-separated list of one or more values, got {_shown(text)}")
         try:
-            if not many:
-                return one(text)
-            items = [t for t in text.split(",") if t.strip()]
-            if not items:
-                raise ValueError(f"value must be a comma-separated list of one or more values, "
-                                 f"got {_shown(text)}")
-            return tuple(one(t) for t in items)
+            values = tuple(one(t) for t in items)
         except (TypeError, ValueError) as exc:  # a refused path is a ValueError too
             message = str(exc).removesuffix(" (str)")  # every flag's text is a str
             for prefix, instead in (("value's ", "its "), ("value: ", ""), ("value ", "")):
@@ -292,6 +290,7 @@ def argument(check: Callable[..., Any], *args: Any, many: bool = False,
             if words and check is not boolean:
                 message += f" (or {' or '.join(map(repr, words))})"
             raise argparse.ArgumentTypeError(message) from None
+        return values if many else values[0]
 
     read.__name__ = check.__name__  # argparse names the type in its own messages
     read.check = check  # type: ignore[attr-defined]  # what the flag takes, for a reader

@@ -141,8 +141,11 @@ def test_images_dir_naming_a_file_or_an_unwritable_folder_is_one_line(tmp_path, 
         locked.chmod(0o700)
 
 
-def test_the_cli_shows_a_bug_with_its_traceback(monkeypatch):
+def test_the_cli_shows_a_bug_with_its_traceback(monkeypatch, tmp_path):
     from fp16lab.sweep import cli as sweep_cli
+
+    (tmp_path / "x.parquet").write_text("x")  # report's file must exist to get past parsing
+    monkeypatch.chdir(tmp_path)
 
     def bug(args):
         return None + 1  # a TypeError that no validation raised
@@ -152,9 +155,12 @@ def test_the_cli_shows_a_bug_with_its_traceback(monkeypatch):
         main(["report", "x.parquet"])
 
 
-def test_the_cli_turns_a_validation_type_error_into_one_line(monkeypatch, capsys):
+def test_the_cli_turns_a_validation_type_error_into_one_line(monkeypatch, capsys, tmp_path):
     from fp16lab import validate
     from fp16lab.sweep import cli as sweep_cli
+
+    (tmp_path / "x.parquet").write_text("x")
+    monkeypatch.chdir(tmp_path)
 
     monkeypatch.setattr(sweep_cli, "_cmd_report", lambda args: validate.count("--steps", "x"))
     assert main(["report", "x.parquet"]) == 2
