@@ -231,37 +231,38 @@ def output_file(name: str, value: Any) -> Path:
 ON_OFF = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
 
 
-def _from_text(check: Callable[..., Any], text: str) -> Any:
-    """Returns the value a flag's ``text`` stands for, as ``check`` wants it (the text itself when
-    it is not such a value, so that the check names what was given)."""
-    if check is count:
+def _from_text(text: str, *, whole: bool) -> Any:
+    """Returns the number a flag's ``text`` writes (an int where ``whole`` and it is one), or the
+    text itself when it writes none, so that the check names what was given."""
+    if whole:
         try:
             return int(text)
         except ValueError:
             pass  # "1e8" is a whole number too
-    if check in (count, number):
-        try:
-            return float(text)
-        except ValueError:
-            return text
-    return text
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def argument(check: Callable[..., Any], *args: Any, many: bool = False,
-             words: Mapping[str, Any] | None = None, **kwargs: Any) -> Callable[[str], Any]:
+             words: Mapping[str, Any] | None = None, numeric: bool = False,
+             **kwargs: Any) -> Callable[[str], Any]:
     """Returns an argparse ``type=`` that reads a flag's text and runs ``check`` on it.
 
     ``validate.argument(validate.count, low=0)`` reads ``--warmup 3`` as the int 3 and refuses
     ``--warmup -1`` at parse time, so argparse exits 2 with one line: ``argument --warmup: must
     be >= 0, got -1``. Numbers and counts are read from the text (``1e8`` is a count), a boolean
-    from the words of :data:`ON_OFF`; other checks get the text. ``args`` and ``kwargs`` go to the
-    check (``validate.argument(validate.choice, MODELS)``).
+    from the words of :data:`ON_OFF`; other checks get the text unless ``numeric``. ``args``
+    and ``kwargs`` go to the check (``validate.argument(validate.choice, MODELS)``).
 
     Args:
         many: the flag holds a comma-separated list (``--batch 64,128``); each item is checked,
             a tuple is returned, and an empty list is refused.
         words: texts that stand for a value without a check (``{"auto": None}``); a boolean's
             are :data:`ON_OFF`.
+        numeric: give a check of another module (``check_scale(name, value)``) the number the
+            text writes, as :func:`number` and :func:`count` get it.
     """
     if check is boolean and words is None:
         words = ON_OFF
@@ -272,7 +273,10 @@ def argument(check: Callable[..., Any], *args: Any, many: bool = False,
             return words[key]
         if check is boolean:
             raise ValueError(f"value must be one of {', '.join(words)}; got {_shown(text)}")
-        return check("value", _from_text(check, text.strip()), *args, **kwargs)
+        text = text.strip()
+        if numeric or check in (number, count):
+            text = _from_text(text, whole=check is not number)
+        return check("value", text, *args, **kwargs)
 
     def read(text: str) -> Any:
         items = [t for t in text.split(",") if t.strip()] if many else [text]

@@ -361,7 +361,9 @@ CLI_BAD = ("nan", "-1", "0", "", "abc")
 #: Flags that take any text (a result's name, a note), so 'abc', '0' and '-1' are fine there.
 CLI_FREE_TEXT = {"--name", "--host-note"}
 #: Arguments a command needs before any flag can be probed.
-CLI_REQUIRED = {("sweep",): ["--out", "{tmp}/r.parquet"], ("report",): ["{tmp}/a_file"]}
+CLI_REQUIRED = {("sweep",): ["--out", "{tmp}/r.parquet"], ("report",): ["{results}"]}
+#: A real results file (the committed reference sweep's), for ``report``'s positional.
+CLI_RESULTS = Path(__file__).resolve().parents[1] / "data" / "sweep_reference_h200.parquet"
 #: Flags that name folders; a file there is a wrong path (for a flag whose type names no check).
 CLI_FOLDERS = {"--data", "--data-dir", "--trace-dir", "--images-dir", "--out"}
 #: The wrong paths for each kind of path flag, by the check its type runs (validate.argument's
@@ -494,7 +496,7 @@ def _cli_finding(prefix, flag, label, tmp: Path, monkeypatch, capsys) -> str | N
     (tmp / "a_folder").mkdir(exist_ok=True)
     value = {"a file": str(a_file), "under a file": f"{a_file}/out", "missing":
              str(tmp / "no" / "such"), "a folder": str(tmp / "a_folder")}.get(label, label)
-    required = [a.format(tmp=tmp) for a in CLI_REQUIRED.get(prefix, [])]
+    required = [a.format(tmp=tmp, results=CLI_RESULTS) for a in CLI_REQUIRED.get(prefix, [])]
     if flag.startswith("-"):
         argv = [*prefix, *required, f"{flag}={value}"]
     else:  # a positional: the bad value takes its place

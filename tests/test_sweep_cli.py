@@ -42,7 +42,7 @@ def test_rerunning_the_same_command_measures_nothing_new(tmp_path, capsys):
     (["--batch", "eight"], ["argument --batch: must be a whole number, got 'eight'"]),
     (["--layout", "nhwc"], ["argument --layout", "got 'nhwc'", "channels_last"]),
     (["--precision", "fp64"], ["argument --precision", "got 'fp64'", "amp-bf16"]),
-    (["--init-scale", "-1", "--precision", "amp-fp16"], ["--init-scale: must be > 0"]),
+    (["--init-scale", "-1", "--precision", "amp-fp16"], ["argument --init-scale: must be a finite positive number"]),
     (["--backoff-factor", "2"], ["backoff_factor"]),
     (["--cudnn-benchmark", "maybe"], ["argument --cudnn-benchmark", "must be one of on, off"]),
 ])

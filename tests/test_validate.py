@@ -262,3 +262,13 @@ def test_argument_makes_argparse_exit_2_with_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "prog: error: argument --steps: must be >= 1, got 0"
     assert p.parse_args(["--steps", "3"]).steps == 3
+
+
+def test_argument_numeric_gives_another_modules_check_the_number():
+    def check(name, value):  # a check of another module, taking (name, value) as these do
+        return value
+
+    assert validate.argument(check, numeric=True)("3") == 3
+    assert validate.argument(check, numeric=True)("0.5") == 0.5
+    assert validate.argument(check, numeric=True)("abc") == "abc"  # for the check to refuse
+    assert validate.argument(check)("3") == "3"

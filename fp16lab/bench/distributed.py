@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replace", action="store_true", help="write the committed file in data/")
     ap.add_argument("--name", type=validate.argument(validate.text), default=None, help="result file stem (default distributed_<gpu>x<n>)")
     ap.add_argument("--gpus", type=validate.argument(validate.count, low=2), default=2,
-                    help="ranks of the multi-GPU points, 2 or more: they are compared with 1 (default 2)")
+                    help="ranks of the multi-GPU points (default 2)")
     ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True), default=380.0,
                     help="stop launching new fp16lab points this many seconds after the start (default 380)")
     ap.add_argument("--timeout-s", type=validate.argument(validate.number, low=0, low_open=True), default=120.0, help="seconds one point may run (default 120)")

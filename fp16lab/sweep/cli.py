@@ -9,11 +9,12 @@ from typing import Any
 from .. import validate
 from ..models import MODELS
 from ..scaling import ScalerSettings
+from ..scaling.settings import check_scale
 from .axes import BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS
 from .engine import run_sweep
 from .report import format_report
 from .results import check_results_path, read_results
-from .spec import LAYOUTS, SweepSpec, check_images_dir
+from .spec import LAYOUTS, SweepSpec, check_images_dir, check_tolerance
 
 
 def images_folder(name: str, value: Any) -> Path:
@@ -31,6 +32,26 @@ def results_file(name: str, value: Any) -> Path:
         return check_results_path(validate.output_file(name, value))
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
+
+
+def results_to_read(name: str, value: Any) -> Path:
+    """Returns ``value`` as a Path if it names a sweep results file that exists and can be read.
+
+    :func:`read_results` says what is wrong with a folder, another kind of file or a damaged
+    one; the report reads the rows again after parsing.
+    """
+    if isinstance(value, str) and value:  # an empty path is refused as every path is
+        try:
+            read_results(value)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+    return validate.existing_file(name, value)
+
+
+def _tolerance(name: str, value: Any) -> float:
+    """Returns ``value`` if it is a repeat-spread tolerance (:func:`check_tolerance`)."""
+    check_tolerance(value, name)
+    return value
 
 
 def _list_of(check: Any, *args: Any, **kwargs: Any) -> Any:
@@ -97,9 +118,9 @@ def register_cli(subparsers: Any) -> None:
                    type=_list_of(validate.choice, SWEEP_PRECISIONS),
                    help=f"comma-separated; of {', '.join(SWEEP_PRECISIONS)}")
     d = ScalerSettings()  # GradScaler's defaults, written once in fp16lab.scaling
-    # finite numbers here; ScalerSettings says which range each one takes
+    # the factors: finite numbers here; ScalerSettings says which range each one takes
     p.add_argument("--init-scale", default=f"{d.init_scale:g}",
-                   type=_list_of(validate.number, low=0, low_open=True),
+                   type=_list_of(check_scale, numeric=True),
                    help="comma-separated GradScaler init_scale")
     p.add_argument("--growth-factor", type=validate.argument(validate.number),
                    default=d.growth_factor)
@@ -140,7 +161,7 @@ def register_cli(subparsers: Any) -> None:
                    help="timed steps per repeat")
     p.add_argument("--repeats", type=validate.argument(validate.count), default=3,
                    help="interleaved repeats of every point")
-    p.add_argument("--tolerance", type=validate.argument(validate.number, low=0, high=1, low_open=True, high_open=True), default=0.03,
+    p.add_argument("--tolerance", type=validate.argument(_tolerance, numeric=True), default=0.03,
                    help="flag a point whose repeat medians differ by more than this fraction")
     p.add_argument("--no-telemetry", action="store_true", help="do not sample NVML")
     p.add_argument("--out", required=True, type=validate.argument(results_file),
@@ -148,8 +169,8 @@ def register_cli(subparsers: Any) -> None:
     p.set_defaults(func=_cmd_sweep)
 
     r = subparsers.add_parser("report", help="print a sweep's results file as a table")
-    r.add_argument("file", type=validate.argument(validate.existing_file),
+    r.add_argument("file", type=validate.argument(results_to_read),
                    help="a .parquet (or .csv) file written by `fp16lab sweep`")
-    r.add_argument("--tolerance", type=validate.argument(validate.number, low=0, high=1, low_open=True, high_open=True), default=None,
+    r.add_argument("--tolerance", type=validate.argument(_tolerance, numeric=True), default=None,
                    help="repeat-spread tolerance for the UNSTABLE flag (default: the sweep's)")
     r.set_defaults(func=_cmd_report)
