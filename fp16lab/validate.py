@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ON_OFF", "NotAFile", "NotAFolder", "NotPermitted", "PathNotFound", "argument", "boolean",
-           "choice", "count", "device", "existing_dir", "existing_file", "number", "output_dir", "output_file", "text"]
+           "choice", "count", "device", "existing_dir", "existing_file", "number", "output_dir",
+           "output_file", "text"]
 
 
 class PathNotFound(FileNotFoundError, ValueError):

@@ -157,13 +157,16 @@ def _format_name(name: str, value: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("census", __doc__.splitlines()[0])
-    p.add_argument("--size", type=validate.argument(validate.count), default=int(1e8), help="elements (default 1e8)")
-    p.add_argument("--format", type=validate.argument(_format_name), default="fp16", help="census format (default fp16)")
+    p.add_argument("--size", type=validate.argument(validate.count), default=int(1e8),
+                   help="elements (default 1e8)")
+    p.add_argument("--format", type=validate.argument(_format_name), default="fp16",
+                   help="census format (default fp16)")
     p.add_argument("--repeat", type=validate.argument(validate.count), default=20)
     p.add_argument("--quick", action="store_true", help="1e6 elements, CPU only, few repeats")
     p.add_argument("--cpu-only", action="store_true")
     p.add_argument("--gpu-only", action="store_true")
-    p.add_argument("--name", type=validate.argument(validate.text), default="census_bench", help="result file stem under data/")
+    p.add_argument("--name", type=validate.argument(validate.text), default="census_bench",
+                   help="result file stem under data/")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     a = p.parse_args(argv)

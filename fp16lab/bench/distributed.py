@@ -234,16 +234,20 @@ def _gpu_slug() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("distributed", __doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="CPU, two gloo ranks, tiny models: a smoke test")
+    ap.add_argument("--quick", action="store_true",
+                    help="CPU, two gloo ranks, tiny models: a smoke test")
     ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
                     help="folder for the result file (default: data/local/, or data/ with --replace)")
     ap.add_argument("--replace", action="store_true", help="write the committed file in data/")
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None, help="result file stem (default distributed_<gpu>x<n>)")
+    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
+                    help="result file stem (default distributed_<gpu>x<n>)")
     ap.add_argument("--gpus", type=validate.argument(validate.count, low=2), default=2,
                     help="ranks of the multi-GPU points (default 2)")
-    ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True), default=380.0,
+    ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=380.0,
                     help="stop launching new fp16lab points this many seconds after the start (default 380)")
-    ap.add_argument("--timeout-s", type=validate.argument(validate.number, low=0, low_open=True), default=120.0, help="seconds one point may run (default 120)")
+    ap.add_argument("--timeout-s", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=120.0, help="seconds one point may run (default 120)")
     ap.add_argument("--rounds", type=validate.argument(validate.count), default=3,
                     help="interleaved rounds of the bare loop's variants and modes (default 3; 1 with --quick)")
     args = ap.parse_args(argv)

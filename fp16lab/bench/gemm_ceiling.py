@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=validate.argument(validate.count), default=8192)
     p.add_argument("--kernel", default="mma_sync_256x128s4",
                    choices=[k for k, s in KERNELS.items() if s.uses_mma_ptx])
-    p.add_argument("--seconds", type=validate.argument(validate.number, low=0, low_open=True), default=1.0, help="length of each sustained run")
+    p.add_argument("--seconds", type=validate.argument(validate.number, low=0, low_open=True),
+                   default=1.0, help="length of each sustained run")
     p.add_argument("--no-triton", action="store_true")
     p.add_argument("--quick", action="store_true", help="2048^3, 0.3 s sustained runs, no Triton")
     p.add_argument("--triton-worker", action="store_true", help=argparse.SUPPRESS)

@@ -148,13 +148,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the result file goes (default: data/local/, data/ with --replace; "
                         "--quick: a temporary folder)")
     p.add_argument("--replace", action="store_true", help="write the committed file in data/")
-    p.add_argument("--name", type=validate.argument(validate.text), default=None, help="result file stem (default: input_pipeline_<gpu>)")
+    p.add_argument("--name", type=validate.argument(validate.text), default=None,
+                   help="result file stem (default: input_pipeline_<gpu>)")
     p.add_argument("--images-dir", type=validate.argument(images_folder), default=None,
                    help="where the JPEG data set is made or reused (default: a folder under /tmp)")
-    p.add_argument("--images", type=validate.argument(validate.count), default=None, help="number of JPEG files (default 2048)")
+    p.add_argument("--images", type=validate.argument(validate.count), default=None,
+                   help="number of JPEG files (default 2048)")
     p.add_argument("--host-note", type=validate.argument(validate.text), default=None,
                    help="a sentence on the host for the result's meta (e.g. what else ran on it)")
-    p.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True), default=400.0,
+    p.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),
+                   default=400.0,
                    help="rows not started after this many seconds are recorded as skipped (a "
                         "row takes 7-15 s, fp32's first one about a minute more)")
     a = p.parse_args(argv)

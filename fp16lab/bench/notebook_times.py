@@ -212,11 +212,13 @@ def update_workshop(path: Path = NOTEBOOKS_DIR / "WORKSHOP.md") -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("notebook_times", __doc__.splitlines()[0])
     numbers = [x.name[:2] for x in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))]
-    p.add_argument("--only", default=None, type=validate.argument(validate.choice, numbers, many=True),
+    p.add_argument("--only", default=None,
+                   type=validate.argument(validate.choice, numbers, many=True),
                    help="comma-separated notebook numbers, e.g. 03,04")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
-    p.add_argument("--save-executed", metavar="DIR", default=None, type=validate.argument(validate.output_dir),
+    p.add_argument("--save-executed", metavar="DIR", default=None,
+                   type=validate.argument(validate.output_dir),
                    help="also write each executed notebook, with its outputs, into DIR")
     p.add_argument("--workshop", action="store_true",
                    help="execute nothing: rewrite notebooks/WORKSHOP.md's table from the files")

@@ -326,11 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
                     help="where the JSON goes (default: data/local/, or data/ with --replace)")
     ap.add_argument("--replace", action="store_true", help="write the committed files in data/")
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None, help="result file stem (default by device)")
-    ap.add_argument("--steps", type=validate.argument(validate.count), default=None, help="steps per timed block")
-    ap.add_argument("--repeats", type=validate.argument(validate.count), default=None, help="timed blocks per point")
-    ap.add_argument("--profile-steps", type=validate.argument(validate.count), default=None, help="steps in the profiled window")
-    ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True), default=170.0,
+    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
+                    help="result file stem (default by device)")
+    ap.add_argument("--steps", type=validate.argument(validate.count), default=None,
+                    help="steps per timed block")
+    ap.add_argument("--repeats", type=validate.argument(validate.count), default=None,
+                    help="timed blocks per point")
+    ap.add_argument("--profile-steps", type=validate.argument(validate.count), default=None,
+                    help="steps in the profiled window")
+    ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=170.0,
                     help="compile points are skipped once this many seconds have passed")
     ap.add_argument("--trace-dir", type=validate.argument(validate.output_dir), default=None,
                     help="keep the Chrome traces here (default: not kept)")

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=validate.argument(validate.count), default=None)
     ap.add_argument("--warmup", type=validate.argument(validate.count, low=0), default=None)
     ap.add_argument("--steps", type=validate.argument(validate.count), default=None)
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None, help="result file stem under data/")
+    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
+                    help="result file stem under data/")
     ap.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     args = ap.parse_args(argv)

@@ -118,17 +118,20 @@ def cpu_parts() -> dict[str, SweepSpec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("sweep_reference", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny CPU grid")
-    ap.add_argument("--only", default=None, type=validate.argument(validate.choice, PARTS, many=True),
-                    help=f"comma-separated part names to run, of: {', '.join(PARTS)}")
+    ap.add_argument("--only", default=None,
+                    type=validate.argument(validate.choice, PARTS, many=True),
+                    help="comma-separated part names to run")
     ap.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     ap.add_argument("--images-dir", default=None, type=validate.argument(images_folder),
                     help="JPEG folder of the inputs part (default: fp16lab_jpegs_<images> in the "
                          "temp folder, written once)")
-    ap.add_argument("--images", type=validate.argument(validate.count), default=2048, help="JPEGs in a new --images-dir")
+    ap.add_argument("--images", type=validate.argument(validate.count), default=2048,
+                    help="JPEGs in a new --images-dir")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
-    images_dir = str(args.images_dir or Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{args.images}")
+    images_dir = str(args.images_dir
+                     or Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{args.images}")
     parts = gpu_parts(images_dir, args.images) if gpu else cpu_parts()
     if args.only is not None:
         elsewhere = [k for k in args.only if k not in parts]

@@ -46,7 +46,8 @@ CASES = {
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("wgmma_cluster", __doc__.splitlines()[0])
-    p.add_argument("--sizes", type=validate.argument(validate.count), nargs="*", default=[4096, 8192])
+    p.add_argument("--sizes", type=validate.argument(validate.count), nargs="*",
+                   default=[4096, 8192])
     p.add_argument("--data-dir", type=validate.argument(validate.output_dir), default=None,
                    help="default: data/local/ (data/ with --replace)")
     p.add_argument("--replace", action="store_true", help="write the committed file in data/")

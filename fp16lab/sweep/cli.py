@@ -71,7 +71,8 @@ def _cmd_sweep(args: Any) -> int:
                      num_workers=args.num_workers, pin_memory=args.pin_memory,
                      non_blocking=args.non_blocking, normalize_on=args.normalize_on,
                      gpus=args.gpus,
-                     images_dir=None if args.images_dir is None else str(args.images_dir), images=args.images, device=args.device,
+                     images_dir=None if args.images_dir is None else str(args.images_dir),
+                     images=args.images, device=args.device,
                      warmup=args.warmup, steps=args.steps, repeats=args.repeats,
                      tolerance=args.tolerance, telemetry=not args.no_telemetry)
     n = len(spec.points())
