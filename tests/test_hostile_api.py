@@ -13,7 +13,8 @@ with a one-line message that names the flag and no traceback, within the time li
 any work starts).
 
 Where a parameter legitimately takes such a value (a seed of 0, a signed quantity), the
-allow-lists below say so, with the reason.
+allow-lists below say so, with the reason; a flag's value taken so (CLI_VALID) must get past
+its command's parser.
 """
 
 from __future__ import annotations
@@ -379,10 +380,12 @@ _OFF = "the sweep's on/off flags read 0 as off (and 1 as on), as they always hav
 #: (what, bad value) taken by design, with the reason; ``what`` is the kind of path (as in
 #: CLI_PATHS) or one command's flag (``"bench gemm --warmup"``). Such probes are not generated.
 CLI_VALID = {
-    **{(kind, v): _MADE for kind in ("output_dir", "images_folder") for v in ("nan", "-1", "0", "abc")},
+    **{(kind, v): _MADE for kind in ("output_dir", "images_folder")
+       for v in ("nan", "-1", "0", "abc")},
     ("sweep --warmup", "0"): "no warm-up step is a valid protocol (the tests' sweeps use it)",
     ("sweep --num-workers", "0"): "0 workers: the dataloader loads in the main process",
-    **{(f"sweep {flag}", "0"): _OFF for flag in ("--cudnn-benchmark", "--pin-memory", "--non-blocking")},
+    **{(f"sweep {flag}", "0"): _OFF
+       for flag in ("--cudnn-benchmark", "--pin-memory", "--non-blocking")},
     ("bench alignment --warmup", "0"): "no untimed call before the timed ones",
     ("bench alignment --max-d", "0"): "d = 0 only: N = --base exactly",
     ("bench gemm --warmup", "0"): "no untimed call before each block",
@@ -426,8 +429,9 @@ def _bench_parser(name: str) -> argparse.ArgumentParser | None:
     return None
 
 
-def _cli_probes():
-    """(command prefix, flag or positional, bad value label) for every CLI value."""
+def _cli_candidates():
+    """(command prefix, flag or positional, bad value label, why it is taken or None) for every
+    CLI value."""
     from fp16lab import cli
     from fp16lab.bench import BENCHMARKS
 
@@ -453,12 +457,17 @@ def _cli_probes():
             elif action.type is Path:
                 labels += ["missing", "under a file"]
             what = f"{' '.join(prefix)} {flag}"
-            out.extend((prefix, flag, label) for label in labels
-                       if (kind, label) not in CLI_VALID and (what, label) not in CLI_VALID)
+            for label in labels:
+                why = CLI_VALID.get((what, label), CLI_VALID.get((kind, label)))
+                out.append((prefix, flag, label, why))
     return out
 
 
-CLI_PROBES = _cli_probes()
+CLI_CANDIDATES = _cli_candidates()
+#: The probes: every bad value not taken by design.
+CLI_PROBES = [(prefix, flag, label) for prefix, flag, label, why in CLI_CANDIDATES if why is None]
+#: The values CLI_VALID takes, with the reason: each must get past the parser.
+CLI_TAKEN = [c for c in CLI_CANDIDATES if c[3] is not None]
 
 
 def _cli_params():
@@ -484,13 +493,10 @@ def _forbid_work(monkeypatch):
                 monkeypatch.setattr(module, attr, refuse)
 
 
-def _cli_finding(prefix, flag, label, tmp: Path, monkeypatch, capsys) -> str | None:
-    """Runs ``fp16lab PREFIX FLAG=BAD``; returns None if it exited 2 with one line, else the finding."""
-    from fp16lab import cli
-
+def _cli_argv(prefix, flag, label, tmp: Path, monkeypatch) -> list[str]:
+    """Returns the command line ``PREFIX FLAG=VALUE`` for a value's label, run in ``tmp``."""
     monkeypatch.setenv("FP16LAB_DATA", str(tmp / "data"))
     monkeypatch.chdir(tmp)
-    _forbid_work(monkeypatch)
     a_file = tmp / "a_file"
     a_file.write_text("x")
     (tmp / "a_folder").mkdir(exist_ok=True)
@@ -498,9 +504,16 @@ def _cli_finding(prefix, flag, label, tmp: Path, monkeypatch, capsys) -> str | N
              str(tmp / "no" / "such"), "a folder": str(tmp / "a_folder")}.get(label, label)
     required = [a.format(tmp=tmp, results=CLI_RESULTS) for a in CLI_REQUIRED.get(prefix, [])]
     if flag.startswith("-"):
-        argv = [*prefix, *required, f"{flag}={value}"]
-    else:  # a positional: the bad value takes its place
-        argv = [*prefix, value]
+        return [*prefix, *required, f"{flag}={value}"]
+    return [*prefix, value]  # a positional: the bad value takes its place
+
+
+def _cli_finding(prefix, flag, label, tmp: Path, monkeypatch, capsys) -> str | None:
+    """Runs ``fp16lab PREFIX FLAG=BAD``; returns None if it exited 2 with one line, else the finding."""
+    from fp16lab import cli
+
+    argv = _cli_argv(prefix, flag, label, tmp, monkeypatch)
+    _forbid_work(monkeypatch)
     shown = f"fp16lab {' '.join(argv)}"
     capsys.readouterr()
     try:
@@ -532,3 +545,51 @@ def test_a_bad_cli_value_exits_2_with_one_line_and_before_any_work(prefix, flag,
                                                                     capsys):
     finding = _cli_finding(prefix, flag, label, tmp_module, monkeypatch, capsys)
     assert finding is None, finding
+
+
+class _Parsed(BaseException):
+    """Raised once a command line's parsers have all taken their arguments."""
+
+
+def _stop_when_parsed(monkeypatch, parses: int) -> None:
+    """Makes the ``parses``-th outermost parse_args (the benchmark's, after fp16lab's) raise _Parsed
+    as it returns: the value got past every check made while parsing, and nothing ran."""
+    from fp16lab import bench
+
+    depth, done = [0], [0]
+
+    def wrap(real):
+        def parse_args(self, *args, **kwargs):
+            depth[0] += 1
+            try:
+                result = real(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                done[0] += 1
+                if done[0] == parses:
+                    raise _Parsed
+            return result
+        return parse_args
+
+    for cls in (argparse.ArgumentParser, bench._BenchParser):  # each defines its parse_args
+        monkeypatch.setattr(cls, "parse_args", wrap(cls.__dict__["parse_args"]))
+
+
+@pytest.mark.parametrize("prefix, flag, label, why", [
+    pytest.param(*c, id=f"{' '.join(c[0])} {c[1]}={c[2]!r}") for c in CLI_TAKEN])
+def test_a_value_taken_by_design_gets_past_the_parser(prefix, flag, label, why, tmp_module,
+                                                      monkeypatch, capsys):
+    from fp16lab import cli
+
+    argv = _cli_argv(prefix, flag, label, tmp_module, monkeypatch)
+    _stop_when_parsed(monkeypatch, parses=2 if prefix[0] == "bench" else 1)
+    capsys.readouterr()
+    with pytest.raises(_Parsed):
+        cli.main(argv)
+
+
+def test_every_cli_exception_names_a_flag_that_is_probed():
+    whats = {f"{' '.join(prefix)} {flag}" for prefix, flag, _, _ in CLI_CANDIDATES}
+    stale = [key for key in CLI_VALID if key[0] not in CLI_PATHS and key[0] not in whats]
+    assert not stale, f"CLI_VALID names flags no command has: {stale}"
