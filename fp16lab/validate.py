@@ -4,7 +4,8 @@ Every public function, CLI flag and settings object that takes a number, a flag,
 path checks it here, before any work starts, so that bad input gets the same clear message
 everywhere: what was given, what was wrong, what is allowed. Each check returns the value
 (normalised where that is its job: an ``int`` for a count, a ``Path`` for a path), so a caller
-writes ``steps = validate.count("steps", steps)``.
+writes ``steps = validate.count("steps", steps)``. A command line runs the same checks as it
+parses: ``type=validate.argument(validate.count, low=0)`` (:func:`argument`).
 
 Booleans are not numbers here, although Python says ``True == 1``: ``init_scale=True`` is a
 mistake, never a scale of 1.
@@ -265,6 +266,10 @@ def argument(check: Callable[..., Any], *args: Any, many: bool = False,
         numeric: give a check of another module (``check_scale(name, value)``) the number the
             text writes, as :func:`number` and :func:`count` get it.
     """
+    if not callable(check):
+        raise TypeError(f"check must be a function of (name, value), got {_shown(check)}")
+    boolean("many", many)
+    boolean("numeric", numeric)
     if check is boolean and words is None:
         words = ON_OFF
 

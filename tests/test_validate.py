@@ -272,3 +272,12 @@ def test_argument_numeric_gives_another_modules_check_the_number():
     assert validate.argument(check, numeric=True)("0.5") == 0.5
     assert validate.argument(check, numeric=True)("abc") == "abc"  # for the check to refuse
     assert validate.argument(check)("3") == "3"
+
+
+def test_argument_refuses_its_own_bad_settings():
+    with pytest.raises(TypeError, match="check must be a function"):
+        validate.argument("count")
+    with pytest.raises(TypeError, match="many must be True or False"):
+        validate.argument(validate.count, many="yes")
+    with pytest.raises(TypeError, match="numeric must be True or False"):
+        validate.argument(validate.count, numeric=1)
