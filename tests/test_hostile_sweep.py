@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -144,7 +145,8 @@ def test_images_dir_naming_a_file_or_an_unwritable_folder_is_one_line(tmp_path, 
 def test_the_cli_shows_a_bug_with_its_traceback(monkeypatch, tmp_path):
     from fp16lab.sweep import cli as sweep_cli
 
-    (tmp_path / "x.parquet").write_text("x")  # report's file must exist to get past parsing
+    # report's file must be results to get past parsing: the committed reference sweep's
+    shutil.copy(ROOT / "data" / "sweep_reference_h200.parquet", tmp_path / "x.parquet")
     monkeypatch.chdir(tmp_path)
 
     def bug(args):
@@ -159,7 +161,7 @@ def test_the_cli_turns_a_validation_type_error_into_one_line(monkeypatch, capsys
     from fp16lab import validate
     from fp16lab.sweep import cli as sweep_cli
 
-    (tmp_path / "x.parquet").write_text("x")
+    shutil.copy(ROOT / "data" / "sweep_reference_h200.parquet", tmp_path / "x.parquet")
     monkeypatch.chdir(tmp_path)
 
     monkeypatch.setattr(sweep_cli, "_cmd_report", lambda args: validate.count("--steps", "x"))
