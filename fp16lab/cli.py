@@ -80,7 +80,10 @@ def is_user_error(exc: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Runs the command line and returns its exit status (2, with one line, for a user error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0), or a refused value: usage and one line (2)
+        return int(exit_.code or 0)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -4,7 +4,8 @@ Every public function, CLI flag and settings object that takes a number, a flag,
 path checks it here, before any work starts, so that bad input gets the same clear message
 everywhere: what was given, what was wrong, what is allowed. Each check returns the value
 (normalised where that is its job: an ``int`` for a count, a ``Path`` for a path), so a caller
-writes ``steps = validate.count("steps", steps)``.
+writes ``steps = validate.count("steps", steps)``. A command line runs the same checks as it
+parses: ``type=validate.argument(validate.count, low=0)`` (:func:`argument`).
 
 Booleans are not numbers here, although Python says ``True == 1``: ``init_scale=True`` is a
 mistake, never a scale of 1.
@@ -15,18 +16,20 @@ values with ``except ValueError`` reports a bad path too.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["NotAFile", "NotAFolder", "NotPermitted", "PathNotFound", "boolean", "choice", "count",
-           "device", "existing_dir", "existing_file", "existing_path", "number", "output_dir", "output_file", "text"]
+__all__ = ["ON_OFF", "NotAFile", "NotAFolder", "NotPermitted", "PathNotFound", "argument", "boolean",
+           "choice", "count", "device", "existing_dir", "existing_file", "existing_path", "number",
+           "output_dir", "output_file", "text"]
 
 
 class PathNotFound(FileNotFoundError, ValueError):
@@ -232,3 +235,81 @@ def output_file(name: str, value: Any) -> Path:
         return path
     output_dir(f"{name}'s folder", path.parent if str(path.parent) else Path("."))
     return path
+
+
+#: How a command line writes a boolean: ``--pin-memory off``, ``--cudnn-benchmark on,off``.
+ON_OFF = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
+
+
+def _from_text(text: str, *, whole: bool) -> Any:
+    """Returns the number a flag's ``text`` writes (an int where ``whole`` and it is one), or the
+    text itself when it writes none, so that the check names what was given."""
+    if whole:
+        try:
+            return int(text)
+        except ValueError:
+            pass  # "1e8" is a whole number too
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def argument(check: Callable[..., Any], *args: Any, many: bool = False,
+             words: Mapping[str, Any] | None = None, numeric: bool = False,
+             **kwargs: Any) -> Callable[[str], Any]:
+    """Returns an argparse ``type=`` that reads a flag's text and runs ``check`` on it.
+
+    ``validate.argument(validate.count, low=0)`` reads ``--warmup 3`` as the int 3 and refuses
+    ``--warmup -1`` at parse time, so argparse exits 2 with one line: ``argument --warmup: must
+    be >= 0, got -1``. Numbers and counts are read from the text (``1e8`` is a count), a boolean
+    from the words of :data:`ON_OFF`; other checks get the text unless ``numeric``. ``args``
+    and ``kwargs`` go to the check (``validate.argument(validate.choice, MODELS)``).
+
+    Args:
+        many: the flag holds a comma-separated list (``--batch 64,128``); each item is checked,
+            a tuple is returned, and an empty list is refused.
+        words: texts that stand for a value without a check (``{"auto": None}``); a boolean's
+            are :data:`ON_OFF`.
+        numeric: give a check of another module (``check_scale(name, value)``) the number the
+            text writes, as :func:`number` and :func:`count` get it.
+    """
+    if not callable(check):
+        raise TypeError(f"check must be a function of (name, value), got {_shown(check)}")
+    boolean("many", many)
+    boolean("numeric", numeric)
+    if check is boolean and words is None:
+        words = ON_OFF
+
+    def one(text: str) -> Any:
+        key = text.strip().lower()
+        if words and key in words:
+            return words[key]
+        if check is boolean:
+            raise ValueError(f"value must be one of {', '.join(words)}; got {_shown(text)}")
+        text = text.strip()
+        if numeric or check in (number, count):
+            text = _from_text(text, whole=check is not number)
+        return check("value", text, *args, **kwargs)
+
+    def read(text: str) -> Any:
+        items = [t for t in text.split(",") if t.strip()] if many else [text]
+        if not items:
+            raise argparse.ArgumentTypeError(
+                f"must be a comma-separated list of one or more values, got {_shown(text)}")
+        try:
+            values = tuple(one(t) for t in items)
+        except (TypeError, ValueError) as exc:  # a refused path is a ValueError too
+            message = str(exc).removesuffix(" (str)")  # every flag's text is a str
+            for prefix, instead in (("value's ", "its "), ("value: ", ""), ("value ", "")):
+                if message.startswith(prefix):
+                    message = instead + message[len(prefix):]
+                    break
+            if words and check is not boolean:
+                message += f" (or {' or '.join(map(repr, words))})"
+            raise argparse.ArgumentTypeError(message) from None
+        return values if many else values[0]
+
+    read.__name__ = check.__name__  # argparse names the type in its own messages
+    read.check = check  # type: ignore[attr-defined]  # what the flag takes, for a reader
+    return read

@@ -19,3 +19,11 @@ def test_a_kept_part_without_a_wall_time_is_printed_and_kept(tmp_path, monkeypat
     assert rows["mlp_fp8_cpu"]["measured"] == 4 and rows["mlp_fp8_cpu"]["wall_s"] > 0
     out = capsys.readouterr().out
     assert "kept_part:      - s  (3 points x 2, 0 unstable, resumed)" in out
+
+
+def test_parts_names_every_part_of_both_runs(monkeypatch):
+    """--only is checked against PARTS as it is parsed: it must name every part, in order."""
+    monkeypatch.setattr(sweep_reference, "SweepSpec", lambda **settings: settings)  # no GPU here
+    monkeypatch.setattr(sweep_reference.torch.cuda, "device_count", lambda: 2)
+    names = (*sweep_reference.gpu_parts("images"), *sweep_reference.cpu_parts())
+    assert names == sweep_reference.PARTS

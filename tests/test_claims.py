@@ -369,7 +369,7 @@ def test_cli_writes_table_and_result_with_provenance(cli_run):
 def test_cli_rejects_bad_claim_numbers(tmp_path, capsys):
     from fp16lab.cli import main
     assert main(["claims", "--only", "6,x", "--out", str(tmp_path)]) == 2
-    assert "--only takes claim numbers" in capsys.readouterr().err
+    assert "argument --only: must be a whole number, got 'x'" in capsys.readouterr().err
     assert main(["claims", "--only", "14", "--out", str(tmp_path)]) == 2
 
 

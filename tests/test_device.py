@@ -61,9 +61,7 @@ def test_console_script_installed():
 
 
 def test_unknown_command_is_an_error():
-    with pytest.raises(SystemExit) as e:
-        main(["no-such-command"])
-    assert e.value.code == 2
+    assert main(["no-such-command"]) == 2  # argparse's usage and one line
 
 
 @pytest.mark.gpu

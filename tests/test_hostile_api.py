@@ -9,10 +9,12 @@ TypeError, ValueError or OSError naming the parameter, within a time limit. Retu
 silent acceptance; any other exception is a crash; running past the limit is a hang.
 
 CLI: every sub-command and flag of ``fp16lab`` and of each benchmark, fed bad values, must exit 2
-with a one-line message and no traceback, within the time limit (so before any work starts).
+with a one-line message that names the flag and no traceback, within the time limit (so before
+any work starts).
 
 Where a parameter legitimately takes such a value (a seed of 0, a signed quantity), the
-allow-lists below say so, with the reason.
+allow-lists below say so, with the reason; a flag's value taken so (CLI_VALID) must get past
+its command's parser.
 """
 
 from __future__ import annotations
@@ -357,9 +359,36 @@ CLI_BAD = ("nan", "-1", "0", "", "abc")
 #: Flags that take any text (a result's name, a note), so 'abc', '0' and '-1' are fine there.
 CLI_FREE_TEXT = {"--name", "--host-note"}
 #: Arguments a command needs before any flag can be probed.
-CLI_REQUIRED = {("sweep",): ["--out", "{tmp}/r.parquet"], ("report",): ["{tmp}/r.parquet"]}
-#: Flags that name folders; a file there is a wrong path.
+CLI_REQUIRED = {("sweep",): ["--out", "{tmp}/r.parquet"], ("report",): ["{results}"]}
+#: A real results file (the committed reference sweep's), for ``report``'s positional.
+CLI_RESULTS = Path(__file__).resolve().parents[1] / "data" / "sweep_reference_h200.parquet"
+#: Flags that name folders; a file there is a wrong path (for a flag whose type names no check).
 CLI_FOLDERS = {"--data", "--data-dir", "--trace-dir", "--images-dir", "--out"}
+#: The wrong paths for each kind of path flag, by the check its type runs (validate.argument's
+#: ``check``); the labels are filled in per run.
+CLI_PATHS = {"existing_dir": ("a file", "missing", "under a file"),
+             "existing_file": ("a folder", "missing", "under a file"),
+             "output_dir": ("a file", "under a file"),
+             "images_folder": ("a file", "under a file"),  # read where it holds images, else made
+             "output_file": ("a folder", "under a file"),
+             "results_file": ("a file", "a folder", "under a file")}  # a file: not sweep results
+_MADE = "a folder of that name can be made (relative to the working folder)"
+_OFF = "the sweep's on/off flags read 0 as off (and 1 as on), as they always have"
+#: (what, bad value) taken by design, with the reason; ``what`` is the kind of path (as in
+#: CLI_PATHS) or one command's flag (``"bench gemm --warmup"``). Such probes are not generated.
+CLI_VALID = {
+    **{(kind, v): _MADE for kind in ("output_dir", "images_folder")
+       for v in ("nan", "-1", "0", "abc")},
+    ("sweep --warmup", "0"): "no warm-up step is a valid protocol (the tests' sweeps use it)",
+    ("sweep --num-workers", "0"): "0 workers: the dataloader loads in the main process",
+    **{(f"sweep {flag}", "0"): _OFF
+       for flag in ("--cudnn-benchmark", "--pin-memory", "--non-blocking")},
+    ("bench alignment --warmup", "0"): "no untimed call before the timed ones",
+    ("bench alignment --max-d", "0"): "d = 0 only: N = --base exactly",
+    ("bench gemm --warmup", "0"): "no untimed call before each block",
+    ("bench gemm --sustained", "0"): "0 skips the sustained runs, as its help says",
+    ("bench sweep_engine_vs_loop --warmup", "0"): "no warm-up step is a valid protocol",
+}
 
 
 class _Work(BaseException):
@@ -397,8 +426,9 @@ def _bench_parser(name: str) -> argparse.ArgumentParser | None:
     return None
 
 
-def _cli_probes():
-    """(command prefix, flag or positional, bad value label) for every CLI value."""
+def _cli_candidates():
+    """(command prefix, flag or positional, bad value label, why it is taken or None) for every
+    CLI value."""
     from fp16lab import cli
     from fp16lab.bench import BENCHMARKS
 
@@ -416,169 +446,30 @@ def _cli_probes():
                 continue
             flag = action.option_strings[0] if action.option_strings else action.dest
             labels = [v for v in CLI_BAD if not (flag in CLI_FREE_TEXT and v not in ("",))]
-            if flag in CLI_FOLDERS:
+            kind = getattr(getattr(action.type, "check", None), "__name__", None)
+            if kind in CLI_PATHS:
+                labels += CLI_PATHS[kind]
+            elif flag in CLI_FOLDERS:
                 labels += ["a file", "under a file"]
-            elif action.type is not None and getattr(action.type, "__name__", "") == "Path" or \
-                    flag in ("file",):
+            elif action.type is Path:
                 labels += ["missing", "under a file"]
-            out.extend((prefix, flag, label) for label in labels)
+            what = f"{' '.join(prefix)} {flag}"
+            for label in labels:
+                why = CLI_VALID.get((what, label), CLI_VALID.get((kind, label)))
+                out.append((prefix, flag, label, why))
     return out
 
 
-CLI_PROBES = _cli_probes()
-#: (command prefix, flag, bad value) -> what the run found; each fails today. Every command line
-#: lives in cli.py, sweep/, claims/cli.py or bench/: all owned by the sweep helper. A hang is not
-#: run (each would cost CLI_LIMIT_S of every `make test`); the others are, strictly.
-# BEGIN CLI_XFAIL
-CLI_XFAIL: dict[tuple[tuple[str, ...], str, str], str] = {
-    (('sweep',), '--cudnn-benchmark', '0'): 'late check',
-    (('sweep',), '--num-workers', ''): 'late check',
-    (('sweep',), '--pin-memory', ''): 'late check',
-    (('sweep',), '--non-blocking', ''): 'late check',
-    (('sweep',), '--normalize-on', ''): 'late check',
-    (('sweep',), '--warmup', '0'): 'late check',
-    (('claims',), '--out', 'nan'): 'late check',
-    (('claims',), '--out', '-1'): 'late check',
-    (('claims',), '--out', '0'): 'late check',
-    (('claims',), '--out', ''): 'late check',
-    (('claims',), '--out', 'abc'): 'late check',
-    (('claims',), '--data', 'nan'): 'late check',
-    (('claims',), '--data', '-1'): 'late check',
-    (('claims',), '--data', '0'): 'late check',
-    (('claims',), '--data', ''): 'late check',
-    (('claims',), '--data', 'abc'): 'late check',
-    (('claims',), '--data', 'a file'): 'late check',
-    (('claims',), '--data', 'under a file'): 'late check',
-    (('claims',), '--only', ''): 'late check',
-    (('bench', 'census'), '--size', '0'): 'late check',
-    (('bench', 'census'), '--format', 'nan'): 'hang',
-    (('bench', 'census'), '--format', '-1'): 'hang',
-    (('bench', 'census'), '--format', '0'): 'hang',
-    (('bench', 'census'), '--format', ''): 'hang',
-    (('bench', 'census'), '--format', 'abc'): 'hang',
-    (('bench', 'census'), '--repeat', '-1'): 'hang',
-    (('bench', 'census'), '--repeat', '0'): 'hang',
-    (('bench', 'census'), '--name', ''): 'hang',
-    (('bench', 'diagnostics_overhead'), '--rounds', '-1'): 'hang',
-    (('bench', 'diagnostics_overhead'), '--rounds', '0'): 'hang',
-    (('bench', 'diagnostics_overhead'), '--steps', '-1'): 'hang',
-    (('bench', 'diagnostics_overhead'), '--steps', '0'): 'hang',
-    (('bench', 'diagnostics_overhead'), '--gpu-batch', '-1'): 'hang',
-    (('bench', 'diagnostics_overhead'), '--gpu-batch', '0'): 'hang',
-    (('bench', 'diagnostics_overhead'), '--name', ''): 'hang',
-    (('bench', 'sweep_engine_vs_loop'), '--repeats', '0'): 'hang',
-    (('bench', 'sweep_engine_vs_loop'), '--warmup', '-1'): 'hang',
-    (('bench', 'sweep_engine_vs_loop'), '--warmup', '0'): 'hang',
-    (('bench', 'sweep_engine_vs_loop'), '--steps', '-1'): 'hang',
-    (('bench', 'sweep_engine_vs_loop'), '--steps', '0'): 'hang',
-    (('bench', 'sweep_engine_vs_loop'), '--name', ''): 'hang',
-    (('bench', 'sweep_reference'), '--only', 'nan'): 'silent acceptance',
-    (('bench', 'sweep_reference'), '--only', '-1'): 'silent acceptance',
-    (('bench', 'sweep_reference'), '--only', '0'): 'silent acceptance',
-    (('bench', 'sweep_reference'), '--only', ''): 'late check',
-    (('bench', 'sweep_reference'), '--only', 'abc'): 'silent acceptance',
-    (('bench', 'sweep_reference'), '--images-dir', 'nan'): 'late check',
-    (('bench', 'sweep_reference'), '--images-dir', '-1'): 'late check',
-    (('bench', 'sweep_reference'), '--images-dir', '0'): 'late check',
-    (('bench', 'sweep_reference'), '--images-dir', ''): 'late check',
-    (('bench', 'sweep_reference'), '--images-dir', 'abc'): 'late check',
-    (('bench', 'sweep_reference'), '--images-dir', 'a file'): 'late check',
-    (('bench', 'sweep_reference'), '--images-dir', 'under a file'): 'late check',
-    (('bench', 'sweep_reference'), '--images', '-1'): 'late check',
-    (('bench', 'sweep_reference'), '--images', '0'): 'late check',
-    (('bench', 'claims'), '--out', 'nan'): 'late check',
-    (('bench', 'claims'), '--out', '-1'): 'late check',
-    (('bench', 'claims'), '--out', '0'): 'late check',
-    (('bench', 'claims'), '--out', ''): 'late check',
-    (('bench', 'claims'), '--out', 'abc'): 'late check',
-    (('bench', 'claims'), '--data', 'nan'): 'late check',
-    (('bench', 'claims'), '--data', '-1'): 'late check',
-    (('bench', 'claims'), '--data', '0'): 'late check',
-    (('bench', 'claims'), '--data', ''): 'late check',
-    (('bench', 'claims'), '--data', 'abc'): 'late check',
-    (('bench', 'claims'), '--data', 'a file'): 'late check',
-    (('bench', 'claims'), '--data', 'under a file'): 'late check',
-    (('bench', 'claims'), '--only', ''): 'late check',
-    (('bench', 'profile_step'), '--out', 'nan'): 'hang',
-    (('bench', 'profile_step'), '--out', '-1'): 'hang',
-    (('bench', 'profile_step'), '--out', '0'): 'hang',
-    (('bench', 'profile_step'), '--out', ''): 'hang',
-    (('bench', 'profile_step'), '--out', 'abc'): 'hang',
-    (('bench', 'profile_step'), '--out', 'a file'): 'hang',
-    (('bench', 'profile_step'), '--out', 'under a file'): 'hang',
-    (('bench', 'profile_step'), '--name', ''): 'hang',
-    (('bench', 'profile_step'), '--steps', '0'): 'hang',
-    (('bench', 'profile_step'), '--repeats', '0'): 'hang',
-    (('bench', 'profile_step'), '--profile-steps', '0'): 'hang',
-    (('bench', 'profile_step'), '--budget-s', 'nan'): 'hang',
-    (('bench', 'profile_step'), '--budget-s', '-1'): 'hang',
-    (('bench', 'profile_step'), '--budget-s', '0'): 'hang',
-    (('bench', 'profile_step'), '--trace-dir', 'nan'): 'hang',
-    (('bench', 'profile_step'), '--trace-dir', '-1'): 'hang',
-    (('bench', 'profile_step'), '--trace-dir', '0'): 'hang',
-    (('bench', 'profile_step'), '--trace-dir', ''): 'hang',
-    (('bench', 'profile_step'), '--trace-dir', 'abc'): 'hang',
-    (('bench', 'input_pipeline'), '--out', 'nan'): 'late check',
-    (('bench', 'input_pipeline'), '--out', '-1'): 'late check',
-    (('bench', 'input_pipeline'), '--out', '0'): 'late check',
-    (('bench', 'input_pipeline'), '--out', ''): 'late check',
-    (('bench', 'input_pipeline'), '--out', 'abc'): 'late check',
-    (('bench', 'input_pipeline'), '--name', ''): 'late check',
-    (('bench', 'input_pipeline'), '--images-dir', 'nan'): 'late check',
-    (('bench', 'input_pipeline'), '--images-dir', '-1'): 'late check',
-    (('bench', 'input_pipeline'), '--images-dir', '0'): 'late check',
-    (('bench', 'input_pipeline'), '--images-dir', ''): 'late check',
-    (('bench', 'input_pipeline'), '--images-dir', 'abc'): 'late check',
-    (('bench', 'input_pipeline'), '--images-dir', 'a file'): 'late check',
-    (('bench', 'input_pipeline'), '--images-dir', 'under a file'): 'late check',
-    (('bench', 'input_pipeline'), '--images', '-1'): 'late check',
-    (('bench', 'input_pipeline'), '--images', '0'): 'late check',
-    (('bench', 'input_pipeline'), '--host-note', ''): 'late check',
-    (('bench', 'input_pipeline'), '--budget-s', 'nan'): 'late check',
-    (('bench', 'input_pipeline'), '--budget-s', '-1'): 'late check',
-    (('bench', 'input_pipeline'), '--budget-s', '0'): 'late check',
-    (('bench', 'distributed'), '--out', 'nan'): 'poor message',
-    (('bench', 'distributed'), '--out', '-1'): 'poor message',
-    (('bench', 'distributed'), '--out', '0'): 'poor message',
-    (('bench', 'distributed'), '--out', ''): 'poor message',
-    (('bench', 'distributed'), '--out', 'abc'): 'poor message',
-    (('bench', 'distributed'), '--name', ''): 'poor message',
-    (('bench', 'distributed'), '--gpus', '-1'): 'silent acceptance',
-    (('bench', 'distributed'), '--gpus', '0'): 'silent acceptance',
-    (('bench', 'distributed'), '--budget-s', 'nan'): 'silent acceptance',
-    (('bench', 'distributed'), '--budget-s', '-1'): 'silent acceptance',
-    (('bench', 'distributed'), '--budget-s', '0'): 'silent acceptance',
-    (('bench', 'distributed'), '--timeout-s', 'nan'): 'silent acceptance',
-    (('bench', 'distributed'), '--timeout-s', '-1'): 'silent acceptance',
-    (('bench', 'distributed'), '--timeout-s', '0'): 'silent acceptance',
-    (('bench', 'distributed'), '--rounds', '-1'): 'silent acceptance',
-    (('bench', 'distributed'), '--rounds', '0'): 'silent acceptance',
-    (('bench', 'fp8'), '--out', 'nan'): 'late check',
-    (('bench', 'fp8'), '--out', '-1'): 'late check',
-    (('bench', 'fp8'), '--out', '0'): 'late check',
-    (('bench', 'fp8'), '--out', ''): 'late check',
-    (('bench', 'fp8'), '--out', 'abc'): 'late check',
-    (('bench', 'notebook_times'), '--only', 'nan'): 'silent acceptance',
-    (('bench', 'notebook_times'), '--only', '-1'): 'silent acceptance',
-    (('bench', 'notebook_times'), '--only', '0'): 'crash',
-    (('bench', 'notebook_times'), '--only', ''): 'hang',
-    (('bench', 'notebook_times'), '--only', 'abc'): 'silent acceptance',
-    (('bench', 'notebook_times'), '--save-executed', 'nan'): 'hang',
-    (('bench', 'notebook_times'), '--save-executed', '-1'): 'hang',
-    (('bench', 'notebook_times'), '--save-executed', '0'): 'hang',
-    (('bench', 'notebook_times'), '--save-executed', ''): 'hang',
-    (('bench', 'notebook_times'), '--save-executed', 'abc'): 'hang',
-}
-# END CLI_XFAIL
+CLI_CANDIDATES = _cli_candidates()
+#: The probes: every bad value not taken by design.
+CLI_PROBES = [(prefix, flag, label) for prefix, flag, label, why in CLI_CANDIDATES if why is None]
+#: The values CLI_VALID takes, with the reason: each must get past the parser.
+CLI_TAKEN = [c for c in CLI_CANDIDATES if c[3] is not None]
 
 
 def _cli_params():
     for prefix, flag, label in CLI_PROBES:
-        found = CLI_XFAIL.get((prefix, flag, label))
-        marks = ([pytest.mark.xfail(strict=True, run=found != "hang", reason=SWEEP + found)]
-                 if found else [])
-        yield pytest.param(prefix, flag, label, id=f"{' '.join(prefix)} {flag}={label!r}",
-                           marks=marks)
+        yield pytest.param(prefix, flag, label, id=f"{' '.join(prefix)} {flag}={label!r}")
 
 
 _WORK = ("time_cpu", "time_cuda", "time_cuda_interleaved", "time_cuda_sustained", "step_times_ms",
@@ -599,22 +490,27 @@ def _forbid_work(monkeypatch):
                 monkeypatch.setattr(module, attr, refuse)
 
 
+def _cli_argv(prefix, flag, label, tmp: Path, monkeypatch) -> list[str]:
+    """Returns the command line ``PREFIX FLAG=VALUE`` for a value's label, run in ``tmp``."""
+    monkeypatch.setenv("FP16LAB_DATA", str(tmp / "data"))
+    monkeypatch.chdir(tmp)
+    a_file = tmp / "a_file"
+    a_file.write_text("x")
+    (tmp / "a_folder").mkdir(exist_ok=True)
+    value = {"a file": str(a_file), "under a file": f"{a_file}/out", "missing":
+             str(tmp / "no" / "such"), "a folder": str(tmp / "a_folder")}.get(label, label)
+    required = [a.format(tmp=tmp, results=CLI_RESULTS) for a in CLI_REQUIRED.get(prefix, [])]
+    if flag.startswith("-"):
+        return [*prefix, *required, f"{flag}={value}"]
+    return [*prefix, value]  # a positional: the bad value takes its place
+
+
 def _cli_finding(prefix, flag, label, tmp: Path, monkeypatch, capsys) -> str | None:
     """Runs ``fp16lab PREFIX FLAG=BAD``; returns None if it exited 2 with one line, else the finding."""
     from fp16lab import cli
 
-    monkeypatch.setenv("FP16LAB_DATA", str(tmp / "data"))
-    monkeypatch.chdir(tmp)
+    argv = _cli_argv(prefix, flag, label, tmp, monkeypatch)
     _forbid_work(monkeypatch)
-    a_file = tmp / "a_file"
-    a_file.write_text("x")
-    value = {"a file": str(a_file), "under a file": f"{a_file}/out", "missing":
-             str(tmp / "no" / "such")}.get(label, label)
-    required = [a.format(tmp=tmp) for a in CLI_REQUIRED.get(prefix, [])]
-    if flag.startswith("-"):
-        argv = [*prefix, *required, f"{flag}={value}"]
-    else:  # a positional: the bad value takes its place
-        argv = [*prefix, value]
     shown = f"fp16lab {' '.join(argv)}"
     capsys.readouterr()
     try:
@@ -634,6 +530,9 @@ def _cli_finding(prefix, flag, label, tmp: Path, monkeypatch, capsys) -> str | N
     message = [line for line in err.splitlines() if not line.startswith(("usage:", " "))]
     if len(message) != 1 or "Traceback" in err:
         return f"poor message: {shown}: {err[-300:]}"
+    name = flag.lstrip("-").replace("-", "_")
+    if name not in message[0].replace("-", "_"):  # "needs a GPU", say: not this flag's own message
+        return f"poor message: {shown}: {message[0][:200]} (does not name {flag})"
     return None
 
 
@@ -643,3 +542,51 @@ def test_a_bad_cli_value_exits_2_with_one_line_and_before_any_work(prefix, flag,
                                                                     capsys):
     finding = _cli_finding(prefix, flag, label, tmp_module, monkeypatch, capsys)
     assert finding is None, finding
+
+
+class _Parsed(BaseException):
+    """Raised once a command line's parsers have all taken their arguments."""
+
+
+def _stop_when_parsed(monkeypatch, parses: int) -> None:
+    """Makes the ``parses``-th outermost parse_args (the benchmark's, after fp16lab's) raise _Parsed
+    as it returns: the value got past every check made while parsing, and nothing ran."""
+    from fp16lab import bench
+
+    depth, done = [0], [0]
+
+    def wrap(real):
+        def parse_args(self, *args, **kwargs):
+            depth[0] += 1
+            try:
+                result = real(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                done[0] += 1
+                if done[0] == parses:
+                    raise _Parsed
+            return result
+        return parse_args
+
+    for cls in (argparse.ArgumentParser, bench._BenchParser):  # each defines its parse_args
+        monkeypatch.setattr(cls, "parse_args", wrap(cls.__dict__["parse_args"]))
+
+
+@pytest.mark.parametrize("prefix, flag, label, why", [
+    pytest.param(*c, id=f"{' '.join(c[0])} {c[1]}={c[2]!r}") for c in CLI_TAKEN])
+def test_a_value_taken_by_design_gets_past_the_parser(prefix, flag, label, why, tmp_module,
+                                                      monkeypatch, capsys):
+    from fp16lab import cli
+
+    argv = _cli_argv(prefix, flag, label, tmp_module, monkeypatch)
+    _stop_when_parsed(monkeypatch, parses=2 if prefix[0] == "bench" else 1)
+    capsys.readouterr()
+    with pytest.raises(_Parsed):
+        cli.main(argv)
+
+
+def test_every_cli_exception_names_a_flag_that_is_probed():
+    whats = {f"{' '.join(prefix)} {flag}" for prefix, flag, _, _ in CLI_CANDIDATES}
+    stale = [key for key in CLI_VALID if key[0] not in CLI_PATHS and key[0] not in whats]
+    assert not stale, f"CLI_VALID names flags no command has: {stale}"

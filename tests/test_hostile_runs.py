@@ -264,7 +264,7 @@ def test_report_reads_the_real_file_and_its_csv_copy(results_file, capsys):
 @pytest.mark.parametrize("tol", ["-1", "0", "1.5", "nan"])
 def test_report_tolerance_must_be_a_fraction(results_file, capsys, tol):
     assert main(["report", str(results_file), "--tolerance", tol]) == 2
-    assert "--tolerance must be a fraction in (0, 1)" in capsys.readouterr().err
+    assert "argument --tolerance: must be a fraction in (0, 1)" in capsys.readouterr().err
     with pytest.raises(ValueError, match="tolerance must be a fraction"):
         sweep.summarize_results(sweep.read_results(results_file), float(tol))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -141,8 +142,12 @@ def test_images_dir_naming_a_file_or_an_unwritable_folder_is_one_line(tmp_path, 
         locked.chmod(0o700)
 
 
-def test_the_cli_shows_a_bug_with_its_traceback(monkeypatch):
+def test_the_cli_shows_a_bug_with_its_traceback(monkeypatch, tmp_path):
     from fp16lab.sweep import cli as sweep_cli
+
+    # report's file must be results to get past parsing: the committed reference sweep's
+    shutil.copy(ROOT / "data" / "sweep_reference_h200.parquet", tmp_path / "x.parquet")
+    monkeypatch.chdir(tmp_path)
 
     def bug(args):
         return None + 1  # a TypeError that no validation raised
@@ -152,9 +157,12 @@ def test_the_cli_shows_a_bug_with_its_traceback(monkeypatch):
         main(["report", "x.parquet"])
 
 
-def test_the_cli_turns_a_validation_type_error_into_one_line(monkeypatch, capsys):
+def test_the_cli_turns_a_validation_type_error_into_one_line(monkeypatch, capsys, tmp_path):
     from fp16lab import validate
     from fp16lab.sweep import cli as sweep_cli
+
+    shutil.copy(ROOT / "data" / "sweep_reference_h200.parquet", tmp_path / "x.parquet")
+    monkeypatch.chdir(tmp_path)
 
     monkeypatch.setattr(sweep_cli, "_cmd_report", lambda args: validate.count("--steps", "x"))
     assert main(["report", "x.parquet"]) == 2

@@ -65,10 +65,11 @@ def test_section_minutes_reads_both_files(tmp_path, monkeypatch):
     assert nt.section_minutes("03")["minutes on NVIDIA H200"]["whole notebook"] == 0.5
 
 
-def test_unknown_notebook_number_is_refused(monkeypatch, tmp_path):
+def test_unknown_notebook_number_is_refused(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("FP16LAB_DATA", str(tmp_path))
-    with pytest.raises(SystemExit, match="no notebook numbered 42"):
+    with pytest.raises(SystemExit, match="2"):
         nt.main(["--only", "42"])
+    assert "argument --only: must be one of '01'" in capsys.readouterr().err
 
 
 def test_workshop_table_and_update_from_the_files(tmp_path, monkeypatch):

@@ -37,14 +37,14 @@ def test_rerunning_the_same_command_measures_nothing_new(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--model", "vgg"], ["unknown model 'vgg'", "resnet50"]),
-    (["--batch", "0,8"], ["positive integers", "0"]),
-    (["--batch", "eight"], ["comma-separated list of int"]),
-    (["--layout", "nhwc"], ["unknown layout 'nhwc'", "channels_last"]),
-    (["--precision", "fp64"], ["unknown precision 'fp64'", "amp-bf16"]),
-    (["--init-scale", "-1", "--precision", "amp-fp16"], ["init_scale"]),
+    (["--model", "vgg"], ["argument --model", "got 'vgg'", "resnet50"]),
+    (["--batch", "0,8"], ["argument --batch: must be >= 1, got 0"]),
+    (["--batch", "eight"], ["argument --batch: must be a whole number, got 'eight'"]),
+    (["--layout", "nhwc"], ["argument --layout", "got 'nhwc'", "channels_last"]),
+    (["--precision", "fp64"], ["argument --precision", "got 'fp64'", "amp-bf16"]),
+    (["--init-scale", "-1", "--precision", "amp-fp16"], ["argument --init-scale: must be a finite positive number"]),
     (["--backoff-factor", "2"], ["backoff_factor"]),
-    (["--cudnn-benchmark", "maybe"], ["on/off"]),
+    (["--cudnn-benchmark", "maybe"], ["argument --cudnn-benchmark", "must be one of on, off"]),
 ])
 def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys, args, words):
     out = tmp_path / "bad.parquet"
@@ -58,4 +58,4 @@ def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys, args,
 
 def test_report_of_a_missing_file_is_an_error(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope.parquet")]) == 2
-    assert "no results file" in capsys.readouterr().err
+    assert "nope.parquet does not exist" in capsys.readouterr().err

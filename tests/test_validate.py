@@ -1,5 +1,6 @@
 """fp16lab.validate: each kind of value is refused with a message naming it and what is allowed."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -165,3 +166,123 @@ def test_an_executable_file_must_be_one(tmp_path):
         validate.existing_file("nvcc", f, executable=True)
     f.chmod(0o755)
     assert validate.existing_file("nvcc", f, executable=True) == f
+
+
+# ---------------------------------------------------------------- validate.argument: argparse types
+
+def _parser(**types):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="prog", exit_on_error=False)
+    for flag, type_ in types.items():
+        p.add_argument(f"--{flag}", type=type_)
+    return p
+
+
+def _check_says(check, value, *args, **kwargs) -> str:
+    """Returns the check's own message for ``value``, as the flag shows it (its name left out)."""
+    with pytest.raises((TypeError, ValueError)) as caught:
+        check("value", value, *args, **kwargs)
+    message = str(caught.value).removesuffix(" (str)")
+    for prefix, instead in (("value's ", "its "), ("value: ", ""), ("value ", "")):
+        if message.startswith(prefix):
+            return instead + message[len(prefix):]
+    return message
+
+
+@pytest.mark.parametrize("check, kwargs, text, read", [
+    (validate.count, {"low": 0}, "0", 0), (validate.count, {}, "1e3", 1000),
+    (validate.count, {}, " 7 ", 7), (validate.number, {"low": 0}, "2.5", 2.5),
+    (validate.number, {}, "-1e-3", -1e-3), (validate.choice, {"allowed": ("a", "b")}, "b", "b"),
+    (validate.text, {}, "run 1", "run 1"),
+])
+def test_argument_reads_what_the_check_takes(check, kwargs, text, read):
+    got = validate.argument(check, **kwargs)(text)
+    assert got == read and type(got) is type(read)
+
+
+@pytest.mark.parametrize("check, kwargs, text, value", [
+    (validate.count, {"low": 1}, "0", 0), (validate.count, {}, "2.5", 2.5),
+    (validate.count, {}, "nan", float("nan")), (validate.count, {}, "abc", "abc"),
+    (validate.count, {"low": 0}, "-1", -1), (validate.number, {}, "nan", float("nan")),
+    (validate.number, {}, "inf", float("inf")), (validate.number, {}, "", ""),
+    (validate.number, {"low": 0, "low_open": True}, "0", 0.0),
+    (validate.number, {"low": 0, "high": 1}, "1.5", 1.5),
+    (validate.choice, {"allowed": ("a", "b")}, "c", "c"), (validate.text, {}, "", ""),
+])
+def test_argument_refuses_with_the_checks_own_message(check, kwargs, text, value):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError) as caught:
+        validate.argument(check, **kwargs)(text)
+    assert str(caught.value) == _check_says(check, value, **kwargs)
+
+
+def test_argument_paths_refuse_as_the_path_checks_do(tmp_path):
+    import argparse
+
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    cases = [(validate.existing_dir, str(a_file)), (validate.existing_dir, str(tmp_path / "no")),
+             (validate.existing_file, str(tmp_path)), (validate.existing_file, ""),
+             (validate.output_dir, str(a_file)), (validate.output_dir, f"{a_file}/out"),
+             (validate.output_file, str(tmp_path)), (validate.output_file, f"{a_file}/r.csv")]
+    for check, text in cases:
+        with pytest.raises(argparse.ArgumentTypeError) as caught:
+            validate.argument(check)(text)
+        assert str(caught.value) == _check_says(check, text), (check.__name__, text)
+    assert validate.argument(validate.output_dir)(str(tmp_path / "new")) == tmp_path / "new"
+    assert validate.argument(validate.existing_file)(str(a_file)) == a_file
+
+
+def test_argument_booleans_are_on_off_words():
+    import argparse
+
+    read = validate.argument(validate.boolean)
+    assert [read(t) for t in ("on", "OFF", "true", "false", "1", "0")] == [
+        True, False, True, False, True, False]
+    for bad in ("yes", "", "2", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be one of on, off"):
+            read(bad)
+
+
+def test_argument_lists_check_every_item_and_refuse_an_empty_list():
+    import argparse
+
+    read = validate.argument(validate.count, low=0, many=True, words={"auto": None})
+    assert read("0, 4,auto,") == (0, 4, None)
+    for bad, says in (("", "one or more"), (" , ", "one or more"), ("4,-1", "must be >= 0"),
+                      ("4,x", "whole number, got 'x' (or 'auto')")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(says)):
+            read(bad)
+    assert validate.argument(validate.boolean, many=True)("on,off") == (True, False)
+
+
+def test_argument_makes_argparse_exit_2_with_one_line(capsys):
+    p = _parser(steps=validate.argument(validate.count))
+    p.exit_on_error = True
+    with pytest.raises(SystemExit) as caught:
+        p.parse_args(["--steps", "0"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "prog: error: argument --steps: must be >= 1, got 0"
+    assert p.parse_args(["--steps", "3"]).steps == 3
+
+
+def test_argument_numeric_gives_another_modules_check_the_number():
+    def check(name, value):  # a check of another module, taking (name, value) as these do
+        return value
+
+    assert validate.argument(check, numeric=True)("3") == 3
+    assert validate.argument(check, numeric=True)("0.5") == 0.5
+    assert validate.argument(check, numeric=True)("abc") == "abc"  # for the check to refuse
+    assert validate.argument(check)("3") == "3"
+
+
+def test_argument_refuses_its_own_bad_settings():
+    with pytest.raises(TypeError, match="check must be a function"):
+        validate.argument("count")
+    with pytest.raises(TypeError, match="many must be True or False"):
+        validate.argument(validate.count, many="yes")
+    with pytest.raises(TypeError, match="numeric must be True or False"):
+        validate.argument(validate.count, numeric=1)

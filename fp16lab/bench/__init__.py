@@ -38,9 +38,9 @@ BENCHMARKS = {
 def output_folder(args: argparse.Namespace) -> Path:
     """Returns the folder a benchmark writes its result to: ``--out`` or ``--data-dir`` when
     given, else the committed data folder with ``--replace``, else this machine's results folder."""
-    given = getattr(args, "out", None) or getattr(args, "data_dir", None)
-    if given is not None:
-        return Path(given)
+    for flag in ("out", "data_dir"):
+        if getattr(args, flag, None) is not None:  # '' is given too (and refused)
+            return Path(getattr(args, flag))
     return measure.data_dir() if getattr(args, "replace", False) else measure.local_dir()
 
 
@@ -49,8 +49,8 @@ class _BenchParser(argparse.ArgumentParser):
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
         parsed = super().parse_args(args, namespace)
-        flag = "--out" if getattr(parsed, "out", None) else \
-            "--data-dir" if getattr(parsed, "data_dir", None) else "the results folder"
+        flag = "--out" if getattr(parsed, "out", None) is not None else \
+            "--data-dir" if getattr(parsed, "data_dir", None) is not None else "the results folder"
         validate.output_dir(flag, output_folder(parsed))  # a file or a read-only place: now
         return parsed
 

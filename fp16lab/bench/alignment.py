@@ -11,8 +11,8 @@ the GPU kernels that torch.profiler records for one call. Results go to data/<na
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
+from fp16lab import validate
 from fp16lab.measure import cuda_kernels, cuda_missing, time_cuda, write_result
 from fp16lab.alignment import gemm_kernel_names, uses_tensor_cores
 from fp16lab.bench import argument_parser
@@ -56,13 +56,13 @@ def measure(base: int, ds: list[int], modes: list[str], warmup: int, repeat: int
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("alignment", __doc__.splitlines()[0])
-    p.add_argument("--base", type=int, default=4096)
-    p.add_argument("--max-d", type=int, default=16)
+    p.add_argument("--base", type=validate.argument(validate.count), default=4096)
+    p.add_argument("--max-d", type=validate.argument(validate.count, low=0), default=16)
     p.add_argument("--modes", nargs="*", default=["square", "n_only"], choices=["square", "n_only"])
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeat", type=int, default=30)
-    p.add_argument("--name", default="alignment")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--warmup", type=validate.argument(validate.count, low=0), default=5)
+    p.add_argument("--repeat", type=validate.argument(validate.count), default=30)
+    p.add_argument("--name", type=validate.argument(validate.text), default="alignment")
+    p.add_argument("--data-dir", type=validate.argument(validate.output_dir), default=None)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fp16lab import measure
+from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 from fp16lab.census import census
+from fp16lab.formats import format_info
 from fp16lab.kernels.census import cupy_kernel_launcher
 from fp16lab.kernels.launch import direct_launches
 
@@ -149,20 +150,28 @@ def run_gpu(x32: np.ndarray, fmt: str, repeat: int) -> list[dict]:
     return _with_launch_path(rows)
 
 
+def _format_name(name: str, value: str) -> str:
+    """Returns the canonical name of the format ``value`` names (an alias too: ``half``)."""
+    return format_info(value).name
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("census", __doc__.splitlines()[0])
-    p.add_argument("--size", type=float, default=1e8, help="elements (default 1e8)")
-    p.add_argument("--format", default="fp16", help="census format (default fp16)")
-    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--size", type=validate.argument(validate.count), default=int(1e8),
+                   help="elements (default 1e8)")
+    p.add_argument("--format", type=validate.argument(_format_name), default="fp16",
+                   help="census format (default fp16)")
+    p.add_argument("--repeat", type=validate.argument(validate.count), default=20)
     p.add_argument("--quick", action="store_true", help="1e6 elements, CPU only, few repeats")
     p.add_argument("--cpu-only", action="store_true")
     p.add_argument("--gpu-only", action="store_true")
-    p.add_argument("--name", default="census_bench", help="result file stem under data/")
+    p.add_argument("--name", type=validate.argument(validate.text), default="census_bench",
+                   help="result file stem under data/")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     a = p.parse_args(argv)
     if a.quick:
-        a.size, a.repeat, a.cpu_only = 1e6, 5, True
+        a.size, a.repeat, a.cpu_only = 10**6, 5, True
     n = int(a.size)
     x32 = sample(n)
     rows: list[dict] = []

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fp16lab.measure import data_dir as committed_dir, merge_with_previous, summarize, write_result
-from fp16lab import recipes
+from fp16lab import recipes, validate
 from fp16lab.bench import argument_parser
 from fp16lab.diagnostics import GradientMonitor, auto_backend
 from fp16lab.models import build_model, input_shape
@@ -159,17 +159,20 @@ def profile_statistics(model_name: str, device: str, batch: int, amp: bool) -> N
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("diagnostics_overhead", __doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=60, help="interleaved off/on block pairs")
-    p.add_argument("--steps", type=int, default=4, help="steps per block")
-    p.add_argument("--gpu-batch", type=int, default=128)
-    p.add_argument("--cpu-batch", type=int, default=64)
+    p.add_argument("--rounds", type=validate.argument(validate.count), default=60,
+                   help="interleaved off/on block pairs")
+    p.add_argument("--steps", type=validate.argument(validate.count), default=4,
+                   help="steps per block")
+    p.add_argument("--gpu-batch", type=validate.argument(validate.count), default=128)
+    p.add_argument("--cpu-batch", type=validate.argument(validate.count), default=64)
     p.add_argument("--gpu-backends", nargs="+", default=["auto"],
                    choices=["auto", "cupy", "histc"],
                    help="GradientMonitor backends to time on the GPU, interleaved")
     p.add_argument("--gpu-only", action="store_true")
     p.add_argument("--cpu-only", action="store_true")
     p.add_argument("--quick", action="store_true", help="CPU only, few steps (smoke test)")
-    p.add_argument("--name", default=NAME, help="result file stem under data/")
+    p.add_argument("--name", type=validate.argument(validate.text), default=NAME,
+                   help="result file stem under data/")
     p.add_argument("--profile", action="store_true",
                    help="only print a torch.profiler breakdown of one statistics() call "
                         "(ResNet-50 on the GPU if any, else small_cnn on the CPU)")

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fp16lab import distributed as dist_lab
-from fp16lab import measure
+from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 from fp16lab.bench import distributed_bare as bare
 from fp16lab.bench.distributed_report import TRANSFORMER, diagnosis, summarize
@@ -234,25 +234,23 @@ def _gpu_slug() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("distributed", __doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="CPU, two gloo ranks, tiny models: a smoke test")
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--quick", action="store_true",
+                    help="CPU, two gloo ranks, tiny models: a smoke test")
+    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
                     help="folder for the result file (default: data/local/, or data/ with --replace)")
     ap.add_argument("--replace", action="store_true", help="write the committed file in data/")
-    ap.add_argument("--name", default=None, help="result file stem (default distributed_<gpu>x<n>)")
-    ap.add_argument("--gpus", type=int, default=2, help="ranks of the multi-GPU points (default 2)")
-    ap.add_argument("--budget-s", type=float, default=380.0,
+    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
+                    help="result file stem (default distributed_<gpu>x<n>)")
+    ap.add_argument("--gpus", type=validate.argument(validate.count, low=2), default=2,
+                    help="ranks of the multi-GPU points (default 2)")
+    ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=380.0,
                     help="stop launching new fp16lab points this many seconds after the start (default 380)")
-    ap.add_argument("--timeout-s", type=float, default=120.0, help="seconds one point may run (default 120)")
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--timeout-s", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=120.0, help="seconds one point may run (default 120)")
+    ap.add_argument("--rounds", type=validate.argument(validate.count), default=3,
                     help="interleaved rounds of the bare loop's variants and modes (default 3; 1 with --quick)")
     args = ap.parse_args(argv)
-    if args.gpus < 2:
-        raise SystemExit(f"--gpus must be at least 2 (it is compared with 1), got {args.gpus}")
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
-    for flag, value in (("--budget-s", args.budget_s), ("--timeout-s", args.timeout_s)):
-        if not value > 0:
-            raise SystemExit(f"{flag} must be a positive number of seconds, got {value}")
     import torch
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -265,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # before any work: a run of minutes must not end in a file it cannot write
         measure.check_can_write(Path(folder) / f"{name}.json")
     except ValueError as e:
-        raise SystemExit(str(e))
+        ap.error(str(e))
     t0 = time.monotonic()
     deadline = t0 + args.budget_s
     env = {k: os.environ.get(k) for k in dist_lab.NCCL_ENV}

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fp16lab import validate
 from fp16lab.distributed import bus_bandwidth_gbs, comm_overlap
 from fp16lab.distributed_worker import Reporter
 from fp16lab.models import NUM_CLASSES, build_model, input_shape
@@ -270,7 +271,7 @@ def worker(workdir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Runs this rank under torchrun: ``--workdir DIR`` holds ``job.json``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workdir", required=True, type=Path)
+    ap.add_argument("--workdir", required=True, type=validate.argument(validate.existing_dir))
     return worker(ap.parse_args(argv).workdir)
 
 

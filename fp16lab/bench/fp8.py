@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from fp16lab import fp8
-from fp16lab import measure
+from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 from fp16lab.fp8.training import GPTConfig, train_curve
 
@@ -190,16 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the chosen parts, writes data/fp8_<gpu>.json and prints a table; returns the exit status."""
     parser = argument_parser("fp8", __doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and a few steps")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
                         help="directory for the JSON (default: data/local/, or data/ with --replace)")
     parser.add_argument("--replace", action="store_true", help="write the committed file in data/")
     parser.add_argument("--parts", default=",".join(PARTS),
+                        type=validate.argument(validate.choice, PARTS, many=True),
                         help=f"comma-separated parts to run, of: {', '.join(PARTS)}")
     args = parser.parse_args(argv)
     args.started_at = _utc_now()
-    parts = args.parts.split(",")
-    if not parts or set(parts) - set(PARTS):
-        parser.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}, got {args.parts!r}")
+    parts = args.parts
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sizes = QUICK_SIZES if args.quick or device == "cpu" else SIZES
     name = _result_name(device, args.quick)
@@ -223,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += training_rows(cfg, steps, device, lr)
         path = _write(name, rows, args)
     if path is None:
-        print("nothing to run on this device for --parts", args.parts)
+        print("nothing to run on this device for --parts", ",".join(args.parts))
         return 1
     print(f"device: {measure.describe_source(measure.read_result(path)['meta'])}")
     print(f"{'GEMM N':>7} {'variant':<22} {'TFLOP/s':>9} {'x fp16':>7}")
@@ -266,7 +265,7 @@ def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> P
     device = "cuda" if torch.cuda.is_available() else "cpu"
     folder = Path(args.out) if args.out is not None else (measure.data_dir() if args.replace else measure.local_dir())
     now = getattr(args, "started_at", None) or _utc_now()
-    run_parts = set(args.parts.split(","))
+    run_parts = set(args.parts)
     kept, when = [], {}
     try:
         earlier = measure.read_result(folder / f"{name}.json")

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
-from fp16lab import measure
+from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm, gemm_flops
 from fp16lab.kernels import wgmma as launcher
@@ -165,20 +164,26 @@ def versions(cupy) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("gemm", __doc__.splitlines()[0])
-    p.add_argument("--sizes", type=int, nargs="*", default=list(SIZES), help="square sizes")
+    p.add_argument("--sizes", type=validate.argument(validate.count), nargs="*",
+                   default=list(SIZES), help="square sizes")
     p.add_argument("--no-odd", action="store_true", help="skip the odd shapes")
     p.add_argument("--kernels", nargs="*", default=list(KERNELS), choices=list(KERNELS))
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls before each block")
-    p.add_argument("--repeat", type=int, default=10, help="timed calls per block")
-    p.add_argument("--rounds", type=int, default=4,
+    p.add_argument("--warmup", type=validate.argument(validate.count, low=0), default=3,
+                   help="untimed calls before each block")
+    p.add_argument("--repeat", type=validate.argument(validate.count), default=10,
+                   help="timed calls per block")
+    p.add_argument("--rounds", type=validate.argument(validate.count), default=4,
                    help="alternating blocks of each implementation and cuBLAS")
-    p.add_argument("--sustained", type=float, default=1.0, metavar="SECONDS",
+    p.add_argument("--sustained", type=validate.argument(validate.number, low=0), default=1.0,
+                   metavar="SECONDS",
                    help="seconds of back-to-back calls for the best kernel of each step and cuBLAS "
                         "at the largest square size (0: skip)")
     p.add_argument("--out-dtype", default="float16", choices=["float16", "float32"],
                    help="output dtype of our kernels (cuBLAS writes fp16)")
-    p.add_argument("--name", default="gemm", help="result file stem under the data directory")
-    p.add_argument("--data-dir", type=Path, default=None, help="default: data/local/ (data/ with --replace)")
+    p.add_argument("--name", type=validate.argument(validate.text), default="gemm",
+                   help="result file stem under the data directory")
+    p.add_argument("--data-dir", type=validate.argument(validate.output_dir), default=None,
+                   help="default: data/local/ (data/ with --replace)")
     p.add_argument("--quick", action="store_true", help="1024 cubed and one odd shape, 5 repeats")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")

@@ -28,9 +28,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-from fp16lab import measure
+from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, KernelUnavailable, gemm_flops
 from fp16lab.kernels.compiler import find_cuda_include, get_function, require_cupy
@@ -139,15 +138,16 @@ def _triton_rows(size: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("gemm_ceiling", __doc__.splitlines()[0])
-    p.add_argument("--size", type=int, default=8192)
+    p.add_argument("--size", type=validate.argument(validate.count), default=8192)
     p.add_argument("--kernel", default="mma_sync_256x128s4",
                    choices=[k for k, s in KERNELS.items() if s.uses_mma_ptx])
-    p.add_argument("--seconds", type=float, default=1.0, help="length of each sustained run")
+    p.add_argument("--seconds", type=validate.argument(validate.number, low=0, low_open=True),
+                   default=1.0, help="length of each sustained run")
     p.add_argument("--no-triton", action="store_true")
     p.add_argument("--quick", action="store_true", help="2048^3, 0.3 s sustained runs, no Triton")
     p.add_argument("--triton-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--name", default="gemm_ceiling")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--name", type=validate.argument(validate.text), default="gemm_ceiling")
+    p.add_argument("--data-dir", type=validate.argument(validate.output_dir), default=None)
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     args = p.parse_args(argv)

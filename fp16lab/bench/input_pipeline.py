@@ -39,9 +39,11 @@ from typing import Any, Callable
 
 import torch
 
+from fp16lab import validate
 from fp16lab.measure import write_result
 from fp16lab.bench import argument_parser
 from fp16lab.device import device_info
+from fp16lab.sweep.cli import images_folder
 from fp16lab.inputs import (GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS, InputSettings, cpu_cores,
                             default_workers, make_image_folder, measure_loader, measure_training,
                             summary_lines)
@@ -142,17 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argument_parser("input_pipeline", __doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="small_cnn, batch 16, 64 pixels, 48 images, few steps (a smoke test)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
                    help="where the result file goes (default: data/local/, data/ with --replace; "
                         "--quick: a temporary folder)")
     p.add_argument("--replace", action="store_true", help="write the committed file in data/")
-    p.add_argument("--name", default=None, help="result file stem (default: input_pipeline_<gpu>)")
-    p.add_argument("--images-dir", type=Path, default=None,
+    p.add_argument("--name", type=validate.argument(validate.text), default=None,
+                   help="result file stem (default: input_pipeline_<gpu>)")
+    p.add_argument("--images-dir", type=validate.argument(images_folder), default=None,
                    help="where the JPEG data set is made or reused (default: a folder under /tmp)")
-    p.add_argument("--images", type=int, default=None, help="number of JPEG files (default 2048)")
-    p.add_argument("--host-note", default=None,
+    p.add_argument("--images", type=validate.argument(validate.count), default=None,
+                   help="number of JPEG files (default 2048)")
+    p.add_argument("--host-note", type=validate.argument(validate.text), default=None,
                    help="a sentence on the host for the result's meta (e.g. what else ran on it)")
-    p.add_argument("--budget-s", type=float, default=400.0,
+    p.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),
+                   default=400.0,
                    help="rows not started after this many seconds are recorded as skipped (a "
                         "row takes 7-15 s, fp32's first one about a minute more)")
     a = p.parse_args(argv)

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fp16lab import measure
+from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -211,10 +211,14 @@ def update_workshop(path: Path = NOTEBOOKS_DIR / "WORKSHOP.md") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("notebook_times", __doc__.splitlines()[0])
-    p.add_argument("--only", default="", help="comma-separated notebook numbers, e.g. 03,04")
+    numbers = [x.name[:2] for x in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))]
+    p.add_argument("--only", default=None,
+                   type=validate.argument(validate.choice, numbers, many=True),
+                   help="comma-separated notebook numbers, e.g. 03,04")
     p.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
-    p.add_argument("--save-executed", metavar="DIR", default="",
+    p.add_argument("--save-executed", metavar="DIR", default=None,
+                   type=validate.argument(validate.output_dir),
                    help="also write each executed notebook, with its outputs, into DIR")
     p.add_argument("--workshop", action="store_true",
                    help="execute nothing: rewrite notebooks/WORKSHOP.md's table from the files")
@@ -225,19 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     paths = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
-    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
-    unknown = [w for w in wanted if not any(x.name.startswith(w) for x in paths)]
-    if unknown:
-        raise SystemExit(f"no notebook numbered {', '.join(unknown)}; there are: "
-                         f"{', '.join(x.name[:2] for x in paths)}")
-    if wanted:
-        paths = [x for x in paths if x.name[:2] in wanted]
+    if args.only is not None:  # notebook numbers, checked as parsed
+        paths = [x for x in paths if x.name[:2] in args.only]
     gpu = torch.cuda.is_available()
     name = result_name(gpu)
     folder = measure.data_dir() if args.replace else measure.local_dir()
     rows: list[dict[str, Any]] = []
     for path in paths:
-        row = execute(path, save_to=Path(args.save_executed) if args.save_executed else None)
+        row = execute(path, save_to=args.save_executed)
         print(f"{path.name}: {row['wall_s']:.0f} s, {'finished' if row['finished'] else row['error']}"
               f"{'; ' + str(len(row['problems'])) + ' problems in outputs' if row['problems'] else ''}",
               flush=True)

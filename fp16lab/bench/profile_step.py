@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from fp16lab import execution as E
+from fp16lab import execution as E, validate
 from fp16lab.measure import summarize, write_result
 from fp16lab import profile as P
 from fp16lab.bench import argument_parser
@@ -323,16 +323,21 @@ def _num(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("profile_step", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run (few points, steps)")
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
                     help="where the JSON goes (default: data/local/, or data/ with --replace)")
     ap.add_argument("--replace", action="store_true", help="write the committed files in data/")
-    ap.add_argument("--name", default=None, help="result file stem (default by device)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per timed block")
-    ap.add_argument("--repeats", type=int, default=None, help="timed blocks per point")
-    ap.add_argument("--profile-steps", type=int, default=None, help="steps in the profiled window")
-    ap.add_argument("--budget-s", type=float, default=170.0,
+    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
+                    help="result file stem (default by device)")
+    ap.add_argument("--steps", type=validate.argument(validate.count), default=None,
+                    help="steps per timed block")
+    ap.add_argument("--repeats", type=validate.argument(validate.count), default=None,
+                    help="timed blocks per point")
+    ap.add_argument("--profile-steps", type=validate.argument(validate.count), default=None,
+                    help="steps in the profiled window")
+    ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=170.0,
                     help="compile points are skipped once this many seconds have passed")
-    ap.add_argument("--trace-dir", type=Path, default=None,
+    ap.add_argument("--trace-dir", type=validate.argument(validate.output_dir), default=None,
                     help="keep the Chrome traces here (default: not kept)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="turn cudnn.benchmark on")
     ap.add_argument("--cpu", action="store_true", help="measure on the CPU even with a GPU")
@@ -341,9 +346,6 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (5 if args.quick else (20 if cuda else 5))
     args.repeats = args.repeats or (2 if args.quick else (5 if cuda else 3))
     args.profile_steps = args.profile_steps or (2 if args.quick else 3)
-    for k in ("steps", "repeats", "profile_steps"):
-        if getattr(args, k) < 1:
-            ap.error(f"--{k.replace('_', '-')} must be >= 1")
     if args.trace_dir:
         args.trace_dir.mkdir(parents=True, exist_ok=True)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark

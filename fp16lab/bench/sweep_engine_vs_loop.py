@@ -25,7 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fp16lab import measure, sweep
+from fp16lab import measure, sweep, validate
 from fp16lab.bench import argument_parser
 from fp16lab.models import NUM_CLASSES, build_model, input_shape
 from fp16lab.recipes import set_tf32
@@ -81,10 +81,11 @@ def bare_loop_ms(model_name: str, batch: int, layout: str, warmup: int, steps: i
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("sweep_engine_vs_loop", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small_cnn on the CPU, few steps")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--warmup", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--name", default=None, help="result file stem under data/")
+    ap.add_argument("--repeats", type=validate.argument(validate.count), default=None)
+    ap.add_argument("--warmup", type=validate.argument(validate.count, low=0), default=None)
+    ap.add_argument("--steps", type=validate.argument(validate.count), default=None)
+    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
+                    help="result file stem under data/")
     ap.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
     args = ap.parse_args(argv)
@@ -96,10 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if gpu else "cpu"
     if gpu:
         model, batch, layout = "resnet50", 256, "channels_last"
-        warmup, steps, repeats = args.warmup or 10, args.steps or 30, args.repeats or 5
+        warmup, steps, repeats = 10, 30, 5
     else:
         model, batch, layout = "small_cnn", 16, "channels_last"
-        warmup, steps, repeats = args.warmup or 1, args.steps or 5, args.repeats or 3
+        warmup, steps, repeats = 1, 5, 3
+    # a flag given wins, --warmup 0 too
+    warmup = warmup if args.warmup is None else args.warmup
+    steps = steps if args.steps is None else args.steps
+    repeats = repeats if args.repeats is None else args.repeats
     name = args.name or ("sweep_engine_vs_loop" if gpu else "sweep_engine_vs_loop_quick")
     point = sweep.Point(model, batch, layout, "amp-fp16", sweep.ScalerSettings(), device=device)
     print(f"{point.label()} on {device}: warmup {warmup}, {steps} timed steps, {repeats} "

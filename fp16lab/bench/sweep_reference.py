@@ -33,16 +33,23 @@ from pathlib import Path
 
 import torch
 
-from fp16lab import measure, sweep
+from fp16lab import measure, sweep, validate
 from fp16lab.bench import argument_parser
 from fp16lab.device import device_info
 from fp16lab.execution import EXECUTIONS
 from fp16lab.inputs import BACKENDS, unavailable_reason
 from fp16lab.sweep import ScalerSettings, SweepSpec
+from fp16lab.sweep.cli import images_folder
 
 ALL4 = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 BOTH = ("nchw", "channels_last")
 FP8 = tuple(p for p in sweep.SWEEP_PRECISIONS if p.startswith("fp8-"))
+
+
+#: Every part's name: the GPU run's (:func:`gpu_parts`), then the CPU run's (:func:`cpu_parts`).
+PARTS = ("resnet50_grid", "resnet50_scaler", "resnet50_pure_fp16", "small_models", "transformer",
+         "execution_resnet50", "execution_small", "fp8_transformer", "inputs_resnet50",
+         "gpus_resnet50", "small_cnn_cpu", "mlp_fp8_cpu")
 
 
 def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, SweepSpec]:
@@ -111,23 +118,27 @@ def cpu_parts() -> dict[str, SweepSpec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("sweep_reference", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny CPU grid")
-    ap.add_argument("--only", default=None, help="comma-separated part names to run")
+    ap.add_argument("--only", default=None,
+                    type=validate.argument(validate.choice, PARTS, many=True),
+                    help="comma-separated part names to run")
     ap.add_argument("--replace", action="store_true",
                    help="write the committed file in data/ instead of data/local/")
-    ap.add_argument("--images-dir", default=None,
+    ap.add_argument("--images-dir", default=None, type=validate.argument(images_folder),
                     help="JPEG folder of the inputs part (default: fp16lab_jpegs_<images> in the "
                          "temp folder, written once)")
-    ap.add_argument("--images", type=int, default=2048, help="JPEGs in a new --images-dir")
+    ap.add_argument("--images", type=validate.argument(validate.count), default=2048,
+                    help="JPEGs in a new --images-dir")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
-    images_dir = args.images_dir or str(Path(tempfile.gettempdir())
-                                        / f"fp16lab_jpegs_{args.images}")
+    images_dir = str(args.images_dir
+                     or Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{args.images}")
     parts = gpu_parts(images_dir, args.images) if gpu else cpu_parts()
-    if args.only:
-        unknown = set(args.only.split(",")) - set(parts)
-        if unknown:
-            raise SystemExit(f"unknown part(s) {sorted(unknown)}; parts: {', '.join(parts)}")
-        parts = {k: v for k, v in parts.items() if k in args.only.split(",")}
+    if args.only is not None:
+        elsewhere = [k for k in args.only if k not in parts]
+        if elsewhere:  # a GPU part on the CPU, say: refused before anything runs
+            ap.error(f"argument --only: {', '.join(elsewhere)} not run here; this run's parts: "
+                     f"{', '.join(parts)}")
+        parts = {k: v for k, v in parts.items() if k in args.only}
     if gpu:
         name = device_info().gpu_name or "gpu"
         slug = "h200" if "H200" in name else re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")

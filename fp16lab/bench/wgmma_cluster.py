@@ -24,9 +24,8 @@ Each is first checked element by element against float64. Results go to data/wgm
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from fp16lab import measure
+from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 from fp16lab.kernels import KERNELS, gemm_flops
 from fp16lab.kernels import wgmma as launcher
@@ -47,8 +46,9 @@ CASES = {
 
 def main(argv: list[str] | None = None) -> int:
     p = argument_parser("wgmma_cluster", __doc__.splitlines()[0])
-    p.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192])
-    p.add_argument("--data-dir", type=Path, default=None,
+    p.add_argument("--sizes", type=validate.argument(validate.count), nargs="*",
+                   default=[4096, 8192])
+    p.add_argument("--data-dir", type=validate.argument(validate.output_dir), default=None,
                    help="default: data/local/ (data/ with --replace)")
     p.add_argument("--replace", action="store_true", help="write the committed file in data/")
     args = p.parse_args(argv)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
+from fp16lab import validate
 from fp16lab.kernels import KERNELS, gemm
 from fp16lab.kernels import wgmma as launcher
 from fp16lab.kernels.compiler import KernelUnavailable, require_cupy
@@ -26,7 +26,8 @@ SHAPES = ((128, 256, 64), (256, 512, 256), (129, 264, 72), (1000, 1001, 1003), (
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ok-file", type=Path, help="append the name of each kernel that passed here")
+    p.add_argument("--ok-file", type=validate.argument(validate.output_file),
+                   help="append the name of each kernel that passed here")
     args = p.parse_args(argv)
     try:
         cupy = require_cupy()

@@ -5,25 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from .. import validate
 from ..device import has_gpu
 from .report import claims_folder, write_claims
-from .run import check_all, get_claim
+from .run import CLAIMS, check_all, get_claim
 
 
 def run(args: argparse.Namespace) -> int:
     """Returns 0 after checking the claims ``args`` name (see :func:`add_arguments`), printing the
     verdict table and writing claims_<device>.md and .json."""
-    ids = None
-    if args.only:
-        try:
-            ids = [int(s) for s in args.only.split(",") if s.strip()]
-        except ValueError:
-            raise ValueError(f"--only takes claim numbers like 1,6,8; got {args.only!r}") from None
-        for i in ids:
-            get_claim(i)
+    ids = None if args.only is None else [get_claim(i).id for i in args.only]
     folder = claims_folder(args.out)  # before any claim runs
     quick = args.quick or not has_gpu()
     t0 = time.perf_counter()
@@ -45,12 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Adds the options of ``fp16lab claims`` (--quick, --out, --data, --only) to ``p``."""
     p.add_argument("--quick", action="store_true",
                    help="small sizes (always on without a GPU)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
                    help="folder for claims_<device>.md/.json (default: data/local/)")
-    p.add_argument("--data", type=Path, default=None,
+    p.add_argument("--data", type=validate.argument(validate.existing_dir), default=None,
                    help="folder holding the recorded GPU run shown for GPU-only claims on a CPU "
                         "(default: data/local/, then data/)")
-    p.add_argument("--only", default="", help="comma-separated claim numbers, e.g. 1,6,8")
+    p.add_argument("--only", default=None,
+                   type=validate.argument(validate.count, high=len(CLAIMS), many=True),
+                   help="comma-separated claim numbers, e.g. 1,6,8")
 
 
 def register_cli(subparsers: Any) -> None:

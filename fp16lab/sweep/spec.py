@@ -266,18 +266,19 @@ _NEEDS = {"scalers": f"a precision that uses a loss scaler ({', '.join(SCALED_PR
           "normalize_on": "input 'dataloader'"}
 
 
-def check_images_dir(value: Any) -> Path:
+def check_images_dir(value: Any, name: str = "images_dir") -> Path:
     """Returns ``images_dir`` as a Path once file inputs can read it, else raises OSError/ValueError.
 
     It must be a readable folder, or one :func:`fp16lab.inputs.make_image_folder` can write (an
     empty or absent folder whose place is writable); a file or an unwritable place is refused.
+    Messages call it ``name``.
     """
     try:
-        path = validate.existing_dir("images_dir", value)
+        path = validate.existing_dir(name, value)
     except FileNotFoundError:  # make_image_folder makes it
-        return validate.output_dir("images_dir", value)
+        return validate.output_dir(name, value)
     if not any(path.iterdir()):
-        validate.output_dir("images_dir", path)  # empty: make_image_folder writes it
+        validate.output_dir(name, path)  # empty: make_image_folder writes it
     return path
 
 
