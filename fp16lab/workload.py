@@ -239,6 +239,17 @@ def load_workload(name: str, **settings: Any) -> Workload:
     return built
 
 
+def workload_name(name: str, value: Any) -> str:
+    """Returns ``value`` if :func:`load_workload` builds a workload from it with its defaults
+    (a command line's check: a name that does not import is a ValueError saying why)."""
+    value = validate.text(name, value)
+    try:
+        load_workload(value)
+    except (ImportError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{name}: {e}") from None
+    return value
+
+
 def _shown(settings: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in settings.items())
 
@@ -456,4 +467,5 @@ def _loss_of(workload: Workload) -> Callable[[_FloatLogits, Any], torch.Tensor]:
 
 
 __all__ = ["LAYOUTS", "Workload", "WorkloadCannotRun", "WorkloadNotFound", "WorkloadStep",
-           "build_model", "check_settings", "load_workload", "step_of", "train_step"]
+           "build_model", "check_settings", "load_workload", "step_of", "train_step",
+           "workload_name"]

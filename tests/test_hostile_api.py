@@ -388,6 +388,7 @@ CLI_VALID = {
     ("bench gemm --warmup", "0"): "no untimed call before each block",
     ("bench gemm --sustained", "0"): "0 skips the sustained runs, as its help says",
     ("bench sweep_engine_vs_loop --warmup", "0"): "no warm-up step is a valid protocol",
+    ("bench workloads --warmup", "0"): "no warm-up step is a valid protocol",
 }
 
 

@@ -228,3 +228,28 @@ def test_a_dict_workloads_step_on_the_gpu_matches_its_forward_loss():
     ws = train_step(_dict_workload(), "amp-fp16", "cuda", 8, seed=2)
     before = float(ws.forward_loss())
     assert float(ws()) == pytest.approx(before, rel=1e-3)  # autocast fp16 on both sides
+
+
+def test_the_sweep_command_line_takes_a_workload_by_name(tmp_path, monkeypatch, capsys):
+    from fp16lab import cli
+
+    (tmp_path / "cli_workload_mod.py").write_text(textwrap.dedent("""
+        from torch import nn
+        from fp16lab.workload import Workload
+        from fp16lab.workloads.batches import synthetic_batch
+
+        def make():
+            return Workload(name="cli-mlp", build=lambda: nn.Sequential(nn.Linear(16, 5)),
+                            batch=synthetic_batch((16,), 5))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "rows.parquet"
+    assert cli.main(["sweep", "--workload", "cli_workload_mod:make", "--batch", "4",
+                     "--precision", "fp32,amp-bf16", "--warmup", "0", "--steps", "1",
+                     "--repeats", "1", "--device", "cpu", "--no-telemetry", "--out", str(out)]) == 0
+    rows = sweep.read_results(out)
+    assert sorted(rows["precision"]) == ["amp-bf16", "fp32"] and set(rows["status"]) == {"ok"}
+    assert set(rows["model"]) == {"cli_workload_mod:make"}  # the name that rebuilds it
+    assert cli.main(["sweep", "--workload", "no_such_mod_here:make", "--out", str(out)]) == 2
+    assert "no_such_mod_here" in capsys.readouterr().err
+    sys.modules.pop("cli_workload_mod", None)

@@ -90,23 +90,27 @@ def _bare_ms(w: Workload, batch: int, device: str, warmup: int, steps: int) -> f
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("workloads", __doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny configurations on the CPU")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per point")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per point")
-    ap.add_argument("--repeats", type=int, default=2, help="interleaved repeats (engine, vocab)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no new part after this many seconds (what ran is written)")
-    ap.add_argument("--only", default=",".join(PARTS), help=f"parts, comma-separated: {','.join(PARTS)}")
-    ap.add_argument("--name", default=None, help="result file stem under data/")
+    ap.add_argument("--warmup", type=validate.argument(validate.count, low=0), default=None,
+                    help="untimed steps per point (default 3; 1 with --tiny)")
+    ap.add_argument("--steps", type=validate.argument(validate.count), default=None,
+                    help="timed steps per point (default 10; 2 with --tiny)")
+    ap.add_argument("--repeats", type=validate.argument(validate.count), default=2,
+                    help="interleaved repeats (engine, vocab)")
+    ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=None, help="start no new part after this many seconds (what ran is written)")
+    ap.add_argument("--only", default=list(PARTS), type=validate.argument(validate.choice, PARTS, many=True),
+                    help=f"parts, comma-separated: {','.join(PARTS)}")
+    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
+                    help="result file stem under data/")
     ap.add_argument("--replace", action="store_true",
                     help="write the committed file in data/ instead of data/local/")
-    ap.add_argument("--out", default=None, help="folder to write the result to (default: data/local/)")
+    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
+                    help="folder to write the result to (default: data/local/)")
     args = ap.parse_args(argv)
-    parts = [validate.choice("--only", p, PARTS) for p in args.only.split(",")]
-    warmup = validate.count("--warmup", args.warmup if args.warmup is not None else (1 if args.tiny else 3), low=0)
-    steps = validate.count("--steps", args.steps if args.steps is not None else (2 if args.tiny else 10))
-    repeats = validate.count("--repeats", args.repeats)
-    budget = None if args.budget_s is None else validate.number("--budget-s", args.budget_s, low=0,
-                                                                low_open=True)
+    parts = list(args.only)
+    warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    steps = args.steps if args.steps is not None else (2 if args.tiny else 10)
+    repeats, budget = args.repeats, args.budget_s
     gpu = torch.cuda.is_available() and not args.tiny
     if not gpu and not args.tiny:
         print("no CUDA GPU: running the --tiny CPU version")

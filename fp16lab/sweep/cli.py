@@ -10,6 +10,7 @@ from .. import validate
 from ..models import MODELS
 from ..scaling import ScalerSettings
 from ..scaling.settings import check_scale
+from ..workload import workload_name
 from .axes import BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS
 from .engine import run_sweep
 from .report import format_report
@@ -64,7 +65,8 @@ def _cmd_sweep(args: Any) -> int:
         ScalerSettings(init_scale=i, growth_factor=args.growth_factor,
                        backoff_factor=args.backoff_factor, growth_interval=args.growth_interval)
         for i in args.init_scale)
-    spec = SweepSpec(models=args.model, batches=args.batch, layouts=args.layout,
+    models = (*(args.model or ()), *(args.workload or ())) or ("small_cnn",)
+    spec = SweepSpec(models=models, batches=args.batch, layouts=args.layout,
                      precisions=args.precision, scalers=scalers,
                      cudnn_benchmark=args.cudnn_benchmark, executions=args.execution,
                      compile_modes=args.compile_mode, inputs=args.input,
@@ -109,8 +111,13 @@ def _cmd_report(args: Any) -> int:
 def register_cli(subparsers: Any) -> None:
     """Adds the ``sweep`` and ``report`` sub-commands to the fp16lab command line."""
     p = subparsers.add_parser("sweep", help="measure training steps over a grid (headless)")
-    p.add_argument("--model", default="small_cnn", type=_list_of(validate.choice, MODELS),
-                   help=f"comma-separated; one of: {', '.join(MODELS)}")
+    p.add_argument("--model", default=None, type=_list_of(validate.choice, MODELS),
+                   help=f"comma-separated; one of: {', '.join(MODELS)} (default small_cnn, "
+                        "unless --workload is given)")
+    p.add_argument("--workload", default=None, type=_list_of(workload_name),
+                   help="comma-separated workloads: built-in ones (bert-base, gpt2-small, llama, "
+                        "vit-b16, torchvision-resnet50) or package.module:function, importable "
+                        "here (PYTHONPATH=. for a module in this folder)")
     p.add_argument("--batch", default="8,16", type=_list_of(validate.count),
                    help="comma-separated batch sizes, e.g. 64,128,256")
     p.add_argument("--layout", default="nchw", type=_list_of(validate.choice, LAYOUTS),
