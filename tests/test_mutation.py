@@ -161,4 +161,4 @@ def test_the_committed_equivalents_file_is_well_formed():
 def test_unknown_modules_are_refused(capsys):
     with pytest.raises(SystemExit):
         mutation.main(["nope"])
-    assert "unknown module(s) ['nope']; choose from alignment, bench" in capsys.readouterr().err
+    assert "unknown module(s) ['nope']; choose from alignment, autocast_ops, bench" in capsys.readouterr().err

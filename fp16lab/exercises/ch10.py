@@ -8,6 +8,9 @@ import math
 import torch
 from torch import nn
 
+from ..memory import predict
+from ..workload import Workload, WorkloadCannotRun, train_step
+from ..workloads.batches import synthetic_batch
 from .core import Exercise, Wrong
 
 __all__ = ["SmallCNN", "q1", "q2"]
@@ -28,8 +31,6 @@ class SmallCNN(nn.Module):
 
 
 def _check_q1(answer: object) -> str:
-    from ..workload import Workload, WorkloadCannotRun, train_step
-
     workload = answer() if callable(answer) and not isinstance(answer, Workload) else answer
     if not isinstance(workload, Workload):
         raise Wrong(f"give a Workload (or a function returning one), not {type(workload).__name__}.")
@@ -73,10 +74,6 @@ q1 = Exercise(
 
 
 def _q2_parts() -> dict[str, int]:
-    from ..memory import predict
-    from ..workload import Workload
-    from ..workloads.batches import synthetic_batch
-
     account = predict(Workload(name="small-cnn", build=SmallCNN,
                                batch=synthetic_batch((3, 32, 32), num_classes=10)), "fp32", 2)
     return {"parameters": account.parameters, "gradients": account.gradients,

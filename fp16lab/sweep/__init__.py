@@ -22,7 +22,8 @@ from .report import (describe_rows, engine_check, format_report, load_reference,
                      scaler_table, summarize_results, throughput_table)
 from .results import (META_COLUMNS, ROW_COLUMNS, STATUSES, append_rows, check_results_path,
                       read_results)
-from .spec import GPU_PROTOCOL, LAYOUTS, Point, Protocol, SweepSpec
+from .point import LAYOUTS, Point
+from .spec import GPU_PROTOCOL, Protocol, SweepSpec
 
 __all__ = ["AXIS_DEFAULTS", "GPU_PROTOCOL", "LAYOUTS", "LR", "META_COLUMNS", "MOMENTUM", "PRECISIONS",
            "ROW_COLUMNS", "SCALED_PRECISIONS", "STATUSES", "SWEEP_PRECISIONS", "FaultInjector",

@@ -15,7 +15,8 @@ from .axes import BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS
 from .engine import run_sweep
 from .report import format_report
 from .results import check_results_path, read_results
-from .spec import LAYOUTS, SweepSpec, check_images_dir, check_tolerance
+from .point import LAYOUTS
+from .spec import SweepSpec, check_images_dir, check_tolerance
 
 
 def images_folder(name: str, value: Any) -> Path:

@@ -39,7 +39,8 @@ from ..telemetry import TelemetrySampler
 from .multi_gpu import measure_on_gpus
 from .results import (MEASUREMENT, META_COLUMNS, ROW_COLUMNS, append_rows, check_results_path,
                       claim, drop_duplicate_measurements, read_results, release)
-from .spec import Point, SweepSpec, check_images_dir
+from .point import Point
+from .spec import SweepSpec, check_images_dir
 from .steps import build_step, build_workload_step, input_warmup
 
 __all__ = ["LR", "MOMENTUM", "FaultInjector", "is_oom", "measure_point", "run_sweep"]

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from .. import distributed
-from .spec import Point
+from .point import Point
 
 
 def measure_on_gpus(point: Point, *, warmup: int, steps: int,

@@ -15,7 +15,7 @@ import pandas as pd
 from ..scaling import ScalerSettings
 from .axes import SWEEP_PRECISIONS, variant_label
 from .report import summarize_results
-from .spec import SCALER_FIELDS
+from .point import SCALER_FIELDS
 
 _LAYOUT_STYLE = {"nchw": ("-", "o"), "channels_last": ("--", "s")}
 #: Marker of a variant, by its first word (execution, input, or xN for several GPUs).

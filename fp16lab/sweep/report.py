@@ -12,7 +12,8 @@ from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
 from .axes import AXIS_DEFAULTS, variant_label
 from .results import META_COLUMNS, drop_duplicate_measurements, read_results
-from .spec import SCALER_FIELDS, check_tolerance
+from .point import SCALER_FIELDS
+from .spec import check_tolerance
 
 _POINT_COLUMNS = ("model", "batch", "layout", "precision", *SCALER_FIELDS, "cudnn_benchmark",
                   "device", *AXIS_DEFAULTS)

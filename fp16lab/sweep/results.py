@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from ..measure.provenance import check_can_write
 from .axes import AXIS_DEFAULTS
-from .spec import SCALER_FIELDS
+from .point import SCALER_FIELDS
 
 #: What a results row's ``status`` can be.
 STATUSES = ("ok", "oom", "error")

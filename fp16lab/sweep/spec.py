@@ -1,4 +1,4 @@
-"""What a sweep measures: the grid (:class:`SweepSpec`) and its points (:class:`Point`), checked on creation.
+"""What a sweep measures: the grid (:class:`SweepSpec`) of points (:class:`.point.Point`), checked on creation.
 
 Beside model, batch, layout, precision and the scaler, a point has the later chapters' axes
 (execution, input, gpus and the ``fp8-<recipe>`` precisions; :mod:`.axes`). A grid crosses each
@@ -10,33 +10,21 @@ applies to no point is an error before anything runs.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from .. import validate
-from ..models import MODELS, is_image_model
+from ..models import MODELS
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
-from ..workload import Workload, load_workload
-from .axes import (AXIS_DEFAULTS, BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS,
-                   check_execution_axis, check_gpus_axis, check_input_axis, fp8_problem,
-                   variant_label)
-
-#: Memory layouts, for image models only.
-LAYOUTS = {
-    "nchw": "contiguous NCHW tensors (PyTorch's default)",
-    "channels_last": "NHWC in memory (torch.channels_last), what tensor-core convolutions prefer",
-}
-
-#: The loss-scaler settings a point records as columns, named as :class:`ScalerSettings` names them.
-SCALER_FIELDS = tuple(f.name for f in dataclasses.fields(ScalerSettings))
-
+from ..workload import Workload
+from .axes import BACKENDS, COMPILE_MODES, EXECUTIONS, SWEEP_PRECISIONS
+from .point import (LAYOUTS, Point, PointError, check_batches, check_names, refuse,
+                    resolve_model, unique)
 
 @dataclass(frozen=True)
 class Protocol:
@@ -55,202 +43,6 @@ class Protocol:
 #: :meth:`SweepSpec.for_this_machine` and notebook 05's training claims all measure this way, so
 #: the same setting gives the same figure in all three.
 GPU_PROTOCOL = Protocol(cudnn_benchmark=True, warmup=5, steps=12)
-
-
-def _unique(xs: Iterable[Any]) -> tuple[Any, ...]:
-    out: list[Any] = []
-    for x in xs:
-        if x not in out:
-            out.append(x)
-    return tuple(out)
-
-
-def _check_names(kind: str, given: Sequence[str], allowed: Iterable[str]) -> None:
-    allowed = list(allowed)
-    if not given:
-        raise ValueError(f"the sweep needs at least one {kind}; allowed: {', '.join(allowed)}")
-    bad = [g for g in given if g not in allowed]
-    if bad:
-        raise ValueError(f"unknown {kind} {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}")
-
-
-def _resolve_model(entry: Any) -> tuple[str, Workload | None]:
-    """Returns (the name rows record, the workload or None) for one ``models`` entry: a built-in
-    model name, a :class:`fp16lab.workload.Workload`, or a workload's name for
-    :func:`fp16lab.workload.load_workload` (built-in or ``"package.module:function"``)."""
-    if isinstance(entry, Workload):
-        return entry.name, entry
-    if isinstance(entry, str) and entry in MODELS:
-        return entry, None
-    if not isinstance(entry, str):
-        raise TypeError(f"a sweep model must be a model name, a workload name or a Workload, "
-                        f"got {type(entry).__name__}")
-    try:
-        return entry, load_workload(entry)
-    except (ImportError, TypeError, RuntimeError) as e:  # one kind of refusal for the sweep
-        raise ValueError(f"model {entry!r}: {e}") from None
-    except ValueError as e:
-        raise ValueError(f"unknown model {entry!r}: not one of {', '.join(MODELS)}, and {e}") \
-            from None
-
-
-class PointError(ValueError):
-    """A point that cannot run, blaming the sweep axis (``gpus``, ``inputs``, ...) whose value is why."""
-
-    def __init__(self, axis: str, message: str):
-        super().__init__(message)
-        self.axis = axis
-
-
-def _blame(axis: str, check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Returns ``check(*args, **kwargs)``; its ValueError becomes a :class:`PointError` blaming ``axis``."""
-    try:
-        return check(*args, **kwargs)
-    except ValueError as e:
-        raise PointError(axis, str(e)) from None
-
-
-def _refuse(message: str) -> None:
-    raise ValueError(message)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One configuration to measure. ``key`` identifies it in a results file (for resuming).
-
-    The later axes (see the module docstring and ``AXIS_DEFAULTS``): ``execution`` with
-    ``compile_mode`` (filled in as 'default' for compile, None otherwise); ``input`` with its
-    pipeline settings, used by file inputs only (``num_workers`` None means 75% of the cores,
-    resolved here; ``pin_memory``, ``non_blocking``, ``normalize_on`` apply to the dataloader
-    and default to True, True, 'cpu') and ``images_dir``, the image folder they read; ``gpus``,
-    the number of ranks (batch is per GPU).
-    """
-
-    model: str
-    batch: int
-    layout: str = "nchw"
-    precision: str = "fp32"
-    scaler: ScalerSettings | None = None
-    cudnn_benchmark: bool = False
-    device: str = "cpu"
-    execution: str = "eager"
-    compile_mode: str | None = None
-    input: str = "synthetic"
-    num_workers: int | None = None
-    pin_memory: bool | None = None
-    non_blocking: bool | None = None
-    normalize_on: str | None = None
-    images_dir: str | None = None
-    gpus: int = 1
-    #: the workload this point trains (its ``model`` is then the workload's name); None: the
-    #: built-in model ``model``. A workload decides at run time what it cannot run (a layout,
-    #: an FP8 recipe), and the row records that error.
-    workload: Workload | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.workload is not None:
-            self._check_workload_point()
-            return
-        _check_names("model", [self.model], MODELS)
-        _check_names("layout", [self.layout], LAYOUTS)
-        _check_names("precision", [self.precision], SWEEP_PRECISIONS)
-        _check_batches([self.batch])
-        if self.layout == "channels_last" and not is_image_model(self.model):
-            raise PointError("layouts", f"layout 'channels_last' applies to image models only; "
-                                        f"{self.model!r} takes no NCHW input (use 'nchw')")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"a point's device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.precision in SCALED_PRECISIONS and self.scaler is None:
-            object.__setattr__(self, "scaler", ScalerSettings())
-        if self.precision not in SCALED_PRECISIONS:
-            object.__setattr__(self, "scaler", None)  # the settings would change nothing
-        problem = fp8_problem(self.model, self.precision) if self.precision.startswith("fp8-") \
-            else None
-        if problem:
-            raise PointError("precisions", problem)
-        mode = _blame("executions", check_execution_axis, self.execution, self.compile_mode,
-                      precision=self.precision, device=self.device)
-        object.__setattr__(self, "compile_mode", mode)
-        kept = _blame("inputs", check_input_axis, self.input, model=self.model,
-                      device=self.device, images_dir=self.images_dir,
-                      num_workers=self.num_workers, pin_memory=self.pin_memory,
-                      non_blocking=self.non_blocking, normalize_on=self.normalize_on)
-        for name, value in kept.items():
-            object.__setattr__(self, name, value)
-        _blame("gpus", check_gpus_axis, self.gpus, device=self.device, precision=self.precision,
-               execution=self.execution, input=self.input, scaler=self.scaler,
-               cudnn_benchmark=self.cudnn_benchmark)
-
-    def _check_workload_point(self) -> None:
-        if not isinstance(self.workload, Workload):
-            raise TypeError(f"a point's workload must be a Workload, got "
-                            f"{type(self.workload).__name__}")
-        _check_names("layout", [self.layout], LAYOUTS)
-        _check_names("precision", [self.precision], SWEEP_PRECISIONS)
-        _check_batches([self.batch])
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"a point's device must be 'cpu' or 'cuda', got {self.device!r}")
-        allowed = self.workload.precisions
-        if allowed is not None and self.precision not in allowed:
-            raise PointError("precisions", f"workload {self.workload.name!r} runs "
-                                           f"{', '.join(allowed)}, not {self.precision!r}")
-        if self.precision in SCALED_PRECISIONS and self.scaler is None:
-            object.__setattr__(self, "scaler", ScalerSettings())
-        if self.precision not in SCALED_PRECISIONS:
-            object.__setattr__(self, "scaler", None)
-        if self.execution == "cuda-graph":
-            raise PointError("executions", f"workload {self.workload.name!r}: the sweep runs a "
-                                           "workload eager or compiled; cuda-graph capture takes "
-                                           "the built-in models only")
-        mode = _blame("executions", check_execution_axis, self.execution, self.compile_mode,
-                      precision=self.precision, device=self.device)
-        object.__setattr__(self, "compile_mode", mode)
-        if self.input != "synthetic":
-            raise PointError("inputs", f"workload {self.workload.name!r} makes its own batches; "
-                                       f"input {self.input!r} feeds the built-in image models only")
-        if self.gpus != 1:
-            raise PointError("gpus", f"workload {self.workload.name!r}: the sweep runs a workload "
-                                     "on one GPU (gpus 1)")
-        if self.cudnn_benchmark not in (True, False):
-            raise ValueError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
-
-    def settings(self) -> dict[str, Any]:
-        """Returns the point's settings as flat columns (scaler fields None when unused)."""
-        s = self.scaler
-        return {
-            "model": self.model, "batch": self.batch, "layout": self.layout,
-            "precision": self.precision,
-            **{f.name: type(f.default)(getattr(s, f.name)) if s else None  # as typed: 2000, not 2000.0
-               for f in dataclasses.fields(ScalerSettings)},
-            "cudnn_benchmark": bool(self.cudnn_benchmark), "device": self.device,
-            **{name: getattr(self, name) for name in AXIS_DEFAULTS},
-            "images_dir": self.images_dir,
-        }
-
-    @property
-    def key(self) -> str:
-        """Returns a stable 16-hex-digit hash of the settings.
-
-        Axes at their ``AXIS_DEFAULTS`` value and ``images_dir`` (where the same images are) are
-        left out, so a point of the original grid keeps the key older results files hold.
-        """
-        kept = {k: v for k, v in self.settings().items()
-                if k != "images_dir" and not (k in AXIS_DEFAULTS and v == AXIS_DEFAULTS[k])}
-        if self.workload is not None and self.workload.settings:  # another build, another point
-            kept["workload_settings"] = self.workload.settings
-        blob = json.dumps(kept, sort_keys=True)
-        return hashlib.sha1(blob.encode()).hexdigest()[:16]
-
-    def variant(self) -> str:
-        """Returns the later axes' non-default values, e.g. 'compile(default) dataloader w4 x2'."""
-        return variant_label(self.settings())
-
-    def label(self) -> str:
-        """Returns a short human-readable name like 'resnet50 b256 channels_last amp-fp16'."""
-        extra = f" scale0={self.scaler.init_scale:g}" if self.scaler else ""
-        variant = self.variant()
-        return (f"{self.model} b{self.batch} {self.layout} {self.precision}{extra}"
-                f"{' ' + variant if variant else ''}")
 
 
 #: SweepSpec's fields that are lists of values crossed into the grid.
@@ -297,14 +89,6 @@ def _axis_text(value: Any) -> str:
         return (f"scaler(init {init}, growth x{value.growth_factor:g} every "
                 f"{value.growth_interval}, backoff x{value.backoff_factor:g})")
     return str(value)
-
-
-def _check_batches(batches: Sequence[Any]) -> None:
-    if not batches:
-        raise ValueError("the sweep needs at least one batch size (a positive integer)")
-    bad = [b for b in batches if isinstance(b, bool) or not isinstance(b, int) or b < 1]
-    if bad:
-        raise ValueError(f"batch sizes must be positive integers, got {', '.join(map(repr, bad))}")
 
 
 @dataclass(frozen=True)
@@ -360,19 +144,19 @@ class SweepSpec:
             value = getattr(self, name)
             if value is None or isinstance(value, (str, int, ScalerSettings, bool, Workload)):
                 value = (value,)
-            object.__setattr__(self, name, _unique(value))
+            object.__setattr__(self, name, unique(value))
         if not self.models:
             raise ValueError(f"the sweep needs at least one model; allowed: {', '.join(MODELS)}, "
                              "a workload's name or a Workload")
-        resolved = [_resolve_model(m) for m in self.models]
-        object.__setattr__(self, "models", _unique(name for name, _ in resolved))
+        resolved = [resolve_model(m) for m in self.models]
+        object.__setattr__(self, "models", unique(name for name, _ in resolved))
         object.__setattr__(self, "workloads", {name: w for name, w in resolved if w is not None})
-        _check_batches(self.batches)
-        _check_names("layout", self.layouts, LAYOUTS)
-        _check_names("precision", self.precisions, SWEEP_PRECISIONS)
-        _check_names("execution", self.executions, EXECUTIONS)
-        _check_names("compile mode", self.compile_modes, COMPILE_MODES)
-        _check_names("input", self.inputs, BACKENDS)
+        check_batches(self.batches)
+        check_names("layout", self.layouts, LAYOUTS)
+        check_names("precision", self.precisions, SWEEP_PRECISIONS)
+        check_names("execution", self.executions, EXECUTIONS)
+        check_names("compile mode", self.compile_modes, COMPILE_MODES)
+        check_names("input", self.inputs, BACKENDS)
         if isinstance(self.images, bool) or not isinstance(self.images, int) or self.images < 1:
             raise ValueError(f"images must be a positive integer, got {self.images!r}")
         if not self.scalers or not all(isinstance(s, ScalerSettings) for s in self.scalers):
@@ -398,7 +182,7 @@ class SweepSpec:
         points = self.points()  # fails now if a value is bad or applies to no point
         if self.images_dir is not None:
             if all(p.input == "synthetic" for p in points):
-                _refuse(f"images_dir {str(self.images_dir)!r} applies to no point of this "
+                refuse(f"images_dir {str(self.images_dir)!r} applies to no point of this "
                         f"sweep: it needs a file input (input other than 'synthetic')")
             check_images_dir(self.images_dir)
 
@@ -479,11 +263,11 @@ class SweepSpec:
         for reasons in (blamed, why):
             for name, v in unused:
                 if (name, v) in reasons:
-                    _refuse(f"{name} {v!r} applies to no point of this sweep: {reasons[(name, v)]}")
+                    refuse(f"{name} {v!r} applies to no point of this sweep: {reasons[(name, v)]}")
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, v in unused:  # a setting crossed with no point: refused, not ignored
-            if name in _NEEDS and getattr(self, name) != _unique(defaults[name]):
-                _refuse(f"{name} {v!r} applies to no point of this sweep: it needs "
+            if name in _NEEDS and getattr(self, name) != unique(defaults[name]):
+                refuse(f"{name} {v!r} applies to no point of this sweep: it needs "
                         f"{_NEEDS[name]}")
         if not pts:
             raise ValueError("the sweep has no point: " + next(iter(why.values()), ""))

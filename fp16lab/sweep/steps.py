@@ -27,7 +27,7 @@ from ..execution import make_step
 from ..fp8 import training as fp8_training  # a module too (tests replace make_fp8_step)
 from ..models import NUM_CLASSES, input_shape
 from ..recipes import PRECISIONS, make_train_step, sgd
-from .spec import Point
+from .point import Point
 
 
 @dataclass
