@@ -271,3 +271,28 @@ def test_gpm_counters_are_averaged_and_plotted_where_the_gpu_has_them():
     plain = rows.assign(sm_util_mean=None, tensor_util_mean=None)
     assert sweep.plot_results(plain).axes[2].get_title() == "GPU busy % (NVML)"
     assert pd.isna(sweep.summarize_results(plain)["sm_util_mean"]).all()
+
+
+def test_a_workload_given_to_the_panel_is_on_its_menu_and_is_what_it_sweeps():
+    from torch import nn
+
+    from fp16lab.workload import Workload
+    from fp16lab.workloads.batches import synthetic_batch
+
+    w = Workload(name="panel-mlp", build=lambda: nn.Sequential(nn.Linear(8, 3)),
+                 batch=synthetic_batch((8,), 3))
+    panel = SweepPanel(device="cpu", workloads=(w,))
+    assert panel.model.options[0] == "panel-mlp" and panel.model.value == "panel-mlp"
+    assert "small_cnn" in panel.model.options
+    panel.batches.value, panel.layouts.value, panel.precisions.value = (2,), ("nchw",), ("fp32",)
+    panel.warmup.value, panel.steps.value, panel.repeats.value = 0, 1, 1
+    (point,) = panel.spec().points()
+    assert point.workload is w
+    panel.run_button.click()
+    assert panel.wait(120) and not panel.error, panel.error
+    assert list(panel.rows["model"]) == ["panel-mlp"] and list(panel.rows["status"]) == ["ok"]
+    with pytest.raises(TypeError, match="tuple of fp16lab.workload.Workload"):
+        SweepPanel(device="cpu", workloads=("bert-base",))
+    clash = Workload(name="mlp", build=w.build, batch=w.batch)
+    with pytest.raises(ValueError, match="a built-in model's"):
+        SweepPanel(device="cpu", workloads=(clash,))

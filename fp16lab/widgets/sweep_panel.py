@@ -23,6 +23,7 @@ import ipywidgets as w
 import pandas as pd
 
 from .. import validate
+from ..workload import Workload
 from .. import sweep, telemetry  # telemetry the module: tests replace its functions
 from ..execution import COMPILE_MODES, EXECUTIONS
 from ..inputs import BACKENDS, unavailable_reason
@@ -59,17 +60,30 @@ class SweepPanel:
         out: a ``.parquet`` results file to append to and resume from; None keeps the rows in
             memory only.
         device: 'auto', 'cpu' or 'cuda'.
+        workloads: workloads (:class:`fp16lab.workload.Workload`) the model menu offers beside
+            the built-in models, by name; the first is chosen at the start.
 
     Display it as the last expression of a cell; ``panel.rows`` holds the measured rows.
     """
 
-    def __init__(self, out: str | Path | None = None, *, device: str = "auto"):
+    def __init__(self, out: str | Path | None = None, *, device: str = "auto",
+                 workloads: tuple[Workload, ...] = ()):
         probe = sweep.SweepSpec(device=device, telemetry=False)  # validates the device
         self.device = probe.resolved_device()
         self.out = None if out is None else validate.output_file("out", out)
         d = _defaults(self.device)
         vision = importlib.util.find_spec("torchvision") is not None
         models = [m for m in MODELS if vision or not m.startswith("resnet")]
+        if not isinstance(workloads, (tuple, list)) or \
+                not all(isinstance(x, Workload) for x in workloads):
+            raise TypeError("workloads must be a tuple of fp16lab.workload.Workload")
+        self.workloads = {x.name: x for x in workloads}
+        clash = sorted(set(self.workloads) & set(models))
+        if clash:
+            raise ValueError(f"a workload's name is a built-in model's: {clash}; rename it")
+        models = [*self.workloads, *models]
+        if workloads:
+            d["model"] = workloads[0].name
         s = sweep.ScalerSettings()
         style = {"description_width": "110px"}
         self.model = w.Dropdown(options=models, value=d["model"], description="model", style=style)
@@ -151,7 +165,7 @@ class SweepPanel:
                              f">= 0, got {workers!r}")
         files = any(i != "synthetic" for i in self.inputs.value)
         return sweep.SweepSpec(
-            models=(self.model.value,), batches=tuple(sorted(self.batches.value)),
+            models=(self.workloads.get(self.model.value, self.model.value),), batches=tuple(sorted(self.batches.value)),
             layouts=tuple(self.layouts.value), precisions=tuple(self.precisions.value),
             scalers=(scaler,), executions=tuple(self.executions.value),
             compile_modes=(self.compile_mode.value,), inputs=tuple(self.inputs.value),
