@@ -101,6 +101,13 @@ def execute(path: Path, timeout: int = 1200, save_to: Path | None = None) -> dic
             "problems": problems(nb)}
 
 
+class _Note(str):
+    """A line a notebook cell shows as it is (a str's repr would quote it)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def section_minutes(notebook: str):
     """Returns minutes per section of a notebook (by number, e.g. '03') on a CPU and on a GPU,
     read from the measured files; a column says 'no measurement' where its file or row is missing."""
@@ -123,7 +130,7 @@ def section_minutes(notebook: str):
                           "whole notebook": round(row["wall_s"] / 60, 1)}
     measured = [c for c in columns.values() if c is not None]
     if not measured:
-        return "No timings of this notebook in data/."
+        return _Note("No timings of this notebook in data/.")
     index = list(dict.fromkeys(k for c in measured for k in c))
     return pd.DataFrame({label: [c.get(k, "") for k in index] if c is not None
                          else ["no measurement"] * len(index)
@@ -159,7 +166,7 @@ def section_summary(notebook: str) -> str:
         if not row["sections"]:
             unsplit.append(where)
     if not totals:
-        return "No timings of this notebook in data/."
+        return _Note("No timings of this notebook in data/.")
     text = f"Running every cell takes {' and '.join(totals)}."
     if long:
         return text + f" Sections that take a minute or more: {', '.join(long)}."
