@@ -164,8 +164,10 @@ class _LossScalerBase:
             for gr in grads:
                 by_key.setdefault((gr.device, gr.dtype), []).append(gr)
             flags = []
-            # like torch: the reciprocal in float64, rounded to float32 (inf for a zero scale)
-            with np.errstate(divide="ignore", over="ignore"):
+            # like torch: the reciprocal in float64, rounded to float32. Scales lie in
+            # [2**-126, float32's max], so it never divides by zero or overflows; above 2**126 it
+            # is a float32 subnormal, a cast that np.seterr(under="raise") would refuse
+            with np.errstate(under="ignore"):
                 inv_value = float(np.float32(np.float64(1.0) / np.float64(self._scale)))
             for (device, _), group in by_key.items():
                 found_inf = torch.zeros((), dtype=torch.float32, device=device)
