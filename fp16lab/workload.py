@@ -43,7 +43,7 @@ from .fp8.linear import convert_to_fp8
 from .recipes import PRECISIONS, autocast, check_precision, make_train_step, math_flags, sgd
 from .scaling import ScalerSettings
 from .workloads import WORKLOADS, WorkloadNeedsPackage
-from .workloads.batches import cross_entropy
+from .workloads.batches import ModelInputs, channels_last_images, cross_entropy, map_float
 
 #: Memory layouts a workload's step can take; ``channels_last`` only where the model convolves.
 LAYOUTS = ("nchw", "channels_last")
@@ -256,38 +256,6 @@ def _shown(settings: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- the step
 
-class _Inputs:
-    """A batch's inputs as the model takes them; ``half()`` casts only the floating tensors
-    (recipes.make_train_step halves the inputs for fp16-o2: token ids must stay ids)."""
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def half(self) -> "_Inputs":
-        return _Inputs(_map_float(self.value, torch.Tensor.half))
-
-    def call(self, model: Callable[..., Any]) -> Any:
-        if isinstance(self.value, Mapping):
-            return model(**self.value)
-        if isinstance(self.value, (list, tuple)):
-            return model(*self.value)
-        return model(self.value)
-
-
-def _map_float(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return fn(value) if value.is_floating_point() else value
-    if isinstance(value, Mapping):
-        return {k: _map_float(v, fn) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_float(v, fn) for v in value)
-    return value
-
-
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
-
-
 @dataclass
 class WorkloadStep:
     """One workload's training step: ``loss = step()`` trains once on the batch it was built
@@ -321,7 +289,7 @@ class WorkloadStep:
         computes it (the precision's autocast; fp16 inputs where the model is fp16), with no
         backward pass and no optimizer step."""
         p = PRECISIONS["amp-bf16" if PRECISIONS[self.precision].fp8 else self.precision]
-        inputs = _Inputs(self.inputs)
+        inputs = ModelInputs(self.inputs)
         if p.master_weights:
             inputs = inputs.half()
         forward = self.forward or _forward_of(self.workload, None, self.model)
@@ -334,8 +302,8 @@ class WorkloadStep:
             if inputs is None:
                 return self.run()
             if self.layout == "channels_last":
-                inputs = _map_float(inputs, _channels_last)
-            return self.run(_Inputs(inputs), targets)
+                inputs = map_float(inputs, channels_last_images)
+            return self.run(ModelInputs(inputs), targets)
 
     def next_batch(self) -> torch.Tensor:
         """Trains once on the workload's next batch (a DataLoader's next, say)."""
@@ -390,7 +358,7 @@ def train_step(workload: Workload, precision: str, device: str | torch.device, b
     inputs, targets = workload.batch(batch_size, device)
     if layout == "channels_last":
         model = model.to(memory_format=torch.channels_last)
-        inputs = _map_float(inputs, _channels_last)
+        inputs = map_float(inputs, channels_last_images)
     if compile_mode is not None:
         mode = validate.text("compile_mode", compile_mode)
         engine["forward"] = torch.compile(model, mode=None if mode == "default" else mode)
@@ -426,7 +394,7 @@ def step_of(workload: Workload, precision: str, model: nn.Module, inputs: Any, t
     p = PRECISIONS[check_precision(precision)]
     device = torch.device(device)
     engine = {**engine, "forward": _forward_of(workload, engine.get("forward"), model)}
-    body, gs = make_train_step("amp-bf16" if p.fp8 else precision, model, _Inputs(inputs),
+    body, gs = make_train_step("amp-bf16" if p.fp8 else precision, model, ModelInputs(inputs),
                                targets, device=device.type, scaler=scaler,
                                optimizer=optimizer or workload.optimizer or sgd,
                                loss_fn=_loss_of(workload), **engine)
@@ -434,10 +402,10 @@ def step_of(workload: Workload, precision: str, model: nn.Module, inputs: Any, t
                         layout, list(converted or []), engine["forward"])
 
 
-def _forward_of(workload: Workload, forward: Any, model: nn.Module) -> Callable[[_Inputs], Any]:
+def _forward_of(workload: Workload, forward: Any, model: nn.Module) -> Callable[[ModelInputs], Any]:
     through = model if forward is None else forward
 
-    def run(inputs: _Inputs) -> Any:
+    def run(inputs: ModelInputs) -> Any:
         return _FloatLogits(workload.logits(inputs.call(through)))
 
     return run
@@ -450,7 +418,7 @@ class _FloatLogits:
         self.value = value
 
     def float(self) -> "_FloatLogits":
-        return _FloatLogits(_map_float(self.value, torch.Tensor.float))
+        return _FloatLogits(map_float(self.value, torch.Tensor.float))
 
 
 def _loss_of(workload: Workload) -> Callable[[_FloatLogits, Any], torch.Tensor]:

@@ -116,4 +116,42 @@ def lm_cross_entropy(vocab: int) -> Callable[[torch.Tensor, torch.Tensor], torch
     return loss
 
 
-__all__ = ["cross_entropy", "lm_cross_entropy", "loader_batch", "synthetic_batch", "token_batch"]
+
+# ----------------------------------------------------------------------------- inputs
+
+class ModelInputs:
+    """A batch's inputs as the model takes them; ``half()`` casts only the floating tensors
+    (recipes.make_train_step halves the inputs for fp16-o2: token ids must stay ids)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def half(self) -> "ModelInputs":
+        return ModelInputs(map_float(self.value, torch.Tensor.half))
+
+    def call(self, model: Callable[..., Any]) -> Any:
+        if isinstance(self.value, Mapping):
+            return model(**self.value)
+        if isinstance(self.value, (list, tuple)):
+            return model(*self.value)
+        return model(self.value)
+
+
+def map_float(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Returns ``value`` with ``fn`` applied to its floating-point tensors (in dicts, lists and
+    tuples too); integer tensors (token ids, labels) and other values pass unchanged."""
+    if isinstance(value, torch.Tensor):
+        return fn(value) if value.is_floating_point() else value
+    if isinstance(value, Mapping):
+        return {k: map_float(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_float(v, fn) for v in value)
+    return value
+
+
+def channels_last_images(t: torch.Tensor) -> torch.Tensor:
+    """Returns a 4-d (image batch) tensor in channels_last memory; any other tensor as it is."""
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+__all__ = ["ModelInputs", "channels_last_images", "cross_entropy", "lm_cross_entropy", "loader_batch",
+           "map_float", "synthetic_batch", "token_batch"]
