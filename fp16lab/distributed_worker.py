@@ -31,15 +31,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
+from .distributed.sharded import loss_scaler, shard, sharded_found_inf
 from .measure import step_times_ms
 from .models import NUM_CLASSES, build_model, input_shape
 from .profile import gpu_kernels
 from . import workload
-from .recipes import LR, MOMENTUM, autocast_dtype, make_train_step, optimizer_factory, set_tf32
+from .recipes import LR, MOMENTUM, make_train_step, optimizer_factory, set_tf32
 from .workload import load_workload
 
 #: The reduce dtypes of FSDP points, by name.
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class Reporter:
@@ -124,11 +124,12 @@ def batch_shape(name: str, batch: int) -> tuple[int, ...]:
 
 
 def make_step(precision: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-              optimizer: str = "sgd") -> Callable[[], torch.Tensor]:
+              optimizer: str = "sgd", scaler: Any = "recipe") -> Callable[[], torch.Tensor]:
     """Returns one full training step (forward, loss, backward, ``optimizer``) in ``precision``:
-    :func:`fp16lab.recipes.make_train_step`'s, of the model :func:`wrap` wrapped."""
+    :func:`fp16lab.recipes.make_train_step`'s, of the model :func:`wrap` wrapped; ``scaler`` is
+    its loss scaler (:func:`fp16lab.distributed.sharded.loss_scaler`)."""
     step, _ = make_train_step(precision, model, x, y, device=x.device.type,
-                              optimizer=optimizer_factory(optimizer))
+                              optimizer=optimizer_factory(optimizer), loss_scaler=scaler)
     return step
 
 
@@ -189,15 +190,7 @@ def wrap(point: DistPoint, model: nn.Module, ctx: Context) -> nn.Module:
         if hook is not None:
             ddp.register_comm_hook(None, hook)  # None: the default (world) process group
         return ddp
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(param_dtype=autocast_dtype(point.precision),
-                                  reduce_dtype=DTYPES[point.reduce_dtype])
-    for module in model.modules():
-        if isinstance(module, nn.TransformerEncoderLayer) or type(module).__name__ in ("Bottleneck", "BasicBlock"):
-            fully_shard(module, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    return model
+    return shard(model, point.precision, point.reduce_dtype)
 
 
 # --------------------------------------------------------------------------- tasks
@@ -229,7 +222,9 @@ def _workload_step(point: DistPoint, ctx: Context) -> tuple[nn.Module, Callable[
     model = model.to(ctx.device)
     inputs, targets = w.batch(point.batch, ctx.device)
     step = workload.step_of(w, point.precision, wrap(point, model, ctx), inputs, targets,
-                            device=ctx.device, optimizer=optimizer_factory(point.optimizer))
+                            device=ctx.device, optimizer=optimizer_factory(point.optimizer),
+                            loss_scaler=loss_scaler(point.precision, ctx.device.type,
+                                                    point.strategy, ctx.world))
     return model, step
 
 
@@ -255,7 +250,8 @@ def train(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if point.layout == "channels_last":
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
-        step = make_step(point.precision, wrap(point, model, ctx), x, y, point.optimizer)
+        step = make_step(point.precision, wrap(point, model, ctx), x, y, point.optimizer,
+                         loss_scaler(point.precision, dev.type, point.strategy, ctx.world))
     params = sum(p.numel() for p in model.parameters())
     ctx.report.phase("warm-up")
     for _ in range(point.warmup):
@@ -409,7 +405,8 @@ def buffers(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
             "world_size": ctx.world, "ranks": ranks}
 
 
-TASKS = {"train": train, "found_inf": found_inf, "allreduce": allreduce, "buffers": buffers}
+TASKS = {"train": train, "found_inf": found_inf, "allreduce": allreduce, "buffers": buffers,
+         "sharded_found_inf": sharded_found_inf}
 
 
 def main(argv: list[str] | None = None) -> int:

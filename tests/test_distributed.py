@@ -3,7 +3,8 @@
 Two launches serve the CPU tests (torchrun with two ranks takes seconds to start): one runs a
 training point, a workload named by module:function, then a point whose rank 1 raises; the other averages chosen gradients under each
 comm hook, runs GradScaler with an inf on rank 1, trains a BatchNorm on a different batch per
-rank with and without DDP's buffer broadcast, then a point whose rank 1 hangs.
+rank with and without DDP's buffer broadcast, runs ShardedGradScaler under FSDP2 with an inf in
+rank 1's shard, then a point whose rank 1 hangs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def train_and_raise():
     points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused",
                           broadcast_buffers=False),
               d.DistPoint(**{**CPU, "model": "fp16lab.workloads.builtin:mlp"}, precision="fp32"),
+              d.DistPoint(**CPU, precision="amp-fp16", strategy="fsdp"),
               d.DistPoint(**CPU, precision="amp-bf16", fault="raise@1")]
     return points, d.measure_points(points, timeout_s=120)
 
@@ -48,6 +50,7 @@ def checks_and_hang(tmp_path_factory):
              {"task": "found_inf", "inf_rank": 1},
              {"task": "buffers", "values": BN_VALUES, "steps": BN_STEPS, "broadcast_buffers": True},
              {"task": "buffers", "values": BN_VALUES, "steps": BN_STEPS, "broadcast_buffers": False},
+             {"task": "sharded_found_inf", "inf_rank": 1},
              {"task": "train", **hang.settings()}]
     launch = d.run_ranks(2, ["-m", "fp16lab.distributed_worker"], items,
                          timeout_s=HANG_TIMEOUT_S, workdir=work)
@@ -74,13 +77,31 @@ def test_row_from_rank0_gathers_both_ranks(train_and_raise):
 
 
 def test_a_workload_named_module_colon_function_trains_on_both_ranks(train_and_raise):
-    (_, point, _), (_, row, _) = train_and_raise
+    (_, point, *_), (_, row, *_) = train_and_raise
     assert row["status"] == "ok", row["error"]
     assert row["model"] == "fp16lab.workloads.builtin:mlp" and point.is_workload
     assert (row["world_size"], row["wrapper"]) == (2, "ddp")
     assert [r["rank"] for r in row["per_rank"]] == [0, 1]
     # each rank built the workload's model (fp16lab's mlp): its parameter count, by hand
     assert row["parameters"] == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+
+
+def test_fsdp_with_amp_fp16_trains_under_the_sharded_grad_scaler(train_and_raise):
+    (*_, point, _), (*_, row, _) = train_and_raise
+    assert (point.strategy, point.precision) == ("fsdp", "amp-fp16")
+    assert row["status"] == "ok", row["error"]
+    assert (row["world_size"], row["wrapper"]) == (2, "fsdp")
+
+
+def test_the_loss_scaler_is_sharded_only_for_fsdp_across_ranks_with_a_scaled_precision():
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from fp16lab.distributed.sharded import loss_scaler
+
+    assert isinstance(loss_scaler("amp-fp16", "cpu", "fsdp", 2), ShardedGradScaler)
+    assert loss_scaler("amp-fp16", "cpu", "ddp", 2) == "recipe"  # DDP all-reduces the gradients
+    assert loss_scaler("amp-fp16", "cpu", "fsdp", 1) == "recipe"  # one rank: nothing sharded
+    assert loss_scaler("amp-bf16", "cpu", "fsdp", 2) == "recipe"  # no scaler at all
 
 
 def test_a_workload_that_does_not_load_is_refused_before_any_rank_starts():
@@ -101,11 +122,11 @@ def test_a_rank_that_raises_ends_its_point_as_error(train_and_raise):
 
 def test_a_rank_that_hangs_times_out_and_its_processes_end(checks_and_hang):
     launch, work = checks_and_hang
-    row = launch.rows[4]
+    row = launch.rows[5]
     assert row["status"] == "error"
     assert row["error"].startswith(f"timed out: the point did not finish within {HANG_TIMEOUT_S:g} s")
-    assert "rank 1 in 'timed steps' of point 4" in row["error"]
-    assert [r["status"] for r in launch.rows[:4]] == ["ok"] * 4
+    assert "rank 1 in 'timed steps' of point 5" in row["error"]
+    assert [r["status"] for r in launch.rows[:5]] == ["ok"] * 5
     import json
 
     for p in work.glob("progress_rank*.json"):
@@ -154,6 +175,20 @@ def test_found_inf_on_one_rank_makes_every_rank_skip(checks_and_hang):
         assert r["allreduced_grads_finite"] is False
         assert r["stepped"] is False
         assert r["scale_after"] == row["init_scale"] * backoff
+
+
+def test_sharded_grad_scaler_makes_every_rank_skip_an_inf_in_one_shard(checks_and_hang):
+    row = checks_and_hang[0].rows[4]
+    assert row["status"] == "ok", row["error"]
+    import torch
+
+    backoff = torch.amp.GradScaler("cpu").get_backoff_factor()
+    ranks = row["ranks"]
+    # the inf sits in rank 1's shard only: rank 0's own shards are finite
+    assert [r["local_grads_finite"] for r in ranks] == [True, False]
+    # ShardedGradScaler all-reduces found-inf: no rank steps, every rank backs off alike
+    assert [r["stepped"] for r in ranks] == [False, False]
+    assert [r["scale_after"] for r in ranks] == [row["init_scale"] * backoff] * 2
 
 
 def _batchnorm_oracle(broadcast: bool) -> tuple[list[list[tuple]], list[tuple]]:
@@ -216,7 +251,6 @@ def test_point_rejects_bad_settings_with_what_is_allowed():
         (dict(batch=0), r"batch \(per GPU\) must be >= 1"),
         (dict(strategy="fsdp", comm_hook="fp16", precision="amp-bf16"), "DDP only"),
         (dict(reduce_dtype="bf16"), "FSDP only"),
-        (dict(strategy="fsdp", precision="amp-fp16"), "use ddp for amp-fp16"),
         (dict(model="mlp", layout="channels_last"), "image models only"),
         (dict(fault="raise@2", gpus=2), "R < gpus=2"),
         (dict(bucket_cap_mb=0), "bucket_cap_mb must be > 0"),

@@ -216,6 +216,8 @@ CHECKS = {
     "found_inf": "GradScaler under DDP with an inf planted on rank inf_rank (optional comm_hook)",
     "allreduce": "one gradient per rank, values[r], averaged by DDP under each of hooks",
     "buffers": "one batch per rank, values[r], through a BatchNorm under DDP with broadcast_buffers",
+    "sharded_found_inf": "ShardedGradScaler under FSDP2 (amp-fp16) with an inf planted in rank "
+                         "inf_rank's shard of a gradient",
 }
 
 

@@ -132,10 +132,6 @@ class DistPoint:
               "comm_hook applies to DDP only; FSDP sets its gradient precision with reduce_dtype")
         check(self.strategy == "fsdp" or self.reduce_dtype == "fp32",
               "reduce_dtype applies to FSDP only; DDP sets its gradient precision with comm_hook")
-        # GradScaler's found-inf must agree across ranks; under FSDP every rank holds only a
-        # shard of the gradients, a case this package does not measure or check.
-        check(not (self.strategy == "fsdp" and self.precision == "amp-fp16"),
-              "strategy 'fsdp' is offered with fp32 and amp-bf16 (no loss scaler); use ddp for amp-fp16")
         validate.number("bucket_cap_mb", self.bucket_cap_mb, low=0, low_open=True)
         for name in ("gradient_as_bucket_view", "static_graph", "broadcast_buffers"):
             keep(name, validate.boolean(name, getattr(self, name)))
