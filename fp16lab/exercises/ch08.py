@@ -22,8 +22,8 @@ from .recording import RecordingScaler
 
 __all__ = ["ddp_loop", "q1", "q2", "q3", "q4"]
 
-# q1: a scenario, not a measurement
-Q1_ONE, Q1_TWO = 5200.0, 9800.0
+# q3: a scenario, not a measurement
+Q3_ONE, Q3_TWO = 5200.0, 9800.0
 
 
 def _number(answer: object) -> float:
@@ -36,11 +36,11 @@ def _number(answer: object) -> float:
 
 def _check_q1(answer: object) -> str:
     value = _number(answer)
-    right = Q1_TWO / (2 * Q1_ONE)
+    right = Q3_TWO / (2 * Q3_ONE)
     if math.isclose(value, right, rel_tol=2e-3):
-        return (f"{right:.3f}: two GPUs give {Q1_TWO:g} img/s where two perfectly independent ones "
-                f"would give {2 * Q1_ONE:g}; the {1 - right:.1%} missing is what communication costs.")
-    if math.isclose(value, Q1_TWO / Q1_ONE, rel_tol=2e-3):
+        return (f"{right:.3f}: two GPUs give {Q3_TWO:g} img/s where two perfectly independent ones "
+                f"would give {2 * Q3_ONE:g}; the {1 - right:.1%} missing is what communication costs.")
+    if math.isclose(value, Q3_TWO / Q3_ONE, rel_tol=2e-3):
         raise Wrong(f"{value:.3f} is the speed-up. Efficiency divides it by the number of GPUs.")
     if math.isclose(value, right * 100, rel_tol=2e-3):
         raise Wrong("give it as a fraction (0.9), not a percentage (90).")
@@ -50,22 +50,22 @@ def _check_q1(answer: object) -> str:
     if math.isclose(value, 1 / right, rel_tol=2e-3):
         raise Wrong(f"{value:.3f} is the ideal rate over the measured one, upside down: divide the "
                     "2-GPU rate by twice the 1-GPU rate.")
-    if math.isclose(value, (Q1_TWO - Q1_ONE) / Q1_ONE, rel_tol=2e-3):
+    if math.isclose(value, (Q3_TWO - Q3_ONE) / Q3_ONE, rel_tol=2e-3):
         raise Wrong(f"{value:.3f} is what the second GPU added, over one GPU's rate. Efficiency "
                     "compares the whole 2-GPU rate with two perfectly independent GPUs.")
-    raise Wrong(f"{value:g} is not the 2-GPU rate ({Q1_TWO:g}) over twice the 1-GPU rate "
-                f"(2 x {Q1_ONE:g}).")
+    raise Wrong(f"{value:g} is not the 2-GPU rate ({Q3_TWO:g}) over twice the 1-GPU rate "
+                f"(2 x {Q3_ONE:g}).")
 
 
-q1 = Exercise(
-    "q1", f"One GPU trains {Q1_ONE:g} img/s, two train {Q1_TWO:g} img/s together. What is the "
+q3 = Exercise(
+    "q3", f"One GPU trains {Q3_ONE:g} img/s, two train {Q3_TWO:g} img/s together. What is the "
           "scaling efficiency (a fraction)?", _check_q1,
     hint="Perfect scaling would double the rate. Compare the 2-GPU rate with that.",
-    solution=f"{Q1_TWO:g} / (2 x {Q1_ONE:g}) = {Q1_TWO / (2 * Q1_ONE):.4f}",
-    solution_code=f"{Q1_TWO} / (2 * {Q1_ONE})")
+    solution=f"{Q3_TWO:g} / (2 x {Q3_ONE:g}) = {Q3_TWO / (2 * Q3_ONE):.4f}",
+    solution_code=f"{Q3_TWO} / (2 * {Q3_ONE})")
 
-# q2: ring all-reduce of fp32 gradients
-Q2_PARAMS, Q2_RANKS, Q2_BUS_GBS = 300e6, 8, 400.0
+# q4: ring all-reduce of fp32 gradients
+Q4_PARAMS, Q4_RANKS, Q4_BUS_GBS = 300e6, 8, 400.0
 
 
 def _ring_ms(nbytes: float, ranks: int, bus_gbs: float) -> float:
@@ -74,14 +74,14 @@ def _ring_ms(nbytes: float, ranks: int, bus_gbs: float) -> float:
 
 def _check_q2(answer: object) -> str:
     value = _number(answer)
-    right = _ring_ms(Q2_PARAMS * 4, Q2_RANKS, Q2_BUS_GBS)
+    right = _ring_ms(Q4_PARAMS * 4, Q4_RANKS, Q4_BUS_GBS)
     if math.isclose(value, right, rel_tol=0.01):
         return (f"{right:.2f} ms: 1.2 GB of fp32 gradients, and each rank sends (and receives) "
                 f"2 x 7/8 of it in a ring (reduce-scatter, then all-gather).")
-    if math.isclose(value, Q2_PARAMS * 4 / (Q2_BUS_GBS * 1e9) * 1e3, rel_tol=0.01):
+    if math.isclose(value, Q4_PARAMS * 4 / (Q4_BUS_GBS * 1e9) * 1e3, rel_tol=0.01):
         raise Wrong("that is one pass over the buffer. A ring all-reduce is a reduce-scatter plus an "
                     "all-gather: each rank moves 2 (n-1)/n times the buffer.")
-    if math.isclose(value, _ring_ms(Q2_PARAMS * 2, Q2_RANKS, Q2_BUS_GBS), rel_tol=0.01):
+    if math.isclose(value, _ring_ms(Q4_PARAMS * 2, Q4_RANKS, Q4_BUS_GBS), rel_tol=0.01):
         raise Wrong("that is the time for 2-byte gradients (a fp16 or bf16 hook). The question is "
                     "about fp32 gradients, 4 bytes each.")
     if math.isclose(value, right / 1e3, rel_tol=0.01):
@@ -89,17 +89,17 @@ def _check_q2(answer: object) -> str:
     raise Wrong(f"{value:g} ms is not it: bytes x 2 (n-1)/n / bandwidth.")
 
 
-q2 = Exercise(
-    "q2", f"{Q2_PARAMS / 1e6:g} million fp32 gradients are all-reduced across {Q2_RANKS} GPUs with a "
-          f"ring at {Q2_BUS_GBS:g} GB/s bus bandwidth. How many milliseconds does it take?",
+q4 = Exercise(
+    "q4", f"{Q4_PARAMS / 1e6:g} million fp32 gradients are all-reduced across {Q4_RANKS} GPUs with a "
+          f"ring at {Q4_BUS_GBS:g} GB/s bus bandwidth. How many milliseconds does it take?",
     _check_q2,
     hint="Bytes first (4 per fp32 value). A ring moves 2 (n-1)/n times the buffer per rank.",
-    solution=f"300e6 x 4 bytes x 2 x 7/8 / 400e9 B/s = {_ring_ms(Q2_PARAMS * 4, Q2_RANKS, Q2_BUS_GBS):.2f} ms",
+    solution=f"300e6 x 4 bytes x 2 x 7/8 / 400e9 B/s = {_ring_ms(Q4_PARAMS * 4, Q4_RANKS, Q4_BUS_GBS):.2f} ms",
     solution_code="from fp16lab.distributed import allreduce_seconds\n"
                   "allreduce_seconds(300e6 * 4, 8, 400) * 1e3")
 
-# q3: what fp16_compress_hook does to a scaled gradient
-Q3_GRADS = (70000.0, 50000.0)
+# q1: what fp16_compress_hook does to a scaled gradient
+Q1_GRADS = (70000.0, 50000.0)
 
 
 def _fp16_hook(values: tuple[float, ...]) -> float:
@@ -111,21 +111,21 @@ def _fp16_hook(values: tuple[float, ...]) -> float:
 def _check_q3(answer: object) -> str:
     value = float(answer) if isinstance(answer, str) and answer.strip().lower() in ("inf", "+inf") \
         else _number(answer)
-    right = _fp16_hook(Q3_GRADS)
+    right = _fp16_hook(Q1_GRADS)
     if value == right or (math.isinf(right) and math.isinf(value) and value > 0):
         return ("inf: the hook casts each bucket to fp16 *before* dividing by the number of ranks, and "
-                f"{Q3_GRADS[0]:g} is past fp16's largest value, 65504. GradScaler then sees inf, skips "
+                f"{Q1_GRADS[0]:g} is past fp16's largest value, 65504. GradScaler then sees inf, skips "
                 "the step on every rank and halves the scale: the hook's range, not the model's, set it.")
-    mean = sum(Q3_GRADS) / len(Q3_GRADS)
+    mean = sum(Q1_GRADS) / len(Q1_GRADS)
     if math.isclose(value, mean, rel_tol=1e-3):
         raise Wrong(f"{mean:g} is the fp32 average (or what dividing before the cast would give). "
                     "Follow the hook's order: cast to fp16, then divide, then sum.")
     raise Wrong(f"{value:g} is not what the averaged gradient becomes.")
 
 
-q3 = Exercise(
-    "q3", f"GradScaler has scaled the loss; one weight's gradient is {Q3_GRADS[0]:g} on rank 0 and "
-          f"{Q3_GRADS[1]:g} on rank 1. DDP averages it with fp16_compress_hook. What value does the "
+q1 = Exercise(
+    "q1", f"GradScaler has scaled the loss; one weight's gradient is {Q1_GRADS[0]:g} on rank 0 and "
+          f"{Q1_GRADS[1]:g} on rank 1. DDP averages it with fp16_compress_hook. What value does the "
           "weight's .grad hold afterwards? (a number, or 'inf')", _check_q3,
     hint="Read the hook: buffer.to(torch.float16).div_(world_size), then all_reduce(sum). "
          "What is the largest fp16 value?",
@@ -133,7 +133,7 @@ q3 = Exercise(
     solution_code="import numpy as np\nnp.float16(70000.0)")
 
 
-# q4: found-inf agreement
+# q2: found-inf agreement
 def _ranks_that_skip(grads_finite: tuple[bool, ...]) -> set[int]:
     # the all-reduce sums the gradients: one inf makes every rank's averaged gradient inf
     summed = np.sum([0.0 if ok else np.inf for ok in grads_finite])
@@ -157,8 +157,8 @@ def _check_q4(answer: object) -> str:
     raise Wrong(f"{sorted(given)} is not it.")
 
 
-q4 = Exercise(
-    "q4", "Two ranks train with DDP and GradScaler. Rank 1's scaled gradients overflow to inf, rank "
+q2 = Exercise(
+    "q2", "Two ranks train with DDP and GradScaler. Rank 1's scaled gradients overflow to inf, rank "
           "0's are finite. Which ranks skip the optimizer step? (a set of ranks)", _check_q4,
     hint="GradScaler looks at the gradients after DDP has all-reduced them.",
     solution="{0, 1}: after the all-reduce every rank holds the inf.")
