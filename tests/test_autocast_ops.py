@@ -55,3 +55,28 @@ def test_bad_arguments():
         op_dtypes(3)
     with pytest.raises(ValueError, match="'float16' or 'bfloat16'"):
         ran_in_fp32(_run(True), "fp16")
+
+
+def test_the_table_counts_each_op_and_orders_by_count_then_name():
+    a = torch.ones(3)
+
+    def call():
+        for _ in range(3):
+            torch.mul(a, 2.0)
+            torch.add(a, 1.0)
+        torch.sin(a)
+
+    t = op_dtypes(call)
+    assert list(t.columns) == ["op", "inputs", "output", "count"]
+    assert list(t.index) == [0, 1, 2]  # a fresh index, no column left from the sort
+    assert [tuple(r) for r in t.itertuples(index=False)] == [
+        ("add", "float32", "float32", 3), ("mul", "float32", "float32", 3),  # a tie: by name
+        ("sin", "float32", "float32", 1)]
+
+
+def test_bad_call_names_its_type_and_fp16_tables_are_read():
+    with pytest.raises(TypeError, match="got int"):
+        op_dtypes(3)
+    a = torch.ones(2, 2, dtype=torch.float16)
+    t = op_dtypes(lambda: (a @ a, a.float().sum()))
+    assert ran_in_fp32(t, "float16") == ["sum"]  # the matmul ran in fp16, the sum in fp32
