@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib
 import inspect
 import io
@@ -201,9 +202,14 @@ def _valid_value(qualname: str, param: inspect.Parameter, tmp: Path):
         return param.default
     ann = str(param.annotation)
     if "Module" in ann:
-        return torch.nn.Sequential(torch.nn.Linear(16, 4))
+        return torch.nn.Sequential(torch.nn.Linear(16, 16))  # FP8 can take it: 16 x 16
     if "Tensor" in ann:
         return torch.ones(8, 16)
+    if param.name == "workload" or "Workload" in ann:  # a small user workload, built fresh
+        from fp16lab.workload import Workload
+        from fp16lab.workloads.batches import synthetic_batch
+        return Workload(name="probe-mlp", build=lambda: torch.nn.Sequential(torch.nn.Linear(16, 4)),
+                        batch=synthetic_batch((16,), 4))
     if param.name in VALID_BY_NAME:
         return VALID_BY_NAME[param.name]
     if "Path" in ann:
@@ -341,7 +347,10 @@ def test_a_bad_value_is_refused_naming_the_parameter(qualname, param, kind, tmp_
     for label, bad in _bad_values(kind, tmp_module).items():
         if (param, label) in ALLOWED_BY_NAME or (qualname, param, label) in ALLOWED:
             continue
-        args = dict(base, **{param: bad})
+        # a fresh copy of any module per call: a function may change it in place (FP8 swaps its
+        # linear layers), and the next bad value must meet the valid module, not the changed one
+        args = {k: copy.deepcopy(v) if isinstance(v, torch.nn.Module) else v
+                for k, v in dict(base, **{param: bad}).items()}
         positional = [args.pop(p.name) for p in sig.parameters.values()
                       if p.kind == p.POSITIONAL_ONLY and p.name in args]
         finding = _judge(lambda: obj(*positional, **args), param)

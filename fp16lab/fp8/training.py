@@ -146,6 +146,10 @@ def make_fp8_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: st
     ``step.converted`` say what it uses. ``compile`` compiles the blocks after the conversion
     (see :func:`compile_blocks`).
     """
+    if autocast is not None:
+        validate.boolean("autocast", autocast)
+    compile = validate.boolean("compile", compile)
+    lr = validate.number("lr", lr, low=0, low_open=True)
     if compile and x.device.type == "cuda" and not scaled_mm_available(x.device):
         backend = "emulate"  # compiled "auto" would call _scaled_mm on any CUDA device
     converted = convert_to_fp8(model, recipe, backend=backend, history_len=history_len,
