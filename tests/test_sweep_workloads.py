@@ -253,3 +253,17 @@ def test_the_sweep_command_line_takes_a_workload_by_name(tmp_path, monkeypatch, 
     assert cli.main(["sweep", "--workload", "no_such_mod_here:make", "--out", str(out)]) == 2
     assert "no_such_mod_here" in capsys.readouterr().err
     sys.modules.pop("cli_workload_mod", None)
+
+
+def test_a_workload_point_checks_its_own_values():
+    w = mlp_workload()
+    with pytest.raises(TypeError, match="cudnn_benchmark must be True or False"):
+        sweep.Point(model=w.name, batch=8, workload=w, cudnn_benchmark=1)
+    with pytest.raises(TypeError, match="a point's workload must be a Workload"):
+        sweep.Point(model="x", batch=8, workload="bert-base")
+    with pytest.raises(ValueError, match="runs fp32, not 'amp-fp16'"):
+        only_fp32 = Workload(name="only-fp32", build=w.build, batch=w.batch, precisions=("fp32",))
+        sweep.Point(model=only_fp32.name, batch=8, precision="amp-fp16", workload=only_fp32)
+    p = sweep.Point(model=w.name, batch=8, precision="amp-fp16", workload=w)
+    assert p.scaler == sweep.ScalerSettings()  # a scaled precision gets GradScaler's defaults
+    assert sweep.Point(model=w.name, batch=8, workload=w).scaler is None

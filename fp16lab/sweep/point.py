@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from .. import validate
 from ..models import MODELS, is_image_model
 from ..recipes import SCALED_PRECISIONS
 from ..scaling import ScalerSettings
@@ -188,8 +189,7 @@ class Point:
         if self.gpus != 1:
             raise PointError("gpus", f"workload {self.workload.name!r}: the sweep runs a workload "
                                      "on one GPU (gpus 1)")
-        if self.cudnn_benchmark not in (True, False):
-            raise ValueError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
+        validate.boolean("cudnn_benchmark", self.cudnn_benchmark)
 
     def settings(self) -> dict[str, Any]:
         """Returns the point's settings as flat columns (scaler fields None when unused)."""
