@@ -42,7 +42,7 @@ def _reference_losses(model, x, y, precision, steps):
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, scaler
 
 

@@ -39,7 +39,7 @@ def bare_loop_losses(workload: Workload, batch: int, seed: int, n: int) -> list[
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
