@@ -8,6 +8,9 @@
 - ``fp8-<recipe>``: :func:`fp16lab.fp8.training.make_fp8_step` with the sweep's SGD and bf16
   autocast for the rest of the model (on a CPU too, so it compares with amp-bf16 there), no
   GradScaler;
+- a workload point (``point.workload``): :func:`fp16lab.workload.train_step` of the workload,
+  every recipe (its FP8 ones convert the workload's linear layers), eager or compiled, on the
+  workload's own batches (:func:`build_workload_step`);
 - ``input`` other than ``synthetic``: each step first takes the pipeline's next batch
   (:func:`fp16lab.inputs.make_input`), so time spent waiting for data counts; ``close()``
   stops the pipeline's workers.
