@@ -80,6 +80,7 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
     "kernels.emulate": ("tests/test_kernels.py", "tests/test_bounds.py"),
     "models": ("tests/test_recipes.py", "tests/test_execution.py"),
     "sweep.engine": ("tests/test_sweep.py", "tests/test_hostile_runs.py"),
+    "workload": ("tests/test_workload.py", "tests/test_sweep_workloads.py", "tests/test_memory.py"),
     "workloads": ("tests/test_workloads_text.py", "tests/test_workloads_vision.py",
                   "tests/test_workload.py"),
     "workloads.builtin": ("tests/test_workload.py",),
