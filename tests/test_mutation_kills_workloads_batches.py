@@ -160,3 +160,30 @@ def test_channels_last_only_for_image_batches():
     assert channels_last_images(three) is three
     five = torch.randn(1, 2, 3, 4, 5)
     assert channels_last_images(five) is five
+
+
+def test_token_batch_defaults_to_seed_0_and_a_strict_fraction():
+    feed, targets = token_batch(6, 9, causal=False)(2, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 9, (2, 6), generator=gen)
+    draws = torch.rand((2, 6), generator=gen)
+    assert torch.equal(feed["input_ids"], ids)
+    assert torch.equal(targets, torch.where(draws < 0.15, ids, torch.full_like(ids, -100)))
+    # a position is masked when its draw is below the fraction, not equal to it
+    at = float(draws[0, 0])
+    _, exact = token_batch(6, 9, causal=False, mask_fraction=at)(2, "cpu")
+    assert exact[0, 0] == -100
+    assert torch.equal(exact != -100, draws < at)
+
+
+def test_loader_batch_moves_tensors_inside_lists_and_tuples(monkeypatch):
+    moved = []
+    real = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        moved.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    loader_batch([([torch.ones(1), (torch.ones(1),)], torch.zeros(1))])(1, "cpu")
+    assert moved == [("cpu",)] * 3
