@@ -78,6 +78,14 @@ def test_the_tiny_run_builds_tiny_models_and_writes_every_part(fake, tmp_path, c
     assert fp16 == {"part": "speed", "model": "bert-base", "batch": 4, "precision": "amp-fp16",
                     "step_ms": 2.5, "samples_per_s": 4 / 2.5e-3, "peak_mem_allocated_mb": 7.5}
     assert all(e[2:5] == (4, 1, 2) for e in fake["engine"])
+    assert [e[0] for e in fake["engine"]] == ["bert-base"] * 4 + ["gpt2-small"] * 4 + \
+        ["bert-base"] * 2 + ["gpt2-small"] * 2 + ["gpt2-small"] * 4
+    vrow = next(r for r in rows if r["part"] == "vocab")
+    assert vrow == {"part": "vocab", "model": "gpt2-small", "batch": 4, "precision": "amp-bf16",
+                    "vocab": "unpadded", "repeat": 0, "step_ms": 2.0}
+    erow = next(r for r in rows if r["part"] == "engine")
+    assert erow == {"part": "engine", "model": "bert-base", "batch": 4, "precision": "amp-bf16",
+                    "variant": "bare", "repeat": 0, "step_ms": 4.0}
     assert all(b[1:] == (4, "cpu", 1, 2) for b in fake["bare"])
     engine = [(r["model"], r["variant"], r["repeat"]) for r in rows if r["part"] == "engine"]
     assert engine[:4] == [("bert-base", "bare", 0), ("bert-base", "engine", 0),
@@ -98,7 +106,8 @@ def test_the_tiny_run_builds_tiny_models_and_writes_every_part(fake, tmp_path, c
     assert meta["timing"].startswith("fp16lab.measure.step_times_ms")
     out = capsys.readouterr().out
     assert "bert-base: engine / bare loop (amp-bf16 step time) 0.5000" in out
-    assert "part speed done at" in out and "wrote " in out
+    assert "part speed done at" in out and f"wrote {tmp_path / 'workloads_tiny.json'} (" in out
+    assert "no CUDA GPU" not in out
 
 
 def test_options_reach_the_measurements(fake, tmp_path):
@@ -111,10 +120,98 @@ def test_options_reach_the_measurements(fake, tmp_path):
     assert [r["variant"] for r in data["rows"] if r["part"] == "engine"] == ["bare", "engine"] * 2
 
 
+def test_three_repeats_alternate_their_order(fake, tmp_path):
+    rows = run(tmp_path, "--repeats", "3", "--only", "engine,vocab")["rows"]
+    engine = [(r["variant"], r["repeat"]) for r in rows if r["part"] == "engine" and r["model"] == "bert-base"]
+    assert engine == [("bare", 0), ("engine", 0), ("engine", 1), ("bare", 1), ("bare", 2), ("engine", 2)]
+    vocab = [(r["vocab"], r["repeat"]) for r in rows if r["part"] == "vocab"]
+    assert vocab == [("unpadded", 0), ("padded", 0), ("padded", 1), ("unpadded", 1),
+                     ("unpadded", 2), ("padded", 2)]
+
+
+def test_on_a_gpu_the_real_sizes_and_the_h200_file(fake, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.memory, "compare", lambda w, prec, batch, count_on: {
+        "total": 2, "measured_peak": 4, "ratio": 0.5})
+    assert bench.main(["--out", str(tmp_path), "--only", "speed,engine,memory"]) == 0
+    data = json.loads((tmp_path / "workloads_h200.json").read_text())
+    meta, rows = data["meta"], data["rows"]
+    assert meta["device"] == "cuda" and meta["tiny"] is False
+    assert (meta["warmup"], meta["steps"]) == (3, 10)
+    assert fake["load"] == [("bert-base", {}), ("gpt2-small", {"k": 1})]
+    assert {r["model"]: r["batch"] for r in rows} == {"bert-base": 64, "gpt2-small": 8}
+    assert fake["bare"][0] == ("bert-base", 64, "cuda", 3, 10)
+    mem = [r for r in rows if r["part"] == "memory"]
+    assert mem[0]["measured_peak_bytes"] == 4 and mem[0]["ratio"] == 0.5
+    assert "no CUDA GPU" not in capsys.readouterr().out
+
+
+def test_tiny_on_a_gpu_machine_stays_on_the_cpu(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    meta = run(tmp_path, "--only", "engine")["meta"]
+    assert meta["device"] == "cpu" and fake["bare"][0][2] == "cpu"
+
+
+def test_the_committed_file_with_replace(fake, monkeypatch):
+    written = []
+    monkeypatch.setattr(bench.measure, "write_result",
+                        lambda name, rows, **kw: written.append((name, kw["replace"], kw["data_dir"])) or "p")
+    assert bench.main(["--tiny", "--only", "speed", "--replace"]) == 0
+    assert written and all(w == ("workloads_tiny", True, None) for w in written)
+    written.clear()
+    assert bench.main(["--tiny", "--only", "speed"]) == 0
+    assert all(w[1] is False for w in written)
+
+
+def test_progress_lines_are_flushed(fake, tmp_path, monkeypatch):
+    printed = []
+    monkeypatch.setattr(bench, "print", lambda *a, **k: printed.append((a, k)), raising=False)
+
+    def engine(point, warmup, steps):
+        raise RuntimeError("x")
+
+    monkeypatch.setattr(bench, "_engine_ms", engine)
+    assert bench.main(["--tiny", "--out", str(tmp_path), "--only", "speed"]) == 0
+    progress = [(a[0], k) for a, k in printed if a and str(a[0]).startswith("part ")]
+    assert progress and all(k.get("flush") is True for _, k in progress), progress
+
+
+@pytest.mark.parametrize("args", [["--warmup", "-1"], ["--steps", "0"], ["--repeats", "0"],
+                                  ["--budget-s", "0"], ["--budget-s", "-1"], ["--name", ""],
+                                  ["--out", ""], ["--only", "speed,nope"]])
+def test_bad_options_stop_before_anything_runs(fake, args, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--tiny", *args])
+    assert fake["load"] == []
+
+
+def test_a_budget_below_a_second_is_fine(fake, tmp_path):
+    assert run(tmp_path, "--budget-s", "0.5", "--only", "speed")["meta"]["parts_run"] == ["speed"]
+
+
+def test_help_says_what_each_option_does(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: fp16lab bench workloads")
+    for words in ["Real models under each precision: speed, memory predicted against measured, "
+                  "the engine's cost.",
+                  "--tiny tiny configurations on the CPU",
+                  "untimed steps per point (default 3; 1 with --tiny)",
+                  "timed steps per point (default 10; 2 with --tiny)",
+                  "interleaved repeats (engine, vocab)",
+                  "start no new part after this many seconds (what ran is written)",
+                  "parts, comma-separated: speed,engine,memory,vocab",
+                  "result file stem under data/",
+                  "write the committed file in data/ instead of data/local/",
+                  "folder to write the result to (default: data/local/)"]:
+        assert words in text, words
+
+
 def test_without_a_gpu_the_full_run_falls_back_to_tiny(fake, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.main(["--out", str(tmp_path), "--only", "speed"]) == 0
-    assert "no CUDA GPU: running the --tiny CPU version" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[0] == "no CUDA GPU: running the --tiny CPU version"
     meta = json.loads((tmp_path / "workloads_tiny.json").read_text())["meta"]
     assert meta["tiny"] is True and (meta["warmup"], meta["steps"]) == (3, 10)
     assert fake["load"][0] == ("bert-base", {"tiny": True})
@@ -125,6 +222,9 @@ def test_a_missing_package_stops_before_anything_runs(fake, tmp_path, monkeypatc
                         else None)
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 2
     assert "cannot build gpt2-small: gpt2-small needs transformers" in capsys.readouterr().err
+    monkeypatch.setattr(bench, "missing_package", lambda m: f"{m} needs transformers")
+    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "cannot build bert-base, gpt2-small: bert-base needs transformers\n"
     assert fake["load"] == [] and not (tmp_path / "workloads_tiny.json").exists()
 
 
@@ -142,23 +242,35 @@ def test_a_failing_part_is_recorded_and_the_rest_runs(fake, tmp_path, monkeypatc
 
 
 def test_a_budget_lets_the_first_part_start(fake, tmp_path, monkeypatch, capsys):
-    clock = iter([0.0, 0.5, 100.0, 100.0, 100.0, 100.0, 100.0, 100.0])
+    clock = iter([1000.0, 1000.5, 1001.0, 1050.0, 1050.0, 1051.0, 1051.0, 1051.0, 1051.0])
     monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
-    meta = run(tmp_path, "--only", "engine,speed", "--budget-s", "50")["meta"]
+    meta = run(tmp_path, "--only", "engine,speed,memory", "--budget-s", "50")["meta"]
+    assert meta["parts_run"] == ["engine", "speed"]  # 50 s spent is not past a budget of 50
+    out = capsys.readouterr().out
+    assert "part engine done at 1 s" in out
+
+    clock = iter([1000.0, 1000.5, 1001.0, 1051.0, 1051.0, 1051.0, 1051.0, 1051.0, 1051.0])
+    meta = run(tmp_path, "--only", "engine,speed,memory", "--budget-s", "50")["meta"]
     assert meta["parts_run"] == ["engine"]
-    assert "budget of 50 s spent: part 'speed' not run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "budget of 50 s spent: part 'speed' not run" in out
+    assert "budget of 50 s spent: part 'memory' not run" in out
+    assert "(51 s)" in out
 
 
 def test_the_memory_part_on_a_gpu_compares(monkeypatch):
     got = []
 
-    def compare(w, prec, batch, count_on):
+    w = tiny()
+
+    def compare(wl, prec, batch, count_on):
+        assert wl is w
         got.append((prec, batch, count_on))
         return {"total": 300, "measured_peak": 200, "ratio": 1.5}
 
     monkeypatch.setattr(bench.memory, "compare", compare)
     rows = []
-    bench._run_part("memory", "m", tiny(), 6, rows, device="cuda", gpu=True, warmup=0, steps=1,
+    bench._run_part("memory", "m", w, 6, rows, device="cuda", gpu=True, warmup=0, steps=1,
                     repeats=1, settings={})
     assert got == [(p, 6, "cuda") for p in ("fp32", "amp-fp16", "amp-bf16")]
     assert rows[0] == {"part": "memory", "model": "m", "batch": 6, "precision": "fp32",
@@ -199,24 +311,65 @@ def test_the_bare_loop_is_a_hand_written_bf16_sgd_step(monkeypatch):
     opt = torch.optim.SGD(lin.parameters(), lr=LR, momentum=MOMENTUM)
     (x,), y = batch(3, "cpu")[0].values(), batch(3, "cpu")[1]
     losses = []
-    for _ in range(2):
+    for _ in range(3):  # three: the third update is the first the momentum changes
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = F.cross_entropy(lin(x).float(), y)
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    assert torch.equal(step().detach(), losses[0]) and torch.equal(step().detach(), losses[1])
+    assert [torch.equal(step().detach(), loss) for loss in losses] == [True] * 3
 
-    # a workload's own loss, on positional (tensor) inputs
+    # a workload's own loss, on positional (tensor) inputs: the output as it is, the targets too
     w2 = Workload(name="k2", build=lambda: nn.Linear(4, 3), batch=synthetic_batch((4,), 3),
-                  loss=lambda out, y: out.float().pow(2).sum())
+                  loss=lambda out, y: out.float()[0].pow(2).sum() + y.float().sum())
     torch.manual_seed(0)
     ref = nn.Linear(4, 3)
-    xx, _ = w2.batch(2, "cpu")
+    xx, yy = w2.batch(2, "cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = ref(xx).float().pow(2).sum()
+        expected = ref(xx).float()[0].pow(2).sum() + yy.float().sum()
     assert torch.equal(bench.bare_loop(w2, 2, "cpu")().detach(), expected.detach())
+
+
+class Recorded(nn.Linear):
+    """A Linear that records where it is moved."""
+
+    moves: list = []
+
+    def to(self, *args, **kwargs):
+        Recorded.moves.append(args)
+        return super().to(*args, **kwargs)
+
+
+def test_the_bare_loop_places_frees_and_autocasts_as_asked(monkeypatch):
+    asked, models = [], []
+    inner = synthetic_batch((4,), 3)
+
+    def batch(size, device):
+        asked.append(device)
+        return inner(size, device)
+
+    def build():
+        models.append(Recorded(4, 3))
+        return models[-1]
+
+    Recorded.moves = []
+    contexts = []
+    real = torch.autocast
+
+    def autocast(device, **kw):
+        contexts.append((device, kw))
+        return real(device, **kw)
+
+    monkeypatch.setattr(bench.torch, "autocast", autocast)
+    step = bench.bare_loop(Workload(name="r", build=build, batch=batch), 2, "cpu")
+    assert Recorded.moves == [("cpu",)] and asked == ["cpu"]
+    step()
+    first = models[0].weight.grad
+    step()
+    assert contexts == [("cpu", {"dtype": torch.bfloat16})] * 2
+    # the gradients are freed (set to None) before each backward, not zeroed in place
+    assert models[0].weight.grad is not first
 
 
 def test_a_token_models_bare_loss_ignores_minus_100():
@@ -252,6 +405,7 @@ def test_engine_ms_reads_the_row_and_names_a_failing_point(monkeypatch):
     monkeypatch.setattr(bench.sweep, "measure_point", measure_point)
     ok = bench._point("t", tiny(), 2, "amp-bf16", "cpu")
     assert (ok.model, ok.batch, ok.precision, ok.device) == ("t", 2, "amp-bf16", "cpu")
+    assert bench._point("t", tiny(), 2, "amp-bf16", "cuda").device == "cuda"
     assert ok.workload.name == "t"
     assert bench._engine_ms(ok, 1, 4) == (3.5, {"status": "ok", "step_ms_median": 3.5, "x": 1})
     assert seen == [(1, 4, False)]
@@ -261,17 +415,31 @@ def test_engine_ms_reads_the_row_and_names_a_failing_point(monkeypatch):
 
 def test_bare_ms_warms_up_then_takes_the_median(monkeypatch):
     calls = []
-    monkeypatch.setattr(bench, "bare_loop", lambda w, b, d: (lambda: calls.append((b, d))))
+    built = []
+
+    def loop(w, b, d):
+        built.append(w)
+        return lambda: calls.append((b, d))
+
+    monkeypatch.setattr(bench, "bare_loop", loop)
+    devices = []
 
     def times(step, steps, device):
+        devices.append(device)
         assert len(calls) == 2  # the warm-up ran first, untimed
         for _ in range(steps):
             step()
         return [5.0, 1.0, 2.0][:steps]
 
     monkeypatch.setattr(bench.measure, "step_times_ms", times)
-    assert bench._bare_ms(tiny(), 7, "cpu", 2, 3) == 2.0
-    assert calls == [(7, "cpu")] * 5
+    cleared = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: cleared.append(1))
+    w = tiny()
+    assert bench._bare_ms(w, 7, "cpu", 2, 3) == 2.0
+    assert calls == [(7, "cpu")] * 5 and built == [w] and devices == ["cpu"] and cleared == []
+    calls.clear()
+    assert bench._bare_ms(w, 7, "cuda", 2, 1) == 5.0
+    assert devices == ["cpu", "cuda"] and cleared == [1]  # the loop's memory handed back
 
 
 def test_summary_without_fp32_or_tf32_and_with_errors(capsys):
@@ -290,11 +458,13 @@ def test_summary_without_fp32_or_tf32_and_with_errors(capsys):
                    "m: predicted / measured peak fp32 (no GPU)  amp-fp16 1.250",
                    "error: speed z: E: x"]
     bench.print_summary({"speed": {"n": {"fp32": {"samples_per_s": 10.0, "over_fp32": 1.0,
-                                                  "over_tf32": 0.5}}},
+                                                  "over_tf32": 0.5},
+                                         "tf32": {"samples_per_s": 20.0, "over_fp32": 2.0,
+                                                  "over_tf32": 1.0}}},
                          "engine_vs_bare": {"n": 1.01234}, "memory_ratio": {}, "errors": [],
                          "vocab_gain": -0.123})
     assert capsys.readouterr().out.splitlines() == [
-        "n: fp32 10/s (x1.00 fp32, x0.50 tf32)",
+        "n: fp32 10/s (x1.00 fp32, x0.50 tf32)  tf32 20/s (x2.00 fp32, x1.00 tf32)",
         "n: engine / bare loop (amp-bf16 step time) 1.0123",
         "gpt2-small: vocabulary padded to a multiple of 64, step-time gain -12.3%"]
 
