@@ -5,6 +5,7 @@ with the real transformers models is tests/test_bench_workloads.py.)"""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pytest
@@ -205,7 +206,19 @@ def test_help_says_what_each_option_does(capsys):
                   "result file stem under data/",
                   "write the committed file in data/ instead of data/local/",
                   "folder to write the result to (default: data/local/)"]:
-        assert words in text, words
+        assert re.search(rf"(^| ){re.escape(words)}( |$)", text), words
+
+
+def test_each_finished_part_is_written_before_the_next_starts(fake, tmp_path, monkeypatch):
+    def engine(point, warmup, steps):
+        raise KeyboardInterrupt  # not caught: the run stops here
+
+    monkeypatch.setattr(bench, "_engine_ms", engine)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--tiny", "--out", str(tmp_path), "--only", "memory,speed"])
+    data = json.loads((tmp_path / "workloads_tiny.json").read_text())
+    assert data["meta"]["parts_run"] == ["memory"]  # as written after the memory part
+    assert {r["part"] for r in data["rows"]} == {"memory"} and len(data["rows"]) == 6
 
 
 def test_without_a_gpu_the_full_run_falls_back_to_tiny(fake, tmp_path, capsys, monkeypatch):
