@@ -135,6 +135,9 @@ def test_file_inputs_keep_their_settings(tmp_path):
     p = Point(model="small_cnn", batch=2, input="dataloader", images_dir=tmp_path, num_workers=0)
     assert (p.num_workers, p.pin_memory, p.non_blocking, p.normalize_on, p.images_dir) == \
         (0, True, True, "cpu", str(tmp_path))
+    r = Point(model="small_cnn", batch=2, input="dataloader", images_dir=tmp_path, num_workers=2,
+              pin_memory=False, non_blocking=False, normalize_on="gpu")
+    assert (r.num_workers, r.pin_memory, r.non_blocking, r.normalize_on) == (2, False, False, "gpu")
     q = Point(model="small_cnn", batch=2, num_workers=3, pin_memory=False)
     assert (q.num_workers, q.pin_memory, q.images_dir) == (None, None, None)  # synthetic: unused
 
@@ -178,6 +181,9 @@ def test_a_workload_points_scaler_and_compile_mode():
     assert Point(model="w", batch=2, workload=tiny(), precision="amp-bf16", scaler=s).scaler is None
     assert Point(model="w", batch=2, workload=tiny(), execution="compile").compile_mode == "default"
     assert Point(model="w", batch=2, workload=tiny(), compile_mode="x").compile_mode is None
+    assert Point(model="w", batch=2, workload=tiny(), execution="compile",
+                 compile_mode="max-autotune-no-cudagraphs").compile_mode == "max-autotune-no-cudagraphs"
+    assert Point(model="w", batch=2, workload=tiny(), device="cuda").device == "cuda"
 
 
 # ----------------------------------------------------------------------------- columns, key, label
