@@ -343,3 +343,171 @@ def test_compare_divides_the_prediction_by_the_measured_peak(monkeypatch):
     monkeypatch.setattr(memory, "predict", on)
     memory.compare(tiny(), "fp32", 2, count_on="cuda")
     assert made == ["cuda"] and cleared == [1]
+
+
+class KeywordBlocks(nn.Module):
+    """Linear 4->8, then a Linear 8->8 called with its input as a keyword, then a Linear 8->3."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.block, self.head = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.block(input=self.first(x)))
+
+
+def test_a_checkpointed_segments_keyword_input_is_counted():
+    """Every child checkpointed: each keeps its input for the recomputation (the batch is not
+    counted again), and pow keeps the output: 8 + 8 + 3 fp32 values per sample."""
+    w = tiny(build=KeywordBlocks, loss=lambda out, y: out.pow(2).mean())
+    B = 2
+    assert memory.predict(w, "fp32", B, checkpoint="blocks").activations == 4 * B * (8 + 8 + 3)
+    row = memory.checkpointing(w, "fp32", B, steps=1, warmup=0)
+    assert row["checkpointed_activations"] == 4 * B * (8 + 8 + 3)
+
+
+def test_the_targets_are_the_batch_not_activations():
+    """(out * y).sum() keeps y, the targets, for out's gradient: the batch, counted as the batch."""
+    w = Workload(name="t", build=lambda: nn.Linear(4, 3),
+                 batch=lambda size, device: (torch.ones(size, 4), torch.full((size, 3), 2.0)),
+                 loss=lambda out, y: (out * y).sum())
+    a = memory.predict(w, "fp32", 5)
+    assert a.activations == 0 and a.batch == 5 * 4 * 4 + 5 * 3 * 4
+
+
+class Masked(nn.Module):
+    """Keeps only the positive outputs: how much it saves depends on the weights (the seed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 64)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y[y > 0].exp()
+
+
+def _masked_bytes(seed, batch=3):
+    """exp keeps its output: 4 bytes per positive value of the seeded model on the batch."""
+    torch.manual_seed(seed)
+    model = Masked()
+    x, _ = synthetic_batch((4,), 3)(batch, "cpu")
+    return 4 * int((model.lin(x) > 0).sum())
+
+
+MASK = 3 * 64  # the boolean mask of a batch of 3
+
+
+def masked() -> Workload:
+    return tiny(build=Masked, loss=lambda out, y: out.sum())
+
+
+def test_the_seed_builds_the_model_that_is_counted():
+    """exp keeps its output (4 bytes per positive value); the boolean indexing keeps its mask
+    (1 byte per value of the 3 x 64 output)."""
+    counts = {seed: _masked_bytes(seed) for seed in (0, 1, 2)}
+    assert len(set(counts.values())) == 3  # three seeds, three different counts
+    assert memory.predict(masked(), "fp32", 3).activations == counts[0] + MASK
+    assert memory.predict(masked(), "fp32", 3, seed=1).activations == counts[1] + MASK
+
+
+def test_checkpointing_and_compare_pass_the_seed(monkeypatch):
+    monkeypatch.setattr(memory, "_seconds_per_step", lambda step, steps, warmup: 1.0)
+    assert memory.checkpointing(masked(), "fp32", 3)["plain_activations"] == _masked_bytes(0) + MASK
+    assert memory.checkpointing(masked(), "fp32", 3, seed=2)["plain_activations"] == \
+        _masked_bytes(2) + MASK
+    monkeypatch.setattr(memory, "measure_peak", lambda *a, **k: {"peak_bytes": 1})
+    assert memory.compare(masked(), "fp32", 3)["activations"] == _masked_bytes(0) + MASK
+    assert memory.compare(masked(), "fp32", 3, seed=1)["activations"] == _masked_bytes(1) + MASK
+
+
+def test_a_half_model_keeps_half_optimizer_state():
+    """A model built in fp16 and trained as it is (fp32 precision, no master copy): SGD's
+    momentum is in the parameters' dtype, 2 bytes each."""
+    w = Workload(name="half", build=lambda: nn.Linear(4, 3).half(),
+                 batch=lambda size, device: (torch.ones(size, 4, dtype=torch.float16),
+                                             torch.zeros(size, dtype=torch.long)))
+    a = memory.predict(w, "fp32", 2)
+    assert a.parameters == a.gradients == a.optimizer_state == 2 * (4 * 3 + 3)
+
+
+def test_seconds_per_step_synchronizes_around_each_cuda_step(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(1))
+
+    class FakeStep:
+        inputs_device = torch.device("cuda")
+
+        def __call__(self):
+            synced.append("step")
+
+    memory._seconds_per_step(FakeStep(), 2, 1)
+    assert synced == ["step", 1, "step", 1, 1, "step", 1]
+    synced.clear()
+    FakeStep.inputs_device = torch.device("cpu")
+    memory._seconds_per_step(FakeStep(), 2, 0)
+    assert synced == ["step", "step"]
+
+
+def test_checkpointing_defaults_and_its_counter_off_while_timing(monkeypatch):
+    counters = []
+
+    class Recording(memory.SavedTensors):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            counters.append(self)
+
+    monkeypatch.setattr(memory, "SavedTensors", Recording)
+    seen = []
+
+    def timed(step, steps, warmup):
+        seen.append((steps, warmup))
+        before = counters[-1].bytes
+        step()
+        assert counters[-1].bytes == before  # the timed steps count nothing more
+        return 1.0
+
+    monkeypatch.setattr(memory, "_seconds_per_step", timed)
+    from test_memory import B, blocks_workload  # noqa
+
+    memory.checkpointing(blocks_workload(), "fp32", B)
+    assert seen == [(5, 2), (5, 2)]
+    assert len(counters) == 2 and all(c.active is False for c in counters)
+
+
+def test_measure_peak_and_compare_defaults(monkeypatch):
+    cuda = FakeCuda(allocated=[0, 0], peak=10)
+    cuda.install(monkeypatch)
+    log = []
+    w = tiny()
+
+    real = memory.train_step
+
+    def make(workload, precision, device, batch_size, *, layout, seed, **kw):
+        assert workload is w
+        if device != "cuda":  # predict's counted step, on the CPU
+            return real(workload, precision, device, batch_size, layout=layout, seed=seed, **kw)
+        return fake_train_step(log)(workload, precision, device, batch_size, layout=layout, seed=seed)
+
+    monkeypatch.setattr(memory, "train_step", make)
+    memory.measure_peak(w, "fp32", 2)
+    assert log == [("built", "fp32", "cuda", 2, "nchw", 0), "step", "step", "step"]
+
+    seen = []
+
+    def peak(workload, precision, batch_size, *, layout, seed, steps):
+        assert workload is w
+        seen.append((layout, seed, steps))
+        return {"peak_bytes": 1000}
+
+    monkeypatch.setattr(memory, "measure_peak", peak)
+    memory.compare(w, "fp32", 2)
+    assert seen == [("nchw", 0, 3)]
+    with pytest.raises(ValueError, match="cannot run layout 'channels_last'"):
+        memory.compare(w, "fp32", 2, layout="channels_last")  # the prediction takes the layout
+
+
+def test_measure_peak_without_cuda_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="^measure_peak needs a CUDA device; torch sees none$"):
+        memory.measure_peak(tiny(), "fp32", 2)
