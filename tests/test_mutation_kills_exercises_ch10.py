@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from fp16lab.exercises import ch10
+from fp16lab.recipes import LR, MOMENTUM
 from fp16lab.workload import Workload
-from fp16lab.workloads.batches import synthetic_batch
+from fp16lab.workloads.batches import loader_batch, synthetic_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -107,9 +108,12 @@ def test_q2_near_misses_each_say_what_they_count():
         f"{right:,} bytes: {N:,} parameters x 4 bytes, three times (the weights, their gradients, "
         "SGD's momentum), all fp32. The activations come on top and grow with the batch.")
     assert ch10.q2.check(float(right)).correct and ch10.q2.check(f"{right}").correct
-    assert ch10.q2.check(8 * N).message.startswith("that counts the weights and the gradients")
-    assert ch10.q2.check(N).message.startswith("that is the number of parameters")
-    assert ch10.q2.check(4 * N).message.startswith("that is the weights alone")
+    assert ch10.q2.check(8 * N).message == ("that counts the weights and the gradients; SGD with "
+                                            "momentum keeps one more tensor per parameter.")
+    assert ch10.q2.check(N).message == ("that is the number of parameters; each fp32 value takes 4 "
+                                        "bytes, and the step keeps more than one copy.")
+    assert ch10.q2.check(4 * N).message == ("that is the weights alone; the step also keeps their "
+                                            "gradients and SGD's momentum.")
     for near in (right - 1, right + 1, 8 * N + 1, N - 1, 4 * N + 4, 2 * N, 16 * N):
         fb = ch10.q2.check(near)
         assert not fb.correct
@@ -133,3 +137,52 @@ def test_the_questions_hints_and_solutions():
     assert ch10.q1.check(scope["w"]).correct
     assert ch10.q1.time_limit_s == 60.0
     assert "synthetic_batch" in ch10.q1.hint().message
+
+
+def scripted(values) -> Workload:
+    """SmallCNN whose loss returns these values, one per step (the gradients are zero)."""
+    it = iter(values)
+    return workload(loss=lambda out, y: out.float().sum() * 0 + next(it))
+
+
+def test_q1_compares_the_last_loss_with_the_first():
+    fb = ch10.q1.check(scripted([1.0, 0.5, 0.7, 0.7, 0.7, 0.7, 0.6, 1.2]))
+    assert fb.message == ("8 steps on one batch did not lower the loss (1.000 -> 1.200): is the "
+                          "batch the same on every call?")
+    fb = ch10.q1.check(scripted([1.0, 0.2, 0.3, 0.3, 0.3, 0.3, 0.4, 0.5]))
+    assert fb.correct and "took the loss from 1.000 to 0.500." in fb.message
+
+
+def test_q1_reports_the_losses_of_a_bare_bf16_loop():
+    torch.manual_seed(0)
+    model = ch10.SmallCNN().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    x, y = synthetic_batch((3, 32, 32), num_classes=10)(8, "cpu")
+    x = x.contiguous(memory_format=torch.channels_last)
+    losses = []
+    for _ in range(8):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    fb = ch10.q1.check(workload())
+    assert f"took the loss from {losses[0]:.3f} to {losses[-1]:.3f}." in fb.message
+
+
+def test_q1_trains_in_channels_last_a_batch_of_8_on_the_cpu():
+    fb = ch10.q1.check(workload(layouts=("nchw",)))
+    assert fb.message == ("fp16lab could not train it: workload 'small-cnn' cannot run layout "
+                          "'channels_last': it accepts nchw")
+    data = torch.utils.data.TensorDataset(torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    from_loader = workload(batch=loader_batch(torch.utils.data.DataLoader(data, batch_size=8)))
+    assert ch10.q1.check(from_loader).correct  # a loader of batches of 8 is asked for 8
+
+    def on_the_device(size, device):
+        device = torch.device(device)  # a learner's batch may read the device it is given
+        gen = torch.Generator().manual_seed(0)
+        return (torch.randn(size, 3, 32, 32, generator=gen).to(device),
+                torch.randint(0, 10, (size,), generator=gen).to(device))
+
+    assert ch10.q1.check(workload(batch=on_the_device)).correct
