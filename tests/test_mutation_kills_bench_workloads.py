@@ -25,6 +25,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 MS = {"fp32": 10.0, "tf32": 5.0, "amp-fp16": 2.5, "amp-bf16": 2.0}
 
 
+@pytest.fixture(autouse=True)
+def keep_tf32(monkeypatch):
+    """The bare loop turns TF32 off for the whole process: not in these tests."""
+    monkeypatch.setattr(bench, "set_tf32", lambda *a: None)
+
+
 def tiny(name="t", **kw) -> Workload:
     return Workload(name=name, build=lambda: nn.Linear(4, 3), batch=synthetic_batch((4,), 3), **kw)
 

@@ -166,7 +166,7 @@ def test_q1_reports_the_losses_of_a_bare_bf16_loop():
             loss = nn.functional.cross_entropy(model(x).float(), y)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     fb = ch10.q1.check(workload())
     assert f"took the loss from {losses[0]:.3f} to {losses[-1]:.3f}." in fb.message
 
