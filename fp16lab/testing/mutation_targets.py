@@ -62,6 +62,8 @@ EXCLUDED: dict[str, str] = {
 OVERRIDES: dict[str, tuple[str, ...]] = {
     "alignment": ("tests/test_claims.py", "tests/test_exercises_ch03.py"),
     "bench.census": ("tests/test_bench.py",),  # test_census.py tests fp16lab.census
+    # the two end-to-end --tiny runs take 40 s each: the kills file checks main() on stand-ins
+    "bench.workloads": ("tests/test_bench_workloads.py::test_summary_ratios_by_hand",),
     "bench.distributed_report": ("tests/test_bench_distributed.py",),
     "bench.wave_quantization": ("tests/test_waves.py",),
     "bits.patterns": ("tests/test_bits.py", "tests/test_census.py", "tests/test_hostile.py"),
@@ -80,11 +82,22 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
     "kernels.emulate": ("tests/test_kernels.py", "tests/test_bounds.py"),
     "models": ("tests/test_recipes.py", "tests/test_execution.py"),
     "sweep.engine": ("tests/test_sweep.py", "tests/test_hostile_runs.py"),
+    "workload": ("tests/test_workload.py", "tests/test_sweep_workloads.py", "tests/test_memory.py"),
     "workloads": ("tests/test_workloads_text.py", "tests/test_workloads_vision.py",
                   "tests/test_workload.py"),
     "workloads.builtin": ("tests/test_workload.py",),
     "workloads.batches": ("tests/test_workload.py", "tests/test_workloads_text.py"),
     "sweep.plots": ("tests/test_plots.py",),
+    # test_sweep.py takes a minute: only its tests of points and grids (under a second each)
+    "sweep.point": ("tests/test_sweep_workloads.py", "tests/test_sweep_axes.py",
+                    *(f"tests/test_sweep.py::{t}" for t in (
+                        "test_bad_spec_is_refused_with_what_is_allowed",
+                        "test_scaler_settings_out_of_range_are_refused",
+                        "test_cuda_without_gpu_is_refused_before_running",
+                        "test_point_refuses_channels_last_for_a_non_image_model",
+                        "test_grid_is_the_product_with_layouts_and_scalers_only_where_they_apply",
+                        "test_point_keys_are_stable_and_distinguish_settings",
+                        "test_scaler_columns_are_empty_without_a_scaler"))),
     "sweep.report": ("tests/test_sweep.py", "tests/test_exercises_ch04.py"),
     "sweep.results": ("tests/test_sweep_results.py", "tests/test_sweep.py"),
     "widgets": ("tests/test_bit_explorer.py", "tests/test_scaler_playground.py"),
