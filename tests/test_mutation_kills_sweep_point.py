@@ -159,8 +159,10 @@ def test_what_a_workload_point_refuses_and_blames():
            r"image models only$", model="w", batch=2, workload=tiny(), input="dataloader")
     blamed("gpus", r"^workload 'w': the sweep runs a workload on one GPU \(gpus 1\)$", model="w",
            batch=2, workload=tiny(), gpus=2)
-    with pytest.raises(ValueError, match="^cudnn_benchmark must be True or False, got .yes.$"):
+    with pytest.raises(TypeError, match="^cudnn_benchmark must be True or False, got 'yes' \\(str\\)$"):
         Point(model="w", batch=2, workload=tiny(), cudnn_benchmark="yes")
+    with pytest.raises(TypeError, match="got 1 \\(int\\)"):  # 1 == True, but it is no flag
+        Point(model="w", batch=2, workload=tiny(), cudnn_benchmark=1)
     Point(model="w", batch=2, workload=tiny(), cudnn_benchmark=True)
     with pytest.raises(TypeError, match="^a point's workload must be a Workload, got str$"):
         Point(model="w", batch=2, workload="w")
