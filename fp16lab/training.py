@@ -216,7 +216,8 @@ def run_side_by_side(configs=DEFAULT_RUNS, *, steps: int = 150, batch: int = 256
     """
     import pandas as pd
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if device is None and torch.cuda.is_available() else \
+        "cpu" if device is None else validate.device("device", device)
     step_frames, stat_frames, seconds = [], [], {}
     for cfg in configs:
         r = train_run(cfg, steps=steps, batch=batch, seed=seed, device=device, **kwargs)
@@ -389,7 +390,8 @@ def converging_runs(configs=CONVERGING_RUNS, *, seeds=(0, 1, 2), steps: int = 30
     """Returns the steps of :func:`train_converging` for every run and seed, in one DataFrame."""
     import pandas as pd
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if device is None and torch.cuda.is_available() else \
+        "cpu" if device is None else validate.device("device", device)
     return pd.concat([train_converging(c, steps=steps, seed=s, device=device, progress=progress,
                                        **kwargs) for s in seeds for c in configs],
                      ignore_index=True)
