@@ -126,29 +126,41 @@ class Point:
     workload: Workload | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.workload is not None:
-            self._check_workload_point()
-            return
-        check_names("model", [self.model], MODELS)
+        w = self.workload
+        if w is not None and not isinstance(w, Workload):
+            raise TypeError(f"a point's workload must be a Workload, got {type(w).__name__}")
+        if w is None:
+            check_names("model", [self.model], MODELS)
         check_names("layout", [self.layout], LAYOUTS)
         check_names("precision", [self.precision], SWEEP_PRECISIONS)
         check_batches([self.batch])
-        if self.layout == "channels_last" and not is_image_model(self.model):
+        if w is None and self.layout == "channels_last" and not is_image_model(self.model):
             raise PointError("layouts", f"layout 'channels_last' applies to image models only; "
                                         f"{self.model!r} takes no NCHW input (use 'nchw')")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"a point's device must be 'cpu' or 'cuda', got {self.device!r}")
+        if w is not None and w.precisions is not None and self.precision not in w.precisions:
+            raise PointError("precisions", f"workload {w.name!r} runs "
+                                           f"{', '.join(w.precisions)}, not {self.precision!r}")
         if self.precision in SCALED_PRECISIONS and self.scaler is None:
             object.__setattr__(self, "scaler", ScalerSettings())
         if self.precision not in SCALED_PRECISIONS:
             object.__setattr__(self, "scaler", None)  # the settings would change nothing
-        problem = fp8_problem(self.model, self.precision) if self.precision.startswith("fp8-") \
-            else None
+        # a workload's FP8 layers are its own to find: train_step refuses, in the row
+        problem = fp8_problem(self.model, self.precision) \
+            if w is None and self.precision.startswith("fp8-") else None
         if problem:
             raise PointError("precisions", problem)
+        if w is not None and self.execution == "cuda-graph":
+            raise PointError("executions", f"workload {w.name!r}: the sweep runs a workload "
+                                           "eager or compiled; cuda-graph capture takes the "
+                                           "built-in models only")
         mode = _blame("executions", check_execution_axis, self.execution, self.compile_mode,
                       precision=self.precision, device=self.device)
         object.__setattr__(self, "compile_mode", mode)
+        if w is not None:
+            self._check_workload_axes(w)
+            return
         kept = _blame("inputs", check_input_axis, self.input, model=self.model,
                       device=self.device, images_dir=self.images_dir,
                       num_workers=self.num_workers, pin_memory=self.pin_memory,
@@ -159,35 +171,13 @@ class Point:
                execution=self.execution, input=self.input, scaler=self.scaler,
                cudnn_benchmark=self.cudnn_benchmark)
 
-    def _check_workload_point(self) -> None:
-        if not isinstance(self.workload, Workload):
-            raise TypeError(f"a point's workload must be a Workload, got "
-                            f"{type(self.workload).__name__}")
-        check_names("layout", [self.layout], LAYOUTS)
-        check_names("precision", [self.precision], SWEEP_PRECISIONS)
-        check_batches([self.batch])
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"a point's device must be 'cpu' or 'cuda', got {self.device!r}")
-        allowed = self.workload.precisions
-        if allowed is not None and self.precision not in allowed:
-            raise PointError("precisions", f"workload {self.workload.name!r} runs "
-                                           f"{', '.join(allowed)}, not {self.precision!r}")
-        if self.precision in SCALED_PRECISIONS and self.scaler is None:
-            object.__setattr__(self, "scaler", ScalerSettings())
-        if self.precision not in SCALED_PRECISIONS:
-            object.__setattr__(self, "scaler", None)
-        if self.execution == "cuda-graph":
-            raise PointError("executions", f"workload {self.workload.name!r}: the sweep runs a "
-                                           "workload eager or compiled; cuda-graph capture takes "
-                                           "the built-in models only")
-        mode = _blame("executions", check_execution_axis, self.execution, self.compile_mode,
-                      precision=self.precision, device=self.device)
-        object.__setattr__(self, "compile_mode", mode)
+    def _check_workload_axes(self, w: Workload) -> None:
+        """The axes a workload point takes as they are: its own batches, one GPU."""
         if self.input != "synthetic":
-            raise PointError("inputs", f"workload {self.workload.name!r} makes its own batches; "
+            raise PointError("inputs", f"workload {w.name!r} makes its own batches; "
                                        f"input {self.input!r} feeds the built-in image models only")
         if self.gpus != 1:
-            raise PointError("gpus", f"workload {self.workload.name!r}: the sweep runs a workload "
+            raise PointError("gpus", f"workload {w.name!r}: the sweep runs a workload "
                                      "on one GPU (gpus 1)")
         validate.boolean("cudnn_benchmark", self.cudnn_benchmark)
 
