@@ -25,13 +25,17 @@ class FP32Island(nn.Module):
         self.inner = inner
         self.cast_inputs = validate.boolean("cast_inputs", cast_inputs)
 
-    def forward(self, *args):
-        dev = next((t.device.type for t in _tensors(args)), "cpu")
+    def forward(self, *args, **kwargs):
+        dev = next((t.device.type for t in _tensors((*args, *kwargs.values()))), "cpu")
         with torch.autocast(device_type=dev, enabled=False):
             if self.cast_inputs:
-                args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                             else a for a in args)
-            return self.inner(*args)
+                args = tuple(_fp32(a) for a in args)
+                kwargs = {k: _fp32(v) for k, v in kwargs.items()}
+            return self.inner(*args, **kwargs)
+
+
+def _fp32(value):
+    return value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 class Gram(nn.Module):
