@@ -18,7 +18,7 @@ from .bench import BENCHMARKS
 from .device import device_info
 
 # Modules that contribute sub-commands (sweep, report, claims).
-_COMMAND_MODULES = ("fp16lab.sweep.cli", "fp16lab.claims.cli")
+_COMMAND_MODULES = ("fp16lab.sweep.cli", "fp16lab.claims.cli", "fp16lab.doctor.cli")
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ BENCHMARKS = {
     "fp8": "FP8 GEMM against fp16/bf16 cuBLAS and FP8 training per recipe (notebook 09)",
     "workloads": "BERT, GPT-2, ViT: AMP speed, memory predicted and measured, engine vs a bare loop",
     "notebook_times": "minutes per notebook and per section, executed with nbclient",
+    "doctor": "the doctor on planted problems, and its advice against an exhaustive sweep",
 }
 
 

@@ -21,7 +21,8 @@ from .. import validate
 def synthetic_batch(shape: tuple[int, ...], num_classes: int, *,
                     seed: int = 0) -> Callable[[int, Any], tuple[torch.Tensor, torch.Tensor]]:
     """Returns ``batch(size, device)``: standard-normal inputs of ``(size, *shape)`` and class
-    labels below ``num_classes``, the same for a given size and seed on every call."""
+    labels below ``num_classes``, the same for a given size and seed on every call. Its
+    ``synthetic`` attribute is True: the doctor does not take it for an input pipeline."""
     shape = tuple(validate.count("input dimension", s) for s in shape)
     num_classes = validate.count("num_classes", num_classes)
 
@@ -32,6 +33,7 @@ def synthetic_batch(shape: tuple[int, ...], num_classes: int, *,
         y = torch.randint(0, num_classes, (size,), generator=gen)
         return x.to(device), y.to(device)
 
+    batch.synthetic = True  # made on the spot, not read: no input pipeline to measure
     return batch
 
 
@@ -64,6 +66,7 @@ def token_batch(seq_len: int, vocab: int, *, causal: bool, mask_fraction: float 
             feed[keys[1]] = torch.ones_like(inputs).to(device)
         return feed, targets.to(device)
 
+    batch.synthetic = True
     return batch
 
 

@@ -1,0 +1,250 @@
+"""The doctor: each check against a planted case (and a clean one), the numbers under it
+against hand computations, the report's files, the command line's bad input.
+
+Oracles: a planted workload whose problem is known by construction (fp16lab.doctor.planted),
+a clean one of the same shape that must not raise the finding, and for the numbers, FP16's
+thresholds written out and torch's own float16 cast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from fp16lab import cli
+from fp16lab.doctor import Config, doctor
+from fp16lab.doctor import visit as V
+from fp16lab.doctor.numerics import (fitting_scale, module_numerics, reached_scale,
+                                     underflow_share, _exp_hist)
+from fp16lab.doctor.planted import PLANTED
+from fp16lab.doctor.probe import LOSS_TOLERANCE, Probe, fused_optimizer, optimizer_is_fused
+from fp16lab.doctor.report import Finding, rank
+from fp16lab.workload import Workload, load_workload
+from fp16lab.workloads.batches import synthetic_batch
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def planted(name: str, **kw):
+    return load_workload(PLANTED[name].reference, tiny=True, **kw)
+
+
+def run(name: str, checks=None, device="cpu", **kw):
+    p = PLANTED[name]
+    return doctor(planted(name), device, batch_size=p.tiny_batch_size, precision=p.precision,
+                  layout=p.layout, checks=checks, progress=False, loss_steps=10, timed_steps=3,
+                  **kw)
+
+
+def clean(width: int = 32) -> Workload:
+    return Workload(name="clean-mlp", build=lambda: nn.Sequential(
+        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 16)),
+        batch=synthetic_batch((64,), 16))
+
+
+# ----------------------------------------------------------------------------- the numbers
+
+def test_underflow_share_matches_torch_float16_cast():
+    g = torch.Generator().manual_seed(0)
+    x = torch.exp2(torch.empty(20000).uniform_(-60, -5, generator=g)) * \
+        torch.where(torch.rand(20000, generator=g) < .5, -1.0, 1.0)
+    for k in (0, 8, 16, 24):
+        scale = 2.0**k
+        flushed = float(((x * scale).to(torch.float16) == 0).float().mean())
+        # values in (2^-25, 2^-24) round up to the smallest subnormal; only <= 2^-25 flush
+        assert underflow_share(_exp_hist(x), scale) == pytest.approx(flushed, abs=2e-4)
+
+
+def test_reached_and_fitting_scale_by_hand():
+    assert reached_scale(1.0) == 2.0**15  # 65536 * 1 > 65504: one halving
+    assert reached_scale(0.5) == 2.0**16
+    assert reached_scale(3.0) == 2.0**14
+    assert reached_scale(0.0) == 2.0**16
+    assert fitting_scale(1.0) == 2.0**14  # 2^14 <= 32752 < 2^15
+    assert fitting_scale(2.0**-40) == 2.0**54
+    assert fitting_scale(math.inf) == 2.0**16
+
+
+def test_module_numerics_sees_overflow_underflow_and_a_sensitive_module():
+    n = {m.name: m for m in module_numerics(planted("overflow"), "cpu", 16)}
+    assert n["0"].act_max > 65520 and n["0"].act_overflow > 0.3
+    assert n["3"].act_overflow == 0
+    s = {m.name: m for m in module_numerics(planted("fp32-layer"), "cpu", 16)}
+    assert s["1"].act_overflow == 0
+    assert s["1"].local_error > 0.5  # (x*x) overflows FP16: the output is zero, not x/rms
+    assert s["0"].local_error < 1e-2 and s["3"].local_error < 1e-2
+    u = module_numerics(planted("underflow"), "cpu", 16)
+    gmax = max(m.grad_max for m in u)
+    assert 0 < gmax < 2.0**-30
+
+
+# ----------------------------------------------------------------------------- each check
+
+@pytest.mark.parametrize("name", [n for n, p in PLANTED.items() if p.shows_on_cpu])
+def test_first_finding_is_the_planted_problem_on_the_cpu(name):
+    report = run(name)
+    assert report.first is not None, report.to_markdown()
+    assert report.first.kind == PLANTED[name].expected, report.to_markdown()
+
+
+def test_range_check_overflow_recommends_bf16_and_clean_model_has_none():
+    r = run("overflow", checks=["range"])
+    (f,) = r.findings
+    assert f.kind == "range" and f.group == "breaks" and f.change == {"precision": "amp-bf16"}
+    assert "'0' (Linear)" in f.title
+    assert doctor(clean(), "cpu", batch_size=16, precision="amp-fp16", checks=["range"],
+                  progress=False, loss_steps=5, timed_steps=2).findings == []
+
+
+def test_range_check_underflow_fits_a_scale_that_trains_like_fp32():
+    r = run("underflow", checks=["range"])
+    (f,) = r.findings
+    assert f.group == "breaks" and f.verified
+    scale = f.change["init_scale"]
+    assert scale >= 2.0**50 and f.evidence["share flushed at the fitting scale"] < 0.01
+    assert f.evidence["share flushed to zero there"] > 0.9
+
+
+def test_sensitive_check_islands_the_module_and_fixes_the_loss():
+    r = run("fp32-layer", checks=["sensitive"])
+    (f,) = r.findings
+    assert f.change == {"fp32_modules": ["1"]} and f.verified
+    assert f.evidence["with the FP32 island"] is True
+
+
+def test_input_check_finds_the_slow_pipeline_only_where_it_is_slow():
+    r = run("slow-input", checks=["input"])
+    assert [f.kind for f in r.findings] == ["input"]
+    fast = doctor(planted("slow-input", passes=0), "cpu", batch_size=16, precision="amp-bf16",
+                  checks=["input"], progress=False, loss_steps=5, timed_steps=2)
+    assert fast.findings == []
+
+
+def test_shapes_check_lists_odd_linear_layers_and_remeasures_the_setting(monkeypatch):
+    monkeypatch.setattr(V, "NOISE", -1.0)  # report any measured gain: the detector is tested
+    r = run("odd-dimension", checks=["shapes"])
+    (f,) = r.findings
+    assert f.table[0]["module"] == "0" and f.table[0]["padded"].endswith("x40")
+    assert f.change == {"settings": {"hidden": 40}} and f.verified
+    assert doctor(clean(), "cpu", batch_size=16, checks=["shapes"], progress=False,
+                  loss_steps=5, timed_steps=2).findings == []
+
+
+def test_layout_check_needs_a_convolution():
+    r = doctor(clean(), "cpu", batch_size=8, checks=["layout"], progress=False, loss_steps=5,
+               timed_steps=2)
+    assert "no convolution" in r.unchecked["layout"]
+
+
+def test_batch_check_measures_larger_batches(monkeypatch):
+    monkeypatch.setattr(V, "BATCH_GAIN", -1.0)
+    r = run("small-batch", checks=["batch"])
+    (f,) = r.findings
+    assert f.group == "changes" and f.change["batch_size"] in (4, 8)
+    assert [row["batch"] for row in f.table] == [4, 8]
+
+
+def test_time_check_says_why_it_does_not_run_on_a_cpu():
+    r = run("host-sync", checks=["time", "multi-gpu"])
+    assert "CUDA GPU" in r.unchecked["time"] and "GPUs" in r.unchecked["multi-gpu"]
+
+
+# ----------------------------------------------------------------------------- ranking, probe
+
+def test_rank_puts_breaks_first_then_every_gain_largest_first_then_notes():
+    fs = [Finding("batch", "b", "changes", gain=5.0), Finding("layout", "l", "keeps", gain=1.2),
+          Finding("precision", "p", "breaks", gain=2.0), Finding("shapes", "s", "keeps", gain=1.5),
+          Finding("range", "r", "breaks", gain=0.9), Finding("input", "i", "note", gain=9.0)]
+    assert [f.kind for f in rank(fs)] == ["range", "precision", "batch", "shapes", "layout",
+                                          "input"]
+
+
+def test_probe_loss_tolerance_against_fp32():
+    probe = Probe(clean(), "cpu", 16, loss_steps=5, timed_steps=2)
+    ok, d = probe.loss_within_tolerance(probe.measure(Config("amp-bf16")))
+    assert ok and d < LOSS_TOLERANCE
+    m = probe.measure(Config("fp32"))
+    assert m.losses[-1] < m.losses[0] and m.samples_per_s > 0
+    assert probe.measure(Config("fp32")) is m  # measured once
+
+
+def test_fused_optimizer_keeps_the_hyperparameters():
+    f = fused_optimizer(lambda p: torch.optim.AdamW(p, lr=3e-4, weight_decay=0.1))
+    opt = f([nn.Parameter(torch.zeros(2))])
+    assert opt.defaults["fused"] and opt.defaults["lr"] == 3e-4
+    assert opt.defaults["weight_decay"] == 0.1
+    assert fused_optimizer(lambda p: torch.optim.RMSprop(p)) is None
+    assert not optimizer_is_fused(None) and optimizer_is_fused(f)
+
+
+# ----------------------------------------------------------------------------- report, CLI
+
+def test_report_writes_markdown_json_and_a_plot(tmp_path):
+    r = run("overflow")
+    paths = r.write(tmp_path)
+    assert sorted(p.suffix for p in paths) == [".json", ".md", ".png"]
+    data = json.loads(paths[1].read_text())
+    assert data["findings"][0]["kind"] == "range" and data["workload"] == "planted-overflow"
+    md = paths[0].read_text()
+    assert md.index("## 1.") < md.index("## Every measurement")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["doctor", "no_such_module:fn"], "no_such_module"),
+    (["doctor", "small_cnn", "--budget-min", "0"], "budget"),
+    (["doctor", "small_cnn", "--batch-size", "0"], "batch"),
+    (["doctor", "small_cnn", "--checks", "nope"], "nope"),
+])
+def test_cli_refuses_bad_input_before_any_work(argv, words, capsys, tmp_path):
+    assert cli.main(argv + ["--out", str(tmp_path / "r")]) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_doctor_refuses_a_workload_that_raises():
+    def boom():
+        raise RuntimeError("no such layer")
+    w = Workload(name="raises", build=boom, batch=synthetic_batch((4,), 2))
+    with pytest.raises(ValueError, match="no such layer"):
+        doctor(w, "cpu", batch_size=4, progress=False)
+
+
+def test_doctor_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="budget_s"):
+        doctor(clean(), "cpu", budget_s=0)
+    with pytest.raises(ValueError, match="check"):
+        doctor(clean(), "cpu", checks=["nope"])
+    with pytest.raises(TypeError, match="progress"):
+        doctor(clean(), "cpu", progress=1)
+
+
+def test_cli_writes_the_report(tmp_path, capsys):
+    assert cli.main(["doctor", "fp16lab.doctor.planted:overflow", "--device", "cpu",
+                     "--batch-size", "8", "--precision", "amp-fp16", "--checks", "range",
+                     "--no-progress", "--out", str(tmp_path)]) == 0
+    assert "activations overflow" in capsys.readouterr().out
+    assert (tmp_path / "doctor_planted-overflow.md").exists()
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["overflow", "underflow", "fp32-layer"])
+def test_gpu_first_finding_of_numeric_plants(name):
+    report = run(name, device="cuda")
+    assert report.first.kind == PLANTED[name].expected, report.to_markdown()
+
+
+@pytest.mark.gpu
+def test_gpu_probe_records_peak_memory_and_the_time_check_runs():
+    report = run("host-sync", device="cuda", checks=["precision", "time"])
+    assert "time" not in report.unchecked
+    assert all(m.peak_bytes and m.peak_bytes > 0 for m in report.measurements if m.ran)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert report.baseline.samples_per_s > 0
