@@ -146,6 +146,7 @@ ALLOWED_BY_NAME = {
     ("warmup", "0"): "no warm-up is a valid choice",
     ("min_seconds", "0"): "no minimum time is the default",
     ("contraction_dim", "0"): "dimension 0 is a valid contraction dimension",
+    ("passes", "0"): "a planted slow pipeline with no blur passes is its fast, clean twin",
 }
 #: Free-text parameters: any string is a valid title or message.
 FREE_TEXT = {"name", "title", "description", "what", "label", "message", "question", "hint",
@@ -368,7 +369,8 @@ CLI_BAD = ("nan", "-1", "0", "", "abc")
 #: Flags that take any text (a result's name, a note), so 'abc', '0' and '-1' are fine there.
 CLI_FREE_TEXT = {"--name", "--host-note"}
 #: Arguments a command needs before any flag can be probed.
-CLI_REQUIRED = {("sweep",): ["--out", "{tmp}/r.parquet"], ("report",): ["{results}"]}
+CLI_REQUIRED = {("sweep",): ["--out", "{tmp}/r.parquet"], ("report",): ["{results}"],
+                ("doctor",): ["small_cnn"]}
 #: A real results file (the committed reference sweep's), for ``report``'s positional.
 CLI_RESULTS = Path(__file__).resolve().parents[1] / "data" / "sweep_reference_h200.parquet"
 #: Flags that name folders; a file there is a wrong path (for a flag whose type names no check).

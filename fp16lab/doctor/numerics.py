@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import validate
 from ..diagnostics.fates import FP16_MAX, FP16_OVERFLOW_AT
 from ..recipes import autocast, autocast_dtype
 from ..workload import Workload, _loss_of, build_model, step_of
@@ -66,6 +67,7 @@ def underflow_share(hist: torch.Tensor | None, scale: float) -> float:
     """Returns the share of a histogram's non-zero values that FP16 flushes to zero once
     multiplied by ``scale`` (a power of two): ``|x| * scale < 2**-25``, half FP16's smallest
     subnormal, which rounds to zero."""
+    scale = validate.number("scale", scale, low=0, low_open=True)
     if hist is None or int(hist.sum()) == 0:
         return 0.0
     k = math.log2(scale)

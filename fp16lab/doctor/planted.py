@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import validate
 from ..workload import Workload
 from ..workloads.batches import cross_entropy, synthetic_batch
 
@@ -40,6 +41,7 @@ class NaiveRMSNorm(nn.Module):
 
     def __init__(self, width: int):
         super().__init__()
+        width = validate.count("width", width)
         self.weight = nn.Parameter(torch.ones(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,6 +63,7 @@ def _mlp_workload(name: str, build, features: int, settings: dict, **kw) -> Work
 
 def overflow(tiny: bool = False) -> Workload:
     """An activation above FP16's range: a linear layer whose outputs reach about 1e5."""
+    tiny = validate.boolean("tiny", tiny)
     d = 64 if tiny else 1024
     return _mlp_workload(
         "planted-overflow", lambda: nn.Sequential(
@@ -71,6 +74,7 @@ def overflow(tiny: bool = False) -> Workload:
 def underflow(tiny: bool = False) -> Workload:
     """Gradients below FP16's smallest subnormal at GradScaler's default scale: the loss is
     multiplied by 2**-40 (and the learning rate by 2**40, so fp32 trains as usual)."""
+    tiny = validate.boolean("tiny", tiny)
     d = 64 if tiny else 1024
     factor = 2.0**-40
     return _mlp_workload(
@@ -83,6 +87,7 @@ def underflow(tiny: bool = False) -> Workload:
 def fp32_layer(tiny: bool = False) -> Workload:
     """A layer that must stay in FP32: a hand-written RMS norm after a layer whose outputs are
     about 300 (their squares overflow FP16)."""
+    tiny = validate.boolean("tiny", tiny)
     d = 64 if tiny else 1024
     return _mlp_workload(
         "planted-fp32-layer", lambda: nn.Sequential(
@@ -92,8 +97,9 @@ def fp32_layer(tiny: bool = False) -> Workload:
 
 def odd_dimension(tiny: bool = False, hidden: int | None = None) -> Workload:
     """A hidden size of 4097, not a multiple of 8 (the setting ``hidden`` changes it)."""
+    tiny = validate.boolean("tiny", tiny)
     width = 32 if tiny else 2048
-    hidden = hidden if hidden is not None else (33 if tiny else 4097)
+    hidden = validate.count("hidden", hidden) if hidden is not None else (33 if tiny else 4097)
     return _mlp_workload(
         "planted-odd-dimension", lambda: nn.Sequential(
             nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width), nn.GELU(),
@@ -112,6 +118,7 @@ def _cnn(channels: int) -> nn.Module:
 
 def nchw_convolutions(tiny: bool = False) -> Workload:
     """Convolutions trained in NCHW, where channels_last would be faster on tensor cores."""
+    tiny = validate.boolean("tiny", tiny)
     side = 16 if tiny else 64
     ch = 8 if tiny else 64
     return Workload(name="planted-nchw", build=lambda: _cnn(ch),
@@ -121,6 +128,7 @@ def nchw_convolutions(tiny: bool = False) -> Workload:
 def host_sync(tiny: bool = False) -> Workload:
     """A launch-bound step (many small layers) under amp-fp16 with a non-fused SGD, so
     GradScaler reads found-inf on the host every step."""
+    tiny = validate.boolean("tiny", tiny)
     d, depth = (32, 4) if tiny else (256, 24)
 
     def build() -> nn.Module:
@@ -134,6 +142,7 @@ def host_sync(tiny: bool = False) -> Workload:
 
 def small_batch(tiny: bool = False) -> Workload:
     """A batch too small for the GPU: four 8192-wide layers trained at batch 8."""
+    tiny = validate.boolean("tiny", tiny)
     d = 128 if tiny else 8192
 
     def build() -> nn.Module:
@@ -148,7 +157,8 @@ def small_batch(tiny: bool = False) -> Workload:
 def slow_input(tiny: bool = False, passes: int | None = None) -> Workload:
     """An input pipeline slower than the model: each image is blurred on the CPU, ``passes``
     times (32 tiny, 8 otherwise) through an FFT, before the batch goes to the device."""
-    passes = passes if passes is not None else (32 if tiny else 8)
+    tiny = validate.boolean("tiny", tiny)
+    passes = validate.count("passes", passes, low=0) if passes is not None else (32 if tiny else 8)
     side = 32 if tiny else 96
     ch = 8 if tiny else 32
 
