@@ -248,3 +248,31 @@ def test_gpu_probe_records_peak_memory_and_the_time_check_runs():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert report.baseline.samples_per_s > 0
+
+
+def test_report_round_trips_through_its_json(tmp_path):
+    from fp16lab.doctor.report import DoctorReport
+    r = run("overflow", checks=["precision", "range"])
+    again = DoctorReport.from_dict(json.loads(r.write(tmp_path)[1].read_text()))
+    assert [f.title for f in again.findings] == [f.title for f in r.findings]
+    assert again.start == r.start and again.combined.config == r.combined.config
+    assert again.combined_gain == pytest.approx(r.combined_gain)
+    assert [m.row()["config"] for m in again.measurements] == \
+        [m.row()["config"] for m in r.measurements]
+
+
+def test_best_combination_keeps_the_fastest_variant_whose_loss_holds():
+    from fp16lab.doctor import best_combination
+    probe = Probe(clean(), "cpu", 16, loss_steps=5, timed_steps=2)
+    start, config = Config("amp-bf16"), Config("amp-bf16", batch_size=32)
+    got = best_combination(probe, start, config, ["fp32", "amp-bf16"])
+    variants = [probe.measure(c) for c in (config, config.but(precision="fp32"))]
+    assert all(m.raced for m in variants)
+    assert got is max(variants, key=lambda m: m.samples_per_s)
+    assert got.config.batch_size == 32
+
+
+def test_evidence_lines_round_numbers_for_reading():
+    f = Finding("range", "t", "note", evidence={"share": 0.123456789, "peak": 123456.7,
+                                                 "ok": True})
+    assert f.evidence_lines() == ["share: 0.123", "peak: 123,457", "ok: True"]

@@ -9,8 +9,9 @@ The checks (:data:`fp16lab.doctor.checks.CHECKS`) run in order within a time bud
 precision recipes, FP16's range, precision-sensitive modules, memory layout, shapes, where the
 GPU's time goes, the input pipeline, the batch size, several GPUs. Each measurement is the
 probe's one protocol (:mod:`fp16lab.doctor.probe`); the findings rank as
-:mod:`fp16lab.doctor.report` says; the changes of the findings are then applied together and
-measured against the starting configuration. ``fp16lab doctor NAME`` is the same from a shell.
+:mod:`fp16lab.doctor.report` says; the changes of the findings are then applied together, in
+each of the fastest precisions again (:func:`best_combination`), and the fastest whose loss
+holds is raced against the starting configuration. ``fp16lab doctor NAME`` is the same from a shell.
 """
 
 from __future__ import annotations
@@ -110,11 +111,31 @@ def doctor(workload: Workload | str, device: str | torch.device | None = None, *
     combined = None
     config = combine(start, findings)
     if config != start:
-        combined = probe.measure(config)
-        probe.race([start, config])
+        combined = best_combination(probe, start, config,
+                                    visit.notes.get("fine_precisions", [])[:3])
     return DoctorReport(wl.name, _device_name(device), _versions(), start, probe.batch_size,
                         findings, unchecked, probe.measurements(), combined, baseline,
                         time.perf_counter() - t0, budget_s)
+
+
+def best_combination(probe: Probe, start: Config, config: Config,
+                     precisions: list[str]) -> Measurement:
+    """Returns the measurement of the fastest of ``config`` and its variants in each of
+    ``precisions`` (the precision check's fastest within tolerance at the batch it measured),
+    whose loss stays within tolerance, raced against the start.
+
+    The precision was chosen at the starting batch; a batch the batch check chose can change
+    which is fastest (a step bound by the host at a small batch is bound by the GPU at a large
+    one), so the combination is measured again in each."""
+    from .probe import is_scaled
+
+    variants = [config] + [config.but(precision=p, init_scale=config.init_scale if is_scaled(p)
+                                      else None) for p in precisions if p != config.precision]
+    fine = [v for v in variants if probe.loss_within_tolerance(probe.measure(v))[0]]
+    if not fine:
+        return probe.measure(config)
+    speeds = probe.race([start, *fine])
+    return probe.measure(max(fine, key=lambda v: speeds[v]))
 
 
 def combine(start: Config, findings: list[Finding]) -> Config:
@@ -165,4 +186,4 @@ def _versions() -> dict[str, Any]:
 
 
 __all__ = ["CHECKS", "DEFAULT_BATCH", "Config", "DoctorReport", "Finding", "Measurement",
-           "Probe", "combine", "describe_checks", "doctor"]
+           "Probe", "best_combination", "combine", "describe_checks", "doctor"]

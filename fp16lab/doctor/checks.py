@@ -27,11 +27,15 @@ from .visit import Unchecked, Visit
 
 
 def _candidates(visit: Visit) -> list[str]:
-    names = ["fp32", "amp-fp16", "amp-bf16"]
-    if visit.cuda:
-        names.insert(1, "tf32")
-        if torch.cuda.get_device_capability(visit.probe.device) >= (8, 9):
-            names.append("fp8-tensorwise")
+    """The precisions the check measures: on a GPU fp32, tf32, amp-fp16, amp-bf16 and (from
+    compute capability 8.9) fp8-tensorwise; on a CPU fp32 and amp-bf16, and the start's (a
+    CPU has no fast FP16 kernels for most operations: a convolution's step under amp-fp16 can
+    take 50 times fp32's)."""
+    if not visit.cuda:
+        return list(dict.fromkeys(["fp32", "amp-bf16", visit.start.precision]))
+    names = ["fp32", "tf32", "amp-fp16", "amp-bf16"]
+    if torch.cuda.get_device_capability(visit.probe.device) >= (8, 9):
+        names.append("fp8-tensorwise")
     return names
 
 
@@ -59,6 +63,9 @@ def check_precision(visit: Visit) -> list[Finding]:
         m = visit.probe.measure(visit.start.but(precision=row["precision"], init_scale=None))
         row["samples_per_s"], row["raced"] = m.samples_per_s, m.raced
     best = max(fine, key=lambda m: m.samples_per_s)
+    visit.notes["fine_precisions"] = [m.config.precision for m in  # within 2x of the best
+                                      sorted(fine, key=lambda m: -m.samples_per_s)
+                                      if 2 * m.samples_per_s >= best.samples_per_s]
     visit.best = visit.start.but(precision=best.config.precision,
                                  init_scale=None if not is_scaled(best.config.precision)
                                  else visit.start.init_scale)

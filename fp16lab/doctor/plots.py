@@ -15,11 +15,20 @@ def plot_speed(report: Any, ax: Any = None) -> Any:
     else:
         fig = ax.figure
     ms = [m for m in report.measurements if m.ran]
-    labels = [f"{m.config.describe()} (b{m.batch_size})" for m in ms]
+    labels = [f"{m.label or m.config.describe()} (b{m.batch_size})" for m in ms]
     values = [m.samples_per_s for m in ms]
-    colors = ["0.6" if m.config == report.start else
-              ("#1f3b73" if report.combined is not None and m.config == report.combined.config
-               else "#6c9bd2") for m in ms]
+    start = report.baseline.label if report.baseline and report.baseline.label else None
+    combined = report.combined.label if report.combined and report.combined.label else None
+
+    def color(m: Any) -> str:
+        if (m.label == start) if start else m.config == report.start:
+            return "0.6"
+        if report.combined is not None and ((m.label == combined) if combined else
+                                            m.config == report.combined.config):
+            return "#1f3b73"
+        return "#6c9bd2"
+
+    colors = [color(m) for m in ms]
     bars = ax.barh(range(len(ms)), values, color=colors)
     for bar, m in zip(bars, ms):
         if not m.finite:

@@ -74,7 +74,7 @@ class Config:
 
     def describe(self) -> str:
         """Returns the configuration in words (the fields that differ from the defaults)."""
-        parts = [self.precision, self.layout]
+        parts = [self.precision] + ([self.layout] if self.layout != "nchw" else [])
         if self.batch_size is not None:
             parts.append(f"batch {self.batch_size}")
         if self.init_scale is not None:
@@ -109,6 +109,7 @@ class Measurement:
     error: str | None = None
     seconds: float = 0.0
     raced: bool = False
+    label: str | None = field(default=None, repr=False)
 
     @property
     def ran(self) -> bool:
@@ -119,7 +120,7 @@ class Measurement:
         return self.ran and bool(self.losses) and all(math.isfinite(v) for v in self.losses)
 
     def row(self) -> dict[str, Any]:
-        return {"config": self.config.describe(), "batch_size": self.batch_size,
+        return {"config": self.label or self.config.describe(), "batch_size": self.batch_size,
                 "step_ms": self.step_ms, "samples_per_s": self.samples_per_s,
                 "peak_bytes": self.peak_bytes, "first_loss": self.losses[0] if self.losses else None,
                 "last_loss": self.losses[-1] if self.losses else None,

@@ -56,6 +56,10 @@ class Finding:
             return 0, KINDS.index(self.kind), -gain
         return (2, 0, -gain) if self.group == "note" else (1, 0, -gain)
 
+    def evidence_lines(self) -> list[str]:
+        """Returns the evidence as ``"what: value"`` lines, numbers rounded for reading."""
+        return [f"{k}: {_shown(v)}" for k, v in self.evidence.items()]
+
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "title": self.title, "group": self.group,
                 "evidence": self.evidence, "change": self.change, "gain": self.gain,
@@ -146,6 +150,34 @@ class DoctorReport:
             lines += [f"![{title}]({name})", ""]
         return "\n".join(lines)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DoctorReport":
+        """Returns the report :meth:`as_dict` gave (a recorded one, read from its JSON)."""
+        def config(c: dict[str, Any]) -> Config:
+            c = dict(c)
+            c["fp32_modules"] = tuple(c.get("fp32_modules") or ())
+            c["settings"] = tuple(sorted((c.get("settings") or {}).items()))
+            return Config(**c)
+
+        def measurement(row: dict[str, Any] | None, conf: Config | None = None):
+            if row is None:
+                return None
+            m = Measurement(conf or Config(), row["batch_size"], _float(row["step_ms"]),
+                            _float(row["samples_per_s"]), row.get("peak_bytes"),
+                            [v for v in (row.get("first_loss"), row.get("last_loss"))
+                             if v is not None], row.get("final_scale"), row.get("error"),
+                            row.get("seconds", 0.0), row.get("raced", False))
+            m.label = row["config"]
+            return m
+
+        start = config(d["start"])
+        combined = measurement(d.get("combined"), config(d["combined_config"])
+                               if d.get("combined_config") else None)
+        return cls(d["workload"], d["device"], d["versions"], start, d["batch_size"],
+                   [Finding(**f) for f in d["findings"]], d["unchecked"],
+                   [measurement(r) for r in d["measurements"]], combined,
+                   measurement(d.get("baseline"), start), d["seconds"], d["budget_s"])
+
     def _repr_markdown_(self) -> str:
         return self.to_markdown()
 
@@ -166,7 +198,8 @@ class DoctorReport:
         md = out / f"{stem}.md"
         md.write_text(self.to_markdown({"samples/s of each measured configuration": png.name}))
         js = out / f"{stem}.json"
-        js.write_text(json.dumps(self.as_dict(), indent=1, default=_jsonable))
+        js.write_text(json.dumps(_plain(self.as_dict()), indent=1, default=_jsonable,
+                                 allow_nan=False))
         return [md, js, png]
 
 
@@ -184,7 +217,7 @@ def _shown(v: Any) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return str(v)
-        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return f"{v:.3g}" if abs(v) < 1e3 else f"{v:,.0f}"
     if isinstance(v, (list, tuple)):
         return ", ".join(map(_shown, v))
     return str(v)
@@ -197,6 +230,21 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     out = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     out += ["| " + " | ".join(_shown(r.get(c)) for c in cols) + " |" for r in rows]
     return out + [""]
+
+
+def _float(v: Any) -> float:
+    return math.nan if v is None or isinstance(v, str) else float(v)
+
+
+def _plain(x: Any) -> Any:
+    """Returns ``x`` with every non-finite float as its name (JSON has no NaN)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
 
 
 def _jsonable(x: Any) -> Any:
