@@ -14,6 +14,9 @@ Two parts, in this order (``--budget-s`` stops starting new runs; what ran is wr
    doctor also changes the optimizer's kernels and ``torch.compile``: the time of
    that full grid is extrapolated from the measured points' mean (said so in the row).
 
+Writes ``NAME.json`` (rows; every doctor report in ``meta.reports``) and ``NAME.md`` (the
+planted table, the real models' lines and their reports).
+
     python -m fp16lab.bench.doctor               # GPU, about 10 minutes on an H200
     python -m fp16lab.bench.doctor --quick       # tiny configurations on the CPU, planted only
 """
@@ -141,6 +144,33 @@ def run_real(name: str, batch: int, device: str, tiny: bool, budget_s: float,
     return row
 
 
+def markdown(rows: list[dict[str, Any]], reports: dict[str, Any], source: str) -> str:
+    """Returns the run as Markdown: the planted table, each real model's line, their reports."""
+    from fp16lab.doctor.report import DoctorReport
+
+    lines = ["# The doctor checked", "", source, "", "## Planted problems", "",
+             "| workload | problem | expected | first finding | hit | s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["part"] == "planted":
+            lines.append(f"| {r['workload']} | {r.get('problem', '')} | {r['expected']} | "
+                         f"{r.get('first_title') or r.get('error')} | {r['hit']} | "
+                         f"{r.get('seconds', 0):.0f} |")
+    lines += ["", "## Real models against a sweep", ""]
+    for r in rows:
+        if r["part"] == "real" and "error" not in r:
+            lines.append(f"- **{r['workload']}** (batch {r['batch']}): doctor "
+                         f"{r['doctor_config']} {r['doctor_samples_per_s']:,.0f}/s in "
+                         f"{r['doctor_s']:.0f} s; sweep best {r['best_config']} "
+                         f"{r['best_samples_per_s']:,.0f}/s in {r['sweep_s']:.0f} s "
+                         f"({len(r['points'])} points): {r['doctor_over_best']:.2f} of the best")
+    for name, report in reports.items():
+        if not name.startswith("planted-"):
+            md = DoctorReport.from_dict(report).to_markdown().splitlines()
+            lines += [""] + ["#" + line if line.startswith("#") else line for line in md]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("doctor", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny planted workloads on the CPU")
@@ -179,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
 
     def write() -> None:
-        measure.write_result(name, rows, meta={"part": parts, "reports": reports,
-                                               "device_kind": device}, data_dir=out)
+        path = measure.write_result(name, rows, meta={"part": parts, "reports": reports,
+                                                      "device_kind": device}, data_dir=out)
+        source = measure.describe_source(measure.read_result(path)["meta"], with_file=False)
+        path.with_suffix(".md").write_text(markdown(rows, reports, source))
 
     if "planted" in parts:
         rows += run_planted(list(args.planted), device, tiny, args.doctor_budget_s, reports)

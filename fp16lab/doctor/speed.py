@@ -89,7 +89,7 @@ def check_shapes(visit: Visit) -> list[Finding]:
     start = visit.probe.measure(base)
     projected = start.step_ms / max(start.step_ms - saved, 1e-9) if start.ran else None
     finding = Finding("shapes", f"{len(odd)} linear layer(s) with a dimension that is not a "
-                      f"multiple of 8, first {odd[0][0]} ({odd[0][1].in_features}x"
+                      f"multiple of 8, first '{odd[0][0]}' ({odd[0][1].in_features}x"
                       f"{odd[0][1].out_features})", "keeps",
                       evidence={"layers": len(odd), "step gain projected from the layers":
                                 projected}, table=table, gain=projected,
