@@ -35,6 +35,7 @@ from fp16lab.bench import argument_parser, output_folder
 from fp16lab.doctor import doctor
 from fp16lab.doctor.planted import PLANTED
 from fp16lab.doctor.probe import Config, Probe
+from fp16lab.doctor.report import DoctorReport
 from fp16lab.workload import build_model, load_workload
 from fp16lab.workloads import missing_package
 
@@ -146,8 +147,6 @@ def run_real(name: str, batch: int, device: str, tiny: bool, budget_s: float,
 
 def markdown(rows: list[dict[str, Any]], reports: dict[str, Any], source: str) -> str:
     """Returns the run as Markdown: the planted table, each real model's line, their reports."""
-    from fp16lab.doctor.report import DoctorReport
-
     lines = ["# The doctor checked", "", source, "", "## Planted problems", "",
              "| workload | problem | expected | first finding | hit | s |",
              "| --- | --- | --- | --- | --- | --- |"]

@@ -25,7 +25,7 @@ from .. import validate
 from ..device import metadata
 from ..workload import Workload, build_model, load_workload
 from .checks import CHECKS, Unchecked, Visit, describe_checks
-from .probe import Config, Measurement, Probe
+from .probe import Config, Measurement, Probe, is_scaled
 from .report import DoctorReport, Finding, rank
 
 #: The batch size the doctor measures at unless told.
@@ -127,8 +127,6 @@ def best_combination(probe: Probe, start: Config, config: Config,
     The precision was chosen at the starting batch; a batch the batch check chose can change
     which is fastest (a step bound by the host at a small batch is bound by the GPU at a large
     one), so the combination is measured again in each."""
-    from .probe import is_scaled
-
     variants = [config] + [config.but(precision=p, init_scale=config.init_scale if is_scaled(p)
                                       else None) for p in precisions if p != config.precision]
     fine = [v for v in variants if probe.loss_within_tolerance(probe.measure(v))[0]]
@@ -153,7 +151,6 @@ def combine(start: Config, findings: list[Finding]) -> Config:
             elif key in Config.__dataclass_fields__:
                 fields.setdefault(key, value)
     config = start.but(**fields)
-    from .probe import is_scaled
     if config.init_scale is not None and not is_scaled(config.precision):
         config = config.but(init_scale=None)
     return config

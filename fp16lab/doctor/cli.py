@@ -7,11 +7,11 @@ import argparse
 from .. import validate
 from ..recipes import PRECISIONS
 from ..workload import LAYOUTS, workload_name
+from . import doctor
+from .checks import CHECKS
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import doctor
-
     report = doctor(args.workload, args.device, batch_size=args.batch_size,
                     precision=args.precision, layout=args.layout, budget_s=args.budget_min * 60,
                     checks=args.checks, progress=not args.no_progress)
@@ -26,8 +26,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:
-    from .checks import CHECKS
-
     p = sub.add_parser("doctor", help="measure a workload, say what to change, prove each gain",
                        description="Runs the mixed-precision doctor on a workload and writes "
                                    "its report (Markdown, JSON, a plot) to --out.")

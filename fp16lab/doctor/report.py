@@ -184,7 +184,7 @@ class DoctorReport:
     def write(self, out_dir: str | Path, name: str | None = None) -> list[Path]:
         """Writes ``NAME.md``, ``NAME.json`` and ``NAME_speed.png`` under ``out_dir`` and
         returns their paths (``NAME``: ``doctor_<workload>`` by default)."""
-        from .plots import plot_speed
+        from .plots import plot_speed  # local: matplotlib loads only when a report is written
 
         out = validate.output_dir("out_dir", out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,9 @@ from torch import nn
 
 from ..measure import time_cpu, time_cuda_interleaved
 from ..recipes import autocast_dtype
-from ..workload import build_model
+from ..profile import profile_steps
+from ..workload import _forward_of, build_model, train_step
+from ..workloads.batches import ModelInputs
 from . import visit as V
 from .probe import fused_optimizer, is_scaled, optimizer_is_fused
 from .report import Finding
@@ -128,10 +130,8 @@ def _linear_rows(visit: Visit, model: nn.Module) -> dict[str, int]:
 
     hooks = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()
              if isinstance(m, nn.Linear)]
-    from ..workloads.batches import ModelInputs
     try:
         with torch.no_grad():
-            from ..workload import _forward_of
             _forward_of(visit.probe.workload, None, model)(ModelInputs(inputs))
     finally:
         for h in hooks:
@@ -144,9 +144,6 @@ def check_time(visit: Visit) -> list[Finding]:
     """Where the GPU's time goes: idle while the host launches, GradScaler's host sync."""
     if not visit.cuda:
         raise Unchecked("needs a CUDA GPU: the GPU's idle time is what it measures")
-    from ..profile import profile_steps
-    from ..workload import train_step
-
     # GradScaler's host sync is the start's where it scales the loss: measure from there
     base = visit.start if is_scaled(visit.start.precision) else (visit.best or visit.start)
     try:
