@@ -276,3 +276,22 @@ def test_evidence_lines_round_numbers_for_reading():
     f = Finding("range", "t", "note", evidence={"share": 0.123456789, "peak": 123456.7,
                                                  "ok": True})
     assert f.evidence_lines() == ["share: 0.123", "peak: 123,457", "ok: True"]
+
+
+def test_precision_check_says_the_start_breaks_and_which_recipe_holds():
+    r = run("overflow", checks=["precision"])
+    (f,) = r.findings
+    assert f.kind == "precision" and f.group == "breaks"
+    rows = {row["precision"]: row for row in f.table}
+    assert rows["amp-fp16"]["within_tolerance"] is False
+    assert rows[f.change["precision"]]["within_tolerance"] is True
+    assert f.change["precision"] != "amp-fp16"
+
+
+def test_layout_check_measures_channels_last_for_a_convolution(monkeypatch):
+    monkeypatch.setattr(V, "NOISE", -1.0)  # report any measured ratio: the detector is tested
+    r = run("nchw", checks=["layout"])
+    (f,) = r.findings
+    assert f.change == {"layout": "channels_last"} and f.verified
+    layouts = {m.config.layout for m in r.measurements}
+    assert layouts == {"nchw", "channels_last"}
