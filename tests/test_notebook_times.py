@@ -80,12 +80,13 @@ def test_workshop_table_and_update_from_the_files(tmp_path, monkeypatch):
         {"meta": META, "rows": [row, {**row, "notebook": "04_y",
                                                            "finished": False}]}))
     table = nt.workshop_table()
-    assert "| `03_x` | 1.5 (load 12 on 2 cores) | no measurement |" in table
-    assert "| `04_y` | did not finish (load 12 on 2 cores) | no measurement |" in table
+    assert "| `03_x` | | | | 1.5 (load 12 on 2 cores) | no measurement |" in table
+    assert "| `04_y` | | | | did not finish (load 12 on 2 cores) | no measurement |" in table
     (tmp_path / "notebook_times.json").write_text(json.dumps(
         {"meta": {**META, "gpu_name": "NVIDIA H200"}, "rows": [{**row, "wall_s": 30.0}]}))
-    assert "| notebook | minutes on a CPU | minutes on NVIDIA H200 |" in nt.workshop_table()
-    assert "| `03_x` | 1.5 (load 12 on 2 cores) | 0.5 |" in nt.workshop_table()
+    assert "| execution minutes on a CPU | execution minutes on NVIDIA H200 |" in \
+        nt.workshop_table()
+    assert "| `03_x` | | | | 1.5 (load 12 on 2 cores) | 0.5 |" in nt.workshop_table()
     guide = tmp_path / "WORKSHOP.md"
     start, end = nt.WORKSHOP_MARKERS
     guide.write_text(f"intro\n{start}\nold table\n{end}\nafter\n")
@@ -146,3 +147,17 @@ def test_section_summary_names_only_the_long_sections(tmp_path, monkeypatch):
     assert text == ("Running every cell takes about 2 min on a CPU. Sections that take a minute or "
                     "more: '1. A' (about 2 min on a CPU).")
     assert "opening" not in text
+
+
+def test_learner_minutes_counts_the_words_of_the_text_and_the_exercises(tmp_path):
+    nb = {"cells": [
+        {"cell_type": "markdown", "source": ["# One two\n", "three, four's five."]},
+        {"cell_type": "code", "source": ["words = 'not counted in code'\n", "ex.q1.check(a)"]},
+        {"cell_type": "code", "source": ["ex.q1.check(b)  # the same exercise again\n"]},
+        {"cell_type": "code", "source": ["ex.q3.check(c)"]},
+        {"cell_type": "markdown", "source": ["six"]}]}
+    path = tmp_path / "01_x.ipynb"
+    path.write_text(json.dumps(nb))
+    got = nt.learner_minutes(path)
+    assert got["words"] == 6 and got["exercises"] == 2
+    assert got["minutes"] == pytest.approx(6 / nt.READING_WPM + 2 * nt.EXERCISE_MIN)

@@ -175,6 +175,27 @@ def section_summary(notebook: str) -> str:
     return text + " No section takes a minute."
 
 
+#: A learner's reading speed (words of the notebook's text per minute) and minutes per exercise:
+#: the assumptions :func:`learner_minutes` states in the table it feeds.
+READING_WPM, EXERCISE_MIN = 200, 5
+
+
+def learner_minutes(path: Path) -> dict[str, Any]:
+    """Returns a learner's time in a notebook, estimated: its text's words (markdown cells) read
+    at :data:`READING_WPM` words a minute, and its exercises (the ``qN.check(...)`` calls in its
+    code cells) at :data:`EXERCISE_MIN` minutes each."""
+    import json
+    import re
+
+    nb = json.loads(Path(path).read_text())
+    text = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    code = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    words = len(re.findall(r"[A-Za-z0-9']+", text))
+    exercises = len(set(re.findall(r"\bq(\d+)\.check\(", code)))
+    return {"words": words, "exercises": exercises,
+            "minutes": words / READING_WPM + EXERCISE_MIN * exercises}
+
+
 #: notebooks/WORKSHOP.md's measured-minutes table sits between these two lines.
 WORKSHOP_MARKERS = ("<!-- notebook-times:start -->", "<!-- notebook-times:end -->")
 
@@ -195,10 +216,18 @@ def workshop_table() -> str:
             load = f" (load {r['load_average_1min']:.0f} on {r['cpus']} cores)" \
                 if not gpu and "load_average_1min" in r else ""
             rows.setdefault(r["notebook"], {})[gpu] = minutes + load
-    lines = [f"| notebook | minutes on a CPU | minutes on {gpu_name} |", "| --- | --- | --- |"]
+    for path in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")):
+        rows.setdefault(path.stem, {})["learner"] = learner_minutes(path)
+    lines = [f"| notebook | words | exercises | a learner's minutes | execution minutes on a CPU | "
+             f"execution minutes on {gpu_name} |", "| --- | --- | --- | --- | --- | --- |"]
     for name in sorted(rows):
-        lines.append(f"| `{name}` | {rows[name].get(False, 'no measurement')} | "
+        le = rows[name].get("learner")
+        learner = (f"| {le['words']:,} | {le['exercises']} | {le['minutes']:.0f} " if le else
+                   "| | | ")
+        lines.append(f"| `{name}` {learner}| {rows[name].get(False, 'no measurement')} | "
                      f"{rows[name].get(True, 'no measurement')} |")
+    lines += ["", f"A learner's minutes: the text read at {READING_WPM} words a minute and "
+              f"{EXERCISE_MIN} minutes an exercise, execution not counted."]
     sources = [f"{result_name(gpu)}.json: {measure.describe_source(p['meta'], with_file=False)}"
                for gpu, p in found.items() if p is not None]
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {s}" for s in sources) + "\n"
