@@ -147,6 +147,7 @@ ALLOWED_BY_NAME = {
     ("min_seconds", "0"): "no minimum time is the default",
     ("contraction_dim", "0"): "dimension 0 is a valid contraction dimension",
     ("passes", "0"): "a planted slow pipeline with no blur passes is its fast, clean twin",
+    ("weight_decay", "0"): "no weight decay is a common choice (AdamW's default is 0.01)",
 }
 #: Free-text parameters: any string is a valid title or message.
 FREE_TEXT = {"name", "title", "description", "what", "label", "message", "question", "hint",
@@ -194,6 +195,7 @@ VALID_BY_NAME = {
     "depth": 2, "what": "x", "name": "x", "ranks": 2, "gpus": 2, "world_size": 2,
     "execution": "eager", "claim_id": 1, "gpu_name": "NVIDIA H200",
     "arch": "sm_90a", "include_dir": ".", "filename": "census.cu",
+    "method": "fp32-master", "params": [torch.nn.Parameter(torch.ones(4))],
 }
 
 
