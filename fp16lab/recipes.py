@@ -292,6 +292,9 @@ def sgd(params: Any, lr: float = LR, momentum: float = MOMENTUM, fused: bool = F
     """
     import torch
 
+    lr = validate.number("lr", lr, low=0, low_open=True)
+    momentum = validate.number("momentum", momentum, low=0)
+    fused = validate.boolean("fused", fused)
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum, fused=True if fused else None)
     if fused and momentum:
         # torch's fused SGD makes its momentum buffers with empty_like in its first step and

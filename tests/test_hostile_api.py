@@ -147,6 +147,7 @@ ALLOWED_BY_NAME = {
     ("min_seconds", "0"): "no minimum time is the default",
     ("contraction_dim", "0"): "dimension 0 is a valid contraction dimension",
     ("passes", "0"): "a planted slow pipeline with no blur passes is its fast, clean twin",
+    ("momentum", "0"): "SGD without momentum is plain SGD",
     ("weight_decay", "0"): "no weight decay is a common choice (AdamW's default is 0.01)",
 }
 #: Free-text parameters: any string is a valid title or message.
