@@ -219,7 +219,7 @@ class Probe:
         _free(self.device)
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        step = self._step(config, m.batch_size)
+        step = self.build_step(config, m.batch_size)
         m.losses = [float(step().detach()) for _ in range(self.loss_steps)]
         times = step_times_ms(step, self.timed_steps, self.device)
         m.step_ms = statistics.median(times)
@@ -242,7 +242,7 @@ class Probe:
         _free(self.device)
         for c in configs:
             try:
-                steps[c] = self._step(c, self.measure(c).batch_size)
+                steps[c] = self.build_step(c, self.measure(c).batch_size)
                 for _ in range(3):
                     steps[c]()
             except Exception:  # noqa: BLE001 - out of memory beside the others
@@ -262,7 +262,8 @@ class Probe:
         _free(self.device)
         return {c: self._cache[c].samples_per_s for c in configs}
 
-    def _step(self, config: Config, batch_size: int) -> Any:
+    def build_step(self, config: Config, batch_size: int) -> Any:
+        """Returns the training step of ``config`` at ``batch_size``, built fresh."""
         workload = self.workload_for(config)
         engine: dict[str, Any] = {}
         if config.fused:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..measure import time_cpu, time_cuda_interleaved
+from ..measure import step_times_ms, time_cpu, time_cuda_interleaved
 from ..recipes import autocast_dtype
 from ..profile import profile_steps
 from ..workload import _forward_of, build_model, train_step
@@ -189,31 +189,35 @@ def check_input(visit: Visit) -> list[Finding]:
         raise Unchecked("the batches are synthetic (made on the spot, not read): there is no "
                         "input pipeline to measure")
     base = visit.best or visit.start
-    before = visit.probe.measure(base)
+    if not visit.probe.measure(base).ran:
+        return []
     device = visit.probe.device
-    times = []
-    for _ in range(4):
+    step = visit.probe.build_step(base, visit.probe.batch_size)
+    step()  # warm up
+    batch_times, step_times = [], []
+    for _ in range(4):  # in turns, so what else the machine does weighs on both alike
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         workload.batch(visit.probe.batch_size, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    batch_ms = statistics.median(times[1:])
-    visit.notes["batch_ms"] = batch_ms
-    if not before.ran or batch_ms <= before.step_ms:
+        batch_times.append((time.perf_counter() - t0) * 1e3)
+        step_times += step_times_ms(step, 1, device)
+    del step
+    batch_ms, step_ms = statistics.median(batch_times[1:]), statistics.median(step_times[1:])
+    visit.notes["batch_ms"], visit.notes["step_ms"] = batch_ms, step_ms
+    if batch_ms <= step_ms:
         return []
-    bound = (batch_ms + before.step_ms) / before.step_ms
-    return [Finding("input", f"making a batch takes {batch_ms:.1f} ms, the step {before.step_ms:.1f}"
+    bound = (batch_ms + step_ms) / step_ms
+    return [Finding("input", f"making a batch takes {batch_ms:.1f} ms, the step {step_ms:.1f}"
                     f" ms: the input pipeline is slower than the model", "keeps",
-                    evidence={"batch ms": batch_ms, "step ms with the batch on hand":
-                              before.step_ms}, gain=bound,
-                    change={"input": "faster batches"},
-                    advice="The gain is the bound with the batch already made (measured: the "
-                           "batch's time and the step's, one after the other). Use DataLoader "
-                           "workers, pinned memory and prefetching, or decode on the GPU "
-                           "(notebook 07).")]
+                    evidence={"batch ms": batch_ms, "step ms with the batch on hand": step_ms},
+                    gain=bound, change={"input": "faster batches"},
+                    advice="The gain is the bound with the batch already made: one after the "
+                           "other, a batch and a step take (batch + step) / step times a step "
+                           "alone (measured in turns). Use DataLoader workers, pinned memory "
+                           "and prefetching, or decode on the GPU (notebook 07).")]
 
 
 def check_batch(visit: Visit) -> list[Finding]:
