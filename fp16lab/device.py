@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from . import validate
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -148,12 +150,15 @@ def has_gpu() -> bool:
     return device_info().has_gpu
 
 
-def banner(skips: str | None = None) -> DeviceInfo:
+def banner(skips: str | None = None, recorded: bool = True) -> DeviceInfo:
     """Prints the device banner a notebook opens with, and returns the facts.
 
     Args:
         skips: what the notebook leaves out without a GPU, said once at the top.
+        recorded: whether data/ holds a GPU's results for what it skips (False: the banner
+            says none is recorded yet, rather than promising them).
     """
+    recorded = validate.boolean("recorded", recorded)
     info = device_info()
     bar = "=" * 78
     print(bar)
@@ -162,7 +167,8 @@ def banner(skips: str | None = None) -> DeviceInfo:
         print("-" * 78)
         print("No GPU here, so this notebook skips: " + skips)
         print("Those sections show results measured on a real GPU, loaded from data/ "
-              "(each file names its device, driver and versions).")
+              "(each file names its device, driver and versions)." if recorded else
+              "No GPU run of those sections is recorded in data/ yet.")
     print(bar)
     return info
 

@@ -1,0 +1,108 @@
+"""Exercises of notebook 11 (weights in 16 bits): which updates a BF16 weight swallows, and
+stochastic rounding of an FP32 tensor to BF16 written by the learner, checked by counting."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..state16 import vanished_share
+from .core import Exercise, Wrong
+
+__all__ = ["Q1_WEIGHTS", "Q1_UPDATE", "q1", "q2"]
+
+#: q1's BF16 weights and the one update added to each.
+Q1_WEIGHTS = (1.0, 0.01, 256.0, 0.5, 0.0625, 3.0)
+Q1_UPDATE = 1e-3
+
+
+def _vanishing() -> set[int]:
+    w = torch.tensor(Q1_WEIGHTS, dtype=torch.bfloat16)
+    u = torch.full((len(Q1_WEIGHTS),), Q1_UPDATE)
+    return {i for i in range(len(Q1_WEIGHTS))
+            if vanished_share(w[i:i + 1], u[i:i + 1]) == 1.0}
+
+
+def _spacing(w: float) -> float:
+    """The BF16 spacing just above ``w`` (w > 0): 2^(exponent - 7)."""
+    return 2.0 ** (math.floor(math.log2(w)) - 7)
+
+
+def _check_q1(answer: object) -> str:
+    try:
+        given = {int(i) for i in answer}
+    except (TypeError, ValueError):
+        raise Wrong(f"give the indices as a set or list of whole numbers, not "
+                    f"{type(answer).__name__}.") from None
+    right = _vanishing()
+    for i in sorted(given ^ right):
+        if not 0 <= i < len(Q1_WEIGHTS):
+            raise Wrong(f"index {i} is not one of the weights (0 to {len(Q1_WEIGHTS) - 1}).")
+        w = Q1_WEIGHTS[i]
+        half = _spacing(w) / 2
+        verdict = "vanishes" if i in right else "moves the weight"
+        raise Wrong(f"weight {i} ({w:g}): the BF16 values near it are {_spacing(w):g} apart, so "
+                    f"an update of {Q1_UPDATE:g} {'is below' if i in right else 'reaches'} half "
+                    f"that ({half:g}) and {verdict}.")
+    return (f"right: {sorted(right)}. An update vanishes where it is below half the weight's "
+            f"spacing, 2^(exponent - 8): the larger the weight, the larger the update it needs.")
+
+
+q1 = Exercise(
+    "q1", f"Each BF16 weight of {list(Q1_WEIGHTS)} gets the update {Q1_UPDATE:g}. Which indices "
+    "keep their weight unchanged (round to nearest)? Give a set of indices.", _check_q1,
+    hint="BF16 keeps 8 significant bits: between 2^e and 2^(e+1) its values are 2^(e-7) apart. "
+         "An update below half that spacing rounds away.",
+    solution="Compare the update with half the spacing, 2^(e-8), e the exponent of the weight: "
+             "1.0 (half spacing 2^-8 = 0.0039), 256 (1), 0.5 (0.00195) and 3.0 (0.0078) swallow "
+             "it; 0.01 (2^-15) and 0.0625 (2^-12 = 0.00024) move.",
+    solution_code="{0, 2, 3, 5}")
+
+
+def _check_q2(answer: object) -> str:
+    if not callable(answer):
+        raise Wrong(f"give a function f(x) that returns x rounded to bfloat16, not "
+                    f"{type(answer).__name__}.")
+    torch.manual_seed(0)
+    x = torch.tensor([1 + 2.0**-10, -(3 + 5 * 2.0**-8), 0.1, 1.0, 2.0**-130], dtype=torch.float32)
+    xs = x.repeat(20000, 1)
+    out = answer(xs.clone())
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or out.shape != xs.shape:
+        what = out.dtype if isinstance(out, torch.Tensor) else type(out).__name__
+        raise Wrong(f"f(x) should return a bfloat16 tensor of x's shape, it returned {what}.")
+    lows = (x.view(torch.int32) & -65536).view(torch.float32)
+    highs = torch.where(lows == x, lows, (lows.view(torch.int32) + 65536).view(torch.float32))
+    got = out.float()
+    for j in range(len(x)):
+        col = got[:, j]
+        allowed = {float(lows[j]), float(highs[j])}
+        if not set(col.unique().tolist()) <= allowed:
+            raise Wrong(f"x = {float(x[j]):.6g} should round only to its two BF16 neighbours "
+                        f"{sorted(allowed)}; got {sorted(set(col.unique().tolist()) - allowed)[:3]}.")
+        if lows[j] == highs[j]:
+            continue
+        want = float((x[j].abs() - lows[j].abs()) / (highs[j].abs() - lows[j].abs()))
+        up = float((col == highs[j]).float().mean())
+        sigma = math.sqrt(want * (1 - want) / len(col))
+        if abs(up - want) > 6 * sigma + 1e-4:
+            raise Wrong(f"x = {float(x[j]):.6g} went to the neighbour away from zero in {up:.3f} "
+                        f"of the draws; stochastic rounding goes there with probability "
+                        f"{want:.3f} (its distance from the neighbour nearer zero, over their spacing).")
+    return ("right: each value went to one of its two BF16 neighbours, away from zero with "
+            "probability equal to its distance from the nearer-to-zero one over their spacing, "
+            "so on average the rounding adds nothing.")
+
+
+q2 = Exercise(
+    "q2", "Write f(x): a float32 tensor rounded to bfloat16 stochastically (up with probability "
+    "given by the distance), as fp16lab.state16.stochastic_round_bf16 does. Pass the function.",
+    _check_q2,
+    hint="BF16 is float32 with the low 16 bits dropped. View x as int32, add a random integer in "
+         "[0, 2^16), clear the low 16 bits, view as float32, then .to(torch.bfloat16).",
+    solution="Adding a uniform 16-bit random number to the bits carries into bit 16 exactly when "
+             "the dropped part plus the random number reaches 2^16: with probability dropped / 2^16.",
+    solution_code="def f(x):\n"
+                  "    r = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32)\n"
+                  "    return ((x.view(torch.int32) + r) & -65536).view(torch.float32).to(torch.bfloat16)",
+    time_limit_s=60.0)
