@@ -19,10 +19,12 @@ def test_q1_right_answer_is_what_bf16_does():
 
 def test_q1_wrong_answers_say_which_weight_and_why():
     missing = ch11.q1.check({0, 2, 3}).message  # forgot 3.0
-    assert not ch11.q1.check({0, 2, 3}) and "weight 5 (3)" in missing and "vanishes" in missing
+    assert not ch11.q1.check({0, 2, 3}) and "left out index 5 (3)" in missing
+    assert "2^-6 apart" in missing and "vanishes" in missing
     extra = ch11.q1.check({0, 1, 2, 3, 5}).message  # 0.01 moves
-    assert "weight 1 (0.01)" in extra and "moves the weight" in extra
-    assert "0 to 5" in ch11.q1.check({0, 2, 3, 5, 9}).message
+    assert "included index 1 (0.01)" in extra and "2^-14 apart" in extra and "moves it" in extra
+    assert "index 9" in ch11.q1.check({0, 2, 3, 5, 9}).message
+    assert "index 7 is not one" in ch11.q1.check({7}).message
     assert "whole numbers" in ch11.q1.check("abc").message
 
 

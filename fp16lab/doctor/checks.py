@@ -146,7 +146,7 @@ def check_range(visit: Visit) -> list[Finding]:
 
 
 def _named(n: ModuleNumerics) -> str:
-    return f"'{n.name}' ({n.kind})" if n.name else f"the model ({n.kind})"
+    return f"the module '{n.name}' ({n.kind})" if n.name else f"the model ({n.kind})"
 
 
 def _total_hist(numerics: list[ModuleNumerics]) -> torch.Tensor | None:
@@ -175,11 +175,12 @@ def check_sensitive(visit: Visit) -> list[Finding]:
     cost = visit.gain(after, before)
     worst = max(flagged, key=lambda n: n.local_error)
     return [Finding(
-        "sensitive", f"keep {', '.join(_named(n) for n in flagged)} in FP32: its output under "
-        f"{low} is {'not finite' if not math.isfinite(worst.local_error) else f'{worst.local_error:.2g} off'}"
-        f" (typical module: {typical:.2g})",
+        "sensitive", f"keep {', '.join(_named(n) for n in flagged)} in FP32: under {low} its "
+        f"output is {'not finite' if not math.isfinite(worst.local_error) else f'{worst.local_error:.0%} off'}"
+        f" (a typical module's: {typical:.2%})",
         "breaks" if not ok_before or not worst.local_error < V.BROKEN_ERROR else "keeps",
-        evidence={"modules": list(names), "loss within tolerance before": ok_before,
+        evidence={"modules": ", ".join(f"'{n}'" for n in names),
+                  "loss within tolerance before": ok_before,
                   "with the FP32 island": ok_after, "speed with the island": cost},
         change={"fp32_modules": list(names)}, verified=ok_after, gain=cost,
         advice="An FP32 island (fp16lab.diagnostics.FP32Island) turns autocast off and casts "

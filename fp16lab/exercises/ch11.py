@@ -24,11 +24,6 @@ def _vanishing() -> set[int]:
             if vanished_share(w[i:i + 1], u[i:i + 1]) == 1.0}
 
 
-def _spacing(w: float) -> float:
-    """The BF16 spacing just above ``w`` (w > 0): 2^(exponent - 7)."""
-    return 2.0 ** (math.floor(math.log2(w)) - 7)
-
-
 def _check_q1(answer: object) -> str:
     try:
         given = {int(i) for i in answer}
@@ -36,15 +31,17 @@ def _check_q1(answer: object) -> str:
         raise Wrong(f"give the indices as a set or list of whole numbers, not "
                     f"{type(answer).__name__}.") from None
     right = _vanishing()
+    outside = sorted(i for i in given if not 0 <= i < len(Q1_WEIGHTS))
+    if outside:
+        raise Wrong(f"index {outside[0]} is not one of the weights (0 to {len(Q1_WEIGHTS) - 1}).")
     for i in sorted(given ^ right):
-        if not 0 <= i < len(Q1_WEIGHTS):
-            raise Wrong(f"index {i} is not one of the weights (0 to {len(Q1_WEIGHTS) - 1}).")
         w = Q1_WEIGHTS[i]
-        half = _spacing(w) / 2
-        verdict = "vanishes" if i in right else "moves the weight"
-        raise Wrong(f"weight {i} ({w:g}): the BF16 values near it are {_spacing(w):g} apart, so "
-                    f"an update of {Q1_UPDATE:g} {'is below' if i in right else 'reaches'} half "
-                    f"that ({half:g}) and {verdict}.")
+        e = math.floor(math.log2(w))
+        if i in right:
+            raise Wrong(f"you left out index {i} ({w:g}): its BF16 neighbours are 2^{e - 7} apart, "
+                        f"so an update of {Q1_UPDATE:g} is below half that (2^{e - 8}) and vanishes.")
+        raise Wrong(f"you included index {i} ({w:g}), but its BF16 neighbours are 2^{e - 7} apart: "
+                    f"an update of {Q1_UPDATE:g} reaches half that (2^{e - 8}) and moves it.")
     return (f"right: {sorted(right)}. An update vanishes where it is below half the weight's "
             f"spacing, 2^(exponent - 8): the larger the weight, the larger the update it needs.")
 
@@ -98,8 +95,9 @@ q2 = Exercise(
     "q2", "Write f(x): a float32 tensor rounded to bfloat16 stochastically (up with probability "
     "given by the distance), as fp16lab.state16.stochastic_round_bf16 does. Pass the function.",
     _check_q2,
-    hint="BF16 is float32 with the low 16 bits dropped. View x as int32, add a random integer in "
-         "[0, 2^16), clear the low 16 bits, view as float32, then .to(torch.bfloat16).",
+    hint="BF16 is float32 with its low 16 bits dropped. Think of what adding a random number to "
+         "those 16 bits, before dropping them, does to the bit above (x.view(torch.int32) gives "
+         "the bits).",
     solution="Adding a uniform 16-bit random number to the bits carries into bit 16 exactly when "
              "the dropped part plus the random number reaches 2^16: with probability dropped / 2^16.",
     solution_code="def f(x):\n"
