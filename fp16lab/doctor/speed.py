@@ -164,12 +164,10 @@ def check_time(visit: Visit) -> list[Finding]:
             tried.append(visit.probe.measure(base.but(fused=True, compile_mode="reduce-overhead")))
     tried = [m for m in tried if m.ran]
     evidence = {"GPU idle share": idle, "GradScaler host sync (non-fused optimizer)": syncs}
-    if not tried:
+    found = visit.fastest_gain(tried, before, V.NOISE)
+    if found is None:
         return []
-    best = max(tried, key=lambda m: m.samples_per_s)
-    gain = visit.gain(best, before)
-    if gain is None or gain < 1 + V.NOISE:
-        return []
+    best, gain = found
     change = {k: v for k, v in (("fused", best.config.fused),
                                 ("compile_mode", best.config.compile_mode)) if v}
     title = (f"the step is launch-bound (the GPU idles {idle:.0%} of it)" if idle > V.IDLE_SHARE
@@ -239,12 +237,10 @@ def check_batch(visit: Visit) -> list[Finding]:
         tried.append(m)
         rows.append({"batch": bs, "samples_per_s": m.samples_per_s,
                      "peak_GiB": m.peak_bytes / 2**30 if m.peak_bytes else None})
-    if not tried:
+    found = visit.fastest_gain(tried, before, V.BATCH_GAIN)
+    if found is None:
         return []
-    best = max(tried, key=lambda m: m.samples_per_s)
-    gain = visit.gain(best, before)
-    if gain is None or gain < 1 + V.BATCH_GAIN:
-        return []
+    best, gain = found
     evidence = {"samples/s at the batch given": before.samples_per_s}
     if total and before.peak_bytes:
         evidence["memory used at the batch given"] = before.peak_bytes / total

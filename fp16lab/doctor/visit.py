@@ -51,6 +51,17 @@ class Visit:
             return None
         return after.samples_per_s / before.samples_per_s
 
+    def fastest_gain(self, tried: list[Measurement], before: Measurement,
+                     threshold: float) -> tuple[Measurement, float] | None:
+        """Returns the fastest of ``tried`` and its gain over ``before``, where that gain is at
+        least ``1 + threshold``; else None."""
+        tried = [m for m in tried if m.ran]
+        if not tried:
+            return None
+        best = max(tried, key=lambda m: m.samples_per_s)
+        gain = self.gain(best, before)
+        return (best, gain) if gain is not None and gain >= 1 + threshold else None
+
     def low_precision(self) -> str:
         """The autocast precision the numeric checks take: the start's, else amp-fp16."""
         p = PRECISIONS[self.start.precision]
