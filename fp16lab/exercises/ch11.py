@@ -62,7 +62,10 @@ def _check_q2(answer: object) -> str:
         raise Wrong(f"give a function f(x) that returns x rounded to bfloat16, not "
                     f"{type(answer).__name__}.")
     torch.manual_seed(0)
-    x = torch.tensor([1 + 2.0**-10, -(3 + 5 * 2.0**-8), 0.1, 1.0, 2.0**-130], dtype=torch.float32)
+    # a BF16 value first (it must stay), then fractions 1/8, 1/4 (negative), 0.8 and 1/8 of a
+    # subnormal
+    x = torch.tensor([1.0, 1 + 2.0**-10, -(3 + 5 * 2.0**-8), 0.1, 2.0**-130 * (1 + 2.0**-6)],
+                     dtype=torch.float32)
     xs = x.repeat(20000, 1)
     out = answer(xs.clone())
     if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or out.shape != xs.shape:
