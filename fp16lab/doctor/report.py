@@ -248,8 +248,6 @@ def _plain(x: Any) -> Any:
 
 
 def _jsonable(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
     if hasattr(x, "tolist"):
         return x.tolist()
     return str(x)

@@ -14,7 +14,7 @@ from torch import nn
 from ..measure import step_times_ms, time_cpu, time_cuda_interleaved
 from ..recipes import autocast_dtype
 from ..profile import profile_steps
-from ..workload import _forward_of, build_model, train_step
+from ..workload import _forward_of, build_model
 from ..workloads.batches import ModelInputs
 from . import visit as V
 from .probe import fused_optimizer, is_scaled, optimizer_is_fused
@@ -147,8 +147,7 @@ def check_time(visit: Visit) -> list[Finding]:
     # GradScaler's host sync is the start's where it scales the loss: measure from there
     base = visit.start if is_scaled(visit.start.precision) else (visit.best or visit.start)
     try:
-        step = train_step(visit.probe.workload_for(base), base.precision, visit.probe.device,
-                          visit.probe.batch_size, layout=base.layout)
+        step = visit.probe.build_step(base, visit.probe.batch_size)
         idle = profile_steps(step, steps=3, warmup=3).summary.idle_fraction
         del step
     except Exception as e:  # noqa: BLE001 - the profiler's failure leaves the check unrun
