@@ -295,3 +295,39 @@ def test_layout_check_measures_channels_last_for_a_convolution(monkeypatch):
     assert f.change == {"layout": "channels_last"} and f.verified
     layouts = {m.config.layout for m in r.measurements}
     assert layouts == {"nchw", "channels_last"}
+
+
+def test_full_grid_seconds_by_hand():
+    from fp16lab.bench.doctor import full_grid_seconds
+    # 60 points: 30 uncompiled at 6 s, 30 compiled at the mean of 30 and 50 s
+    assert full_grid_seconds(60, 6.0, [30.0, 50.0]) == 30 * 6 + 30 * 40
+    # nothing compiled in the doctor's run: every point at the sweep's mean
+    assert full_grid_seconds(60, 6.0, []) == 360
+
+
+def test_bench_real_races_the_doctor_against_the_sweeps_best(monkeypatch):
+    """bench.doctor's real part on a tiny BERT on the CPU: the sweep is the grid its docstring
+    names, and the two configurations it compares are raced in one probe."""
+    pytest.importorskip("transformers")
+    from fp16lab.bench import doctor as bench
+
+    raced: list[list[Config]] = []
+    real_race = Probe.race
+
+    def spy(self, configs, rounds=3):
+        raced.append(list(configs))
+        return real_race(self, configs, rounds)
+
+    monkeypatch.setattr(Probe, "race", spy)
+    reports: dict = {}
+    row = bench.run_real("bert-base", 4, "cpu", True, 60, reports, loss_steps=3)
+    assert [p["config"] for p in row["points"]] == [
+        f"{p}{b}" for p in ("fp32", "amp-fp16", "amp-bf16") for b in ("", ", batch 8", ", batch 16")]
+    assert row["full_grid_points"] == 3 * 1 * 3 * 2 * 2
+    judged = raced[-1]
+    assert {c.describe() for c in judged} == {row["doctor_config"], row["best_config"]}
+    speeds = row["raced_samples_per_s"]
+    assert row["doctor_over_best_raced"] == pytest.approx(speeds["doctor"] / speeds["best"])
+    assert row["time_share_of_full_grid"] == pytest.approx(
+        row["doctor_s"] / row["full_grid_s_extrapolated"])
+    assert "bert-base" in reports
