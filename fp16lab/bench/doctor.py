@@ -117,6 +117,7 @@ def run_real(name: str, batch: int, device: str, tiny: bool, budget_s: float,
                     loss_steps=loss_steps)
     doctor_s = time.perf_counter() - t0
     reports[name] = report.as_dict()
+    print(f"{name}: the doctor took {doctor_s:.0f} s; now the sweep", flush=True)
     t1 = time.perf_counter()
     probe = Probe(w, device, batch, loss_steps=loss_steps)
     points = []
