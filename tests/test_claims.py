@@ -527,7 +527,7 @@ def test_markdown_table_can_name_each_source_once():
     from dataclasses import replace
 
     gpu = ("recorded on another machine: measured on NVIDIA H200 (driver 580, torch 2.11, CuPy 14.2) at "
-           "{}; file claims_h200.json (committed)")
+           "{}; file claims_h200.json (shipped with fp16lab)")
     rows = [replace(claims.get_claim(1), verdict=HOLDS, reason="a",
                     source=gpu.format("2026-11-29T15:11:52+00:00"),
                     measured_at="2026-11-29T15:11:52+00:00"),

@@ -81,7 +81,7 @@ def test_a_benchmark_writes_locally_unless_told_to_replace(tmp_path, monkeypatch
     committed = measure.write_result("demo", [{"x": 1}], meta={"gpu_name": "H200"}, replace=True)
     assert committed == tmp_path / "demo.json"
     r = measure.read_result("demo")
-    assert r["rows"] == [{"x": 1}] and "(committed)" in measure.describe_source(r["meta"])
+    assert r["rows"] == [{"x": 1}] and "(shipped with fp16lab)" in measure.describe_source(r["meta"])
     mine = measure.write_result("demo", [{"x": 2}])
     assert mine == tmp_path / "local" / "demo.json"
     assert json.loads(committed.read_text())["rows"] == [{"x": 1}]  # left alone

@@ -265,7 +265,7 @@ def test_the_provenance_line_names_the_file_and_whose_it_is(tmp_path, monkeypatc
     committed = {**META, "read_from": str(tmp_path / "gemm.json")}
     mine = {**META, "read_from": str(tmp_path / "local" / "gemm.json")}
     base = describe_source(META)
-    assert describe_source(committed) == base + "; file gemm.json (committed)"
+    assert describe_source(committed) == base + "; file gemm.json (shipped with fp16lab)"
     assert describe_source(mine) == base + "; file gemm.json (measured on this machine)"
     assert describe_source(mine, with_file=False) == base
 

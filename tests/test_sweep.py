@@ -434,7 +434,7 @@ def test_load_reference_says_when_the_file_is_absent(tmp_path, monkeypatch, caps
     assert "nope.parquet is not in" in capsys.readouterr().out
     sweep.append_rows(tmp_path / "ref.parquet", [_row("a", 0, 10.0)])
     assert len(sweep.load_reference("ref")) == 1
-    assert "(committed)" in capsys.readouterr().out
+    assert "(shipped with fp16lab)" in capsys.readouterr().out
     sweep.append_rows(tmp_path / "local" / "ref.parquet", [_row("a", 0, 10.0), _row("a", 1, 11.0)])
     assert len(sweep.load_reference("ref")) == 2  # this machine's file wins over the committed one
     assert "measured on this machine" in capsys.readouterr().out

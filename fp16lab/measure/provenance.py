@@ -227,7 +227,7 @@ def describe_source(meta: dict[str, Any], *, with_file: bool = True) -> str:
     src = meta.get("read_from")
     if with_file and src:
         mine = Path(src).resolve().parent == local_dir().resolve()
-        where = "measured on this machine" if mine else "committed"
+        where = "measured on this machine" if mine else "shipped with fp16lab"
         line += f"; file {Path(src).name} ({where})"
     return line
 

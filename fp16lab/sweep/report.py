@@ -246,7 +246,7 @@ def load_reference(name: str = "sweep_reference_h200") -> pd.DataFrame | None:
               f"GPU to make it. The cells that use it print nothing.")
         return None
     rows = read_results(path)
-    print(f"{path.name} ({'measured on this machine' if path.parent.name == 'local' else 'committed'}): "
+    print(f"{path.name} ({'measured on this machine' if path.parent.name == 'local' else 'shipped with fp16lab'}): "
           f"{len(rows)} rows, {describe_rows(rows)}")
     return rows
 
