@@ -73,21 +73,23 @@ def test_q2_alignment_prediction():
 
 
 def test_q3_waves():
-    tiles = math.ceil(1152 / 256) * math.ceil(4096 / 128)
-    assert tiles == 160
-    assert ex.q3.check(2)
-    assert ex.q3.check("2")
-    f = ex.q3.check(160)
+    tiles = math.ceil(2100 / 256) * math.ceil(4096 / 128)
+    assert tiles == 288
+    assert ex.q3.check(3)
+    assert ex.q3.check("3")
+    f = ex.q3.check(288)
     assert not f and "number of tiles" in f.message
-    f = ex.q3.check(160 / 132)
+    f = ex.q3.check(288 / 132)
     assert not f and "round up" in f.message
+    f = ex.q3.check(2)  # 2100 / 256 = 8.2 rows of tiles, not rounded up: 262.5 tiles, 2 waves
+    assert not f and "round the rows up" in f.message
     assert not ex.q3.check(1)
     assert not ex.q3.check("two")
 
 
 def test_q3_solution_code_gives_the_right_answer():
     from fp16lab import waves
-    assert waves.wave_count(waves.tile_count(1152, 4096, 256, 128), 132) == 2
+    assert waves.wave_count(waves.tile_count(2100, 4096, 256, 128), 132) == 3
 
 
 def test_solutions_only_on_request():

@@ -143,7 +143,7 @@ q2 = Exercise(
 # --------------------------------------------------------------------------- q3: tiles and waves
 
 #: q3's problem: Linear(Q3_FEATURES, Q3_FEATURES) at batch Q3_BATCH, tiles Q3_TILE, on Q3_SMS SMs.
-Q3_FEATURES, Q3_BATCH, Q3_TILE, Q3_SMS = 4096, 1152, (256, 128), 132
+Q3_FEATURES, Q3_BATCH, Q3_TILE, Q3_SMS = 4096, 2100, (256, 128), 132
 
 
 def _check_q3(answer: object) -> str:
@@ -160,6 +160,11 @@ def _check_q3(answer: object) -> str:
                 "one (cuBLAS picks its tile per shape to avoid such waves where it can).")
     if value == tiles:
         raise Wrong(f"{value:g} is the number of tiles; how many rounds of {Q3_SMS} does that take?")
+    unrounded = -(-(Q3_BATCH / Q3_TILE[0] * -(-Q3_FEATURES // Q3_TILE[1])) // Q3_SMS)
+    if value == unrounded:
+        raise Wrong(f"{value:g} counts {Q3_BATCH / Q3_TILE[0]:g} rows of tiles; a row of tiles that "
+                    "sticks out past the batch still costs a whole row (tile quantization): "
+                    "round the rows up before you count the waves.")
     if math.isclose(value, tiles / Q3_SMS, rel_tol=0.01):
         raise Wrong(f"{value:g} is tiles / SMs; a partly filled wave still takes a whole wave's "
                     "time: round up.")
@@ -168,10 +173,11 @@ def _check_q3(answer: object) -> str:
 
 
 q3 = Exercise(
-    "q3", "A Linear(4096, 4096) at batch Q3_BATCH (1152) runs a kernel with 256x128 output tiles on "
+    "q3", "A Linear(4096, 4096) at batch Q3_BATCH (2100) runs a kernel with 256x128 output tiles on "
           "the H200's 132 SMs, one tile per SM at a time. How many waves does it take?", _check_q3,
-    hint="The output is batch x 4096. Tiles = ceil(1152 / 256) x ceil(4096 / 128); a wave is one "
+    hint="The output is batch x 4096. Tiles = ceil(2100 / 256) x ceil(4096 / 128); a wave is one "
          "tile on every SM.",
-    solution="2 waves: ceil(1152/256) = 5 rows of tiles x 32 columns = 160 tiles; 160 > 132.",
+    solution="3 waves: ceil(2100/256) = 9 rows of tiles x 32 columns = 288 tiles; "
+             "288 / 132 = 2.2, rounded up.",
     solution_code="from fp16lab import waves\n"
-                  "waves.wave_count(waves.tile_count(1152, 4096, 256, 128), 132)")
+                  "waves.wave_count(waves.tile_count(2100, 4096, 256, 128), 132)")
