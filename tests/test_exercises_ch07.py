@@ -49,7 +49,12 @@ def test_q3_workers_needed():
     short = ch07.q3.check(right - 1)
     assert not short and "the GPU would wait" in short.message
     assert "fewer" in ch07.q3.check(right + 3).message
-    assert not ch07.q3.check(float(right)) and not ch07.q3.check(True)
+    # np.ceil gives a float, an array's element a numpy integer: whole numbers all the same
+    assert ch07.q3.check(float(right)) and ch07.q3.check(np.float64(right))
+    assert ch07.q3.check(np.int64(right))
+    for not_whole in (right + 0.5, True, str(right), float("nan")):
+        f = ch07.q3.check(not_whole)
+        assert not f and "whole number" in f.message
 
 
 def test_q4_batch_bytes():

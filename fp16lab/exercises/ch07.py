@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import os
 
 import numpy as np
@@ -114,8 +115,11 @@ q2 = Exercise(
 
 def _check_q3(answer: object) -> str:
     right = math.ceil(Q3_MODEL / Q3_PER_WORKER)
-    if isinstance(answer, bool) or not isinstance(answer, int):
+    # numpy's integers, and whole floats such as np.ceil's, are whole numbers of workers too
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) \
+            or not float(answer).is_integer():
         raise Wrong(f"give a whole number of workers, not {answer!r}.")
+    answer = int(answer)
     if answer == right:
         return (f"{right} workers: {right} x {Q3_PER_WORKER:g} = {right * Q3_PER_WORKER:g} images/s "
                 f">= {Q3_MODEL:g}; {right - 1} would give {(right - 1) * Q3_PER_WORKER:g}. Each "

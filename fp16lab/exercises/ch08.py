@@ -39,7 +39,8 @@ def _check_q1(answer: object) -> str:
     right = Q3_TWO / (2 * Q3_ONE)
     if math.isclose(value, right, rel_tol=2e-3):
         return (f"{right:.3f}: two GPUs give {Q3_TWO:g} img/s where two perfectly independent ones "
-                f"would give {2 * Q3_ONE:g}; the {1 - right:.1%} missing is what communication costs.")
+                f"would give {2 * Q3_ONE:g}; the {1 - right:.1%} missing is what running as two costs: "
+                "communication, waiting for the other rank, and two processes sharing a host.")
     if math.isclose(value, Q3_TWO / Q3_ONE, rel_tol=2e-3):
         raise Wrong(f"{value:.3f} is the speed-up. Efficiency divides it by the number of GPUs.")
     if math.isclose(value, right * 100, rel_tol=2e-3):
