@@ -118,8 +118,8 @@ def _check_q4(answer: object) -> str:
     if value == right:
         return (f"2^{math.log2(right):.0f}: the FP16 spacing just above 1.0 is 2^-10. Adding 2^-11 "
                 "lands exactly half-way and ties round to the even code, 1.0; anything smaller is "
-                "lost too. An update lr*g smaller than that vanishes from an FP16 weight: the "
-                "reason for FP32 master weights.")
+                "lost too. An increase lr*g of 2^-11 or less leaves an FP16 weight of 1.0 where it "
+                "was: the reason for FP32 master weights.")
     if value == right / 2:
         raise Wrong("2^-11 is exactly half the spacing at 1.0: 1 + 2^-11 is a tie, and a tie "
                     "rounds to the even code, which is 1.0. The weight does not change.")

@@ -198,7 +198,7 @@ q3 = Exercise(
     hint="Six lines: zero_grad; loss under torch.autocast(device_type=x.device.type, "
          "dtype=torch.float16); scaler.scale(loss).backward(); scaler.unscale_; clip_grad_norm_; "
          "scaler.step; scaler.update.",
-    solution="The loop of section 3, as a function.",
+    solution="The loop of section 4, as a function.",
     solution_code="def amp_step(model, optimizer, scaler, x, y, max_norm):\n"
                   "    optimizer.zero_grad(set_to_none=True)\n"
                   "    with torch.autocast(device_type=x.device.type, dtype=torch.float16):\n"

@@ -19,7 +19,9 @@ def _recorded_figures(claim_id: int) -> tuple[dict, str]:
     row = next((r for r in payload["rows"] if r["id"] == claim_id), None)
     if row is None or not row.get("figures"):
         raise Wrong(f"the recorded run has no figures for claim {claim_id}.")
-    return row["figures"], describe_source(payload["meta"], with_file=False)
+    # each claim's row carries when it was measured; the file's own date is its newest claim's
+    meta = {**payload["meta"], "measured_at": row.get("measured_at") or payload["meta"].get("measured_at")}
+    return row["figures"], describe_source(meta, with_file=False)
 
 
 def _verdict(answer: object) -> str:

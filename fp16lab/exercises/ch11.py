@@ -48,7 +48,8 @@ def _check_q1(answer: object) -> str:
 
 q1 = Exercise(
     "q1", f"Each BF16 weight of {list(Q1_WEIGHTS)} gets the update {Q1_UPDATE:g}. Which indices "
-    "keep their weight unchanged (round to nearest)? Give a set of indices.", _check_q1,
+    "keep their weight unchanged when the update is added (w + update, rounded to nearest)? "
+    "Give a set of indices.", _check_q1,
     hint="BF16 keeps 8 significant bits: between 2^e and 2^(e+1) its values are 2^(e-7) apart. "
          "An update below half that spacing rounds away.",
     solution="Compare the update with half the spacing, 2^(e-8), e the exponent of the weight: "
