@@ -54,11 +54,18 @@ class DeviceInfo:
             f"driver: {self.driver_version or 'n/a'}   CUDA driver API: "
             f"{self.cuda_driver_version or 'n/a'}   torch CUDA runtime: "
             f"{self.cuda_runtime_version or 'n/a (CPU build)'}",
-            f"torch {self.torch_version}   CuPy: "
-            + (f"{self.cupy_version} works" if self.cupy_ok else f"unusable ({self.cupy_reason})"),
+            f"torch {self.torch_version}   CuPy: " + self._cupy_words(),
             f"python {self.python_version} on {self.platform}",
         ]
         return "\n".join(lines)
+
+    def _cupy_words(self) -> str:
+        if self.cupy_ok:
+            return f"{self.cupy_version} works"
+        if not self.has_gpu:  # nothing is wrong: CuPy's kernels need a GPU, and there is none
+            return (f"{self.cupy_version} installed, not used without a GPU" if self.cupy_version
+                    else "not installed (only needed with a GPU)")
+        return f"unusable ({self.cupy_reason})"
 
     def as_dict(self) -> dict[str, Any]:
         """Returns a JSON-friendly dict of the facts."""

@@ -68,3 +68,19 @@ def test_unknown_command_is_an_error():
 def test_gpu_banner_on_gpu():
     info = device.device_info()
     assert info.has_gpu and info.driver_version, "a GPU machine must report its driver"
+
+
+@pytest.mark.parametrize("gpu, version, ok, words", [
+    (None, "14.2.0", False, "CuPy: 14.2.0 installed, not used without a GPU"),
+    (None, None, False, "CuPy: not installed (only needed with a GPU)"),
+    ("NVIDIA H200", "14.2.0", False, "CuPy: unusable (CuPy found no CUDA device)"),
+    ("NVIDIA H200", "14.2.0", True, "CuPy: 14.2.0 works"),
+])
+def test_summary_calls_cupy_broken_only_where_there_is_a_gpu(gpu, version, ok, words):
+    """On a laptop without a GPU an idle CuPy is nothing wrong; with a GPU it is a fault."""
+    from dataclasses import replace
+    info = replace(device.device_info(), gpu_name=gpu, cupy_version=version, cupy_ok=ok,
+                   compute_capability=(9, 0) if gpu else None,
+                   gpu_memory_gib=139.8 if gpu else None,
+                   cupy_reason="" if ok else "CuPy found no CUDA device")
+    assert words in info.summary()
