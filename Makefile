@@ -30,7 +30,7 @@ WANTED     := $(VENV)/.fp16lab-wanted
 comma      := ,
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRAS := $(if $(filter 13 14,$(CUDA_MAJOR)),cuda13,$(if $(filter 12,$(CUDA_MAJOR)),cuda12,cuda13-bindings))
-EXTRAS     := test,browser,$(CUDA_EXTRAS)$(if $(VISION_SPEC),$(comma)vision$(comma)models)
+EXTRAS     := test,browser,state16,$(CUDA_EXTRAS)$(if $(VISION_SPEC),$(comma)vision$(comma)models)
 WANT       := $(TORCH_SPEC) [$(EXTRAS)] $(VISION_SPEC)
 
 .PHONY: setup lab test test-gpu benchmarks clean info mutation mutation-changed FORCE

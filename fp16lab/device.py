@@ -157,6 +157,32 @@ def has_gpu() -> bool:
     return device_info().has_gpu
 
 
+def _not_torchaos_enum_notice(record: Any) -> bool:
+    return "register_constant() on Enum subclasses is deprecated" not in record.getMessage()
+
+
+def import_torchao_quietly() -> bool:
+    """Imports torchao where it is installed, its enum notices left out of torch's log; returns
+    whether it is there.
+
+    torchao registers enum classes with torch's pytree as it (and, later, its prototype modules)
+    is imported, and torch 2.10 and later log a deprecation notice for each (``W... Enum
+    subclass ... register_constant()``): lines on stderr that nothing in a learner's code causes
+    or can fix. A filter on torch's pytree logger drops those notices alone, for the rest of the
+    process; transformers imports torchao by itself where it is installed, so whatever builds a
+    transformers model or a torchao optimizer calls this first."""
+    import logging
+
+    logger = logging.getLogger("torch.utils._pytree")
+    if _not_torchaos_enum_notice not in logger.filters:
+        logger.addFilter(_not_torchaos_enum_notice)
+    try:
+        import torchao  # noqa: F401 - optional (the state16 extra); imported for its side effect
+    except Exception:  # noqa: BLE001 - absent, or broken against this torch: transformers copes
+        return False
+    return True
+
+
 def banner(skips: str | None = None, recorded: bool = True) -> DeviceInfo:
     """Prints the device banner a notebook opens with, and returns the facts.
 

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 import torch
 
 from . import validate
+from .device import import_torchao_quietly
 
 #: The ways to hold weights and optimizer state this module predicts the bytes of.
 METHODS = ("fp32-master", "bf16-nearest", "bf16-stochastic", "bf16-kahan", "bf16-8bit-state")
@@ -87,7 +88,8 @@ class AdamW16(torch.optim.Optimizer):
     ``vanished`` (after each step) is the share of non-zero updates that left their weight
     unchanged, over all parameters (under ``"kahan"`` such an update is not lost: it waits in
     the buffer). With FP32 weights every rounding is FP32's, as ``torch.optim.AdamW`` does.
-    The moments in 8 bits (bitsandbytes' optimizers) are not written here.
+    The moments in 8 bits are not written here: :func:`field_optimizer` gives torchao's
+    (and the other ways as the field's packages hold them, to check this one against).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
@@ -153,11 +155,76 @@ class AdamW16(torch.optim.Optimizer):
         return loss
 
 
+def _storages(t: torch.Tensor) -> list[torch.Tensor]:
+    """Returns the plain tensors that hold ``t``'s bytes: ``t`` itself, or for a tensor subclass
+    (torchao's 8-bit state: codes, per-block scales, a code map) the tensors it is made of."""
+    if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return [s for n in names for s in _storages(getattr(t, n))]
+    return [t]
+
+
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Returns the bytes the optimizer's state tensors hold (moments, buffers), counted."""
-    return sum(v.numel() * v.element_size() for st in optimizer.state.values()
-               for v in st.values() if isinstance(v, torch.Tensor))
+    """Returns the bytes the optimizer's state tensors hold (moments, buffers, a quantized
+    state's codes and scales), counted once per storage."""
+    seen: dict[tuple[str, int], int] = {}
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                for t in _storages(v):
+                    key = (str(t.device), t.untyped_storage().data_ptr())
+                    seen[key] = max(seen.get(key, 0), t.numel() * t.element_size())
+    return sum(seen.values())
 
 
-__all__ = ["AdamW16", "METHODS", "ROUNDINGS", "bytes_per_parameter", "state_bytes",
-           "stochastic_round_bf16", "vanished_share"]
+#: Where the field's packages hold each way of :data:`METHODS`: (package, what it is).
+FIELD = {
+    "fp32-master": ("torch", "torch.optim.AdamW on FP32 weights"),
+    "bf16-nearest": ("torch", "torch.optim.AdamW on BF16 weights (its moments BF16 too)"),
+    "bf16-stochastic": ("torchao", "torchao.optim._AdamW(bf16_stochastic_round=True)"),
+    "bf16-kahan": ("optimi", "torch-optimi's optimi.AdamW(kahan_sum=True), moments BF16"),
+    "bf16-8bit-state": ("torchao", "torchao.optim.AdamW8bit(bf16_stochastic_round=True): moments "
+                                   "in 8 bits per block of 256, BF16 weights rounded stochastically"),
+}
+_PIP = {"torchao": "torchao", "optimi": "torch-optimi"}
+
+
+def field_unavailable(method: str) -> str | None:
+    """Returns why the field package for ``method`` cannot be used here, or None."""
+    validate.choice("method", method, METHODS)
+    package = FIELD[method][0]
+    if package == "torch":
+        return None
+    try:
+        __import__(package)
+    except ImportError:
+        return (f"{method} from the field needs {_PIP[package]} (pip install {_PIP[package]}, "
+                "or pip install 'fp16lab[state16]')")
+    return None
+
+
+def field_optimizer(method: str, params: Iterable[Any], lr: float, *, weight_decay: float = 0.0,
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+                    ) -> torch.optim.Optimizer:
+    """Returns the field package's AdamW for ``method`` (see :data:`FIELD`), with the same
+    hyperparameters :class:`AdamW16` takes; raises ValueError naming the package to install
+    where it is missing. The weights must already be in the method's dtype."""
+    why = field_unavailable(method)
+    if why:
+        raise ValueError(why)
+    lr = validate.number("lr", lr, low=0, low_open=True)
+    weight_decay = validate.number("weight_decay", weight_decay, low=0)
+    hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    if method in ("fp32-master", "bf16-nearest"):
+        return torch.optim.AdamW(params, **hyper)
+    if method == "bf16-kahan":
+        import optimi  # optional: torch-optimi
+        return optimi.AdamW(params, kahan_sum=True, foreach=False, **hyper)
+    import_torchao_quietly()
+    import torchao.optim  # optional: torchao
+    cls = torchao.optim.AdamW8bit if method == "bf16-8bit-state" else torchao.optim._AdamW
+    return cls(params, bf16_stochastic_round=True, **hyper)
+
+
+__all__ = ["AdamW16", "FIELD", "METHODS", "ROUNDINGS", "bytes_per_parameter", "field_optimizer",
+           "field_unavailable", "state_bytes", "stochastic_round_bf16", "vanished_share"]

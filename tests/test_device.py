@@ -84,3 +84,21 @@ def test_summary_calls_cupy_broken_only_where_there_is_a_gpu(gpu, version, ok, w
                    gpu_memory_gib=139.8 if gpu else None,
                    cupy_reason="" if ok else "CuPy found no CUDA device")
     assert words in info.summary()
+
+
+def test_torchaos_enum_notices_are_dropped_and_nothing_else():
+    import logging
+
+    device.import_torchao_quietly()
+    device.import_torchao_quietly()  # twice: one filter, not two
+    logger = logging.getLogger("torch.utils._pytree")
+    assert logger.filters.count(device._not_torchaos_enum_notice) == 1
+
+    def record(msg):
+        return logging.LogRecord("torch.utils._pytree", logging.WARNING, __file__, 1, msg, (), None)
+
+    notice = ("<enum 'KernelPreference'> is an Enum subclass and is now natively supported by "
+              "torch.compile as an opaque value type. Calling register_constant() on Enum "
+              "subclasses is deprecated and will be an error in a future release.")
+    assert not logger.filter(record(notice))
+    assert logger.filter(record("some other pytree warning"))

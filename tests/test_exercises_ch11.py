@@ -47,3 +47,19 @@ def test_q2_refuses_nearest_truncation_and_the_wrong_dtype():
                               .view(torch.float32).to(torch.bfloat16))
     assert not always_up
     assert "function" in ch11.q2.check(3).message
+
+
+def test_q3_memory_table():
+    from fp16lab.state16 import bytes_per_parameter
+    assert bytes_per_parameter("fp32-master") == 16 and bytes_per_parameter("bf16-kahan") == 14
+    assert ch11.q3.check((112, 14))
+    assert ch11.q3.check([112.0, 14.0])
+    gib = ch11.q3.check((112e9 / 2**30, 14))
+    assert not gib and "GiB" in gib.message
+    no_grad = ch11.q3.check((84, 14))
+    assert not no_grad and "gradients" in no_grad.message
+    buffer = ch11.q3.check((112, 28))
+    assert not buffer and "Kahan buffer" in buffer.message
+    assert "is right" in ch11.q3.check((112, 20)).message
+    assert not ch11.q3.check((100, 14)) and not ch11.q3.check("112 GB")
+    assert "112 GB" in ch11.q3.solution().message

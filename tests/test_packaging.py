@@ -19,7 +19,7 @@ def _name(req: str) -> str:
 def _pyproject_packages() -> set[str]:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {_name(r) for r in meta["dependencies"]}
-    for extra in ("test", "browser", "vision", "models"):  # what the set-up installs everywhere
+    for extra in ("test", "browser", "state16", "vision", "models"):  # what the set-up installs everywhere
         names |= {_name(r) for r in meta["optional-dependencies"][extra]}
     return names
 
@@ -99,7 +99,7 @@ def _make_n_setup(tmp_path, *variables: str) -> list[str]:
 def test_torch_and_torchvision_come_in_one_pip_command(tmp_path):
     torch, package = _make_n_setup(tmp_path, "CUDA_MAJOR=")
     assert torch == ['"torch>=2.4"', '"torchvision"']  # pip picks the torchvision of that torch
-    assert package == ['-e', '".[test,browser,cuda13-bindings,vision,models]"']
+    assert package == ['-e', '".[test,browser,state16,cuda13-bindings,vision,models]"']
 
 
 def test_torch_index_is_used_for_torch_and_torchvision_only(tmp_path):
@@ -113,7 +113,7 @@ def test_torch_index_is_used_for_torch_and_torchvision_only(tmp_path):
 def test_ci_installs_what_a_cuda13_machine_does(tmp_path):
     torch, package = _make_n_setup(tmp_path, "CUDA_MAJOR=13", "VISION_SPEC=")
     assert torch == ['"torch>=2.4"']  # no torchvision asked for: none installed
-    assert package == ['-e', '".[test,browser,cuda13]"']
+    assert package == ['-e', '".[test,browser,state16,cuda13]"']
     assert "make test CUDA_MAJOR=13" in (ROOT / ".ci" / "run").read_text()
 
 

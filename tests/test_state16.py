@@ -118,3 +118,90 @@ def test_bytes_per_parameter_and_counted_state():
 def test_adamw16_refuses_bad_settings(kwargs, words):
     with pytest.raises((TypeError, ValueError), match=words):
         AdamW16([torch.nn.Parameter(torch.ones(2))], **kwargs)
+
+
+# ---------------------------------------------------------------- the field's packages as oracles
+
+def _trajectory(make, dtype=torch.bfloat16, steps=200, n=4096):
+    """Returns the weights after ``steps`` AdamW steps on fixed gradients from fixed weights."""
+    torch.manual_seed(0)
+    w0 = torch.randn(n) * 0.5
+    grads = [torch.randn(n) for _ in range(steps)]
+    p = torch.nn.Parameter(w0.to(torch.bfloat16).to(dtype))
+    opt = make([p])
+    for g in grads:
+        p.grad = g.to(dtype)
+        opt.step()
+    return p.detach().double()
+
+
+def _rms_from_float64(make):
+    ref = _trajectory(lambda ps: torch.optim.AdamW(ps, lr=1e-4, weight_decay=0.0), torch.float64)
+    return (_trajectory(make) - ref).pow(2).mean().sqrt().item()
+
+
+def test_kahan_tracks_float64_as_torch_optimi_does():
+    """Over 200 steps whose updates (1e-4) nearest rounding mostly swallows, the teaching Kahan
+    ends as far from a float64 AdamW as torch-optimi's Kahan-summed AdamW does, and both end
+    about half as far as nearest rounding."""
+    pytest.importorskip("optimi")
+    from fp16lab.state16 import field_optimizer
+    ours = _rms_from_float64(lambda ps: AdamW16(ps, lr=1e-4, weight_decay=0.0, rounding="kahan"))
+    field = _rms_from_float64(lambda ps: field_optimizer("bf16-kahan", ps, 1e-4))
+    nearest = _rms_from_float64(lambda ps: AdamW16(ps, lr=1e-4, weight_decay=0.0))
+    assert ours == pytest.approx(field, rel=0.02)
+    assert nearest > 1.6 * field
+
+
+def test_stochastic_rounding_tracks_float64_as_torchao_does():
+    """The same with stochastic rounding: the teaching version's random walk around the float64
+    trajectory has the spread of torchao's bf16_stochastic_round AdamW."""
+    pytest.importorskip("torchao")
+    from fp16lab.state16 import field_optimizer
+    ours = _rms_from_float64(lambda ps: AdamW16(ps, lr=1e-4, weight_decay=0.0,
+                                                rounding="stochastic",
+                                                generator=torch.Generator().manual_seed(1)))
+    field = _rms_from_float64(lambda ps: field_optimizer("bf16-stochastic", ps, 1e-4))
+    assert ours == pytest.approx(field, rel=0.1)
+
+
+def test_state_bytes_counts_a_quantized_states_codes_and_scales():
+    """torchao's 8-bit state is a tensor subclass: its bytes are its codes (one byte each), one
+    fp32 scale per block of 256 and a 256-entry fp32 code map, not numel x bf16's 2 bytes."""
+    pytest.importorskip("torchao")
+    from torchao.optim.subclass_8bit import OptimState8bit
+
+    class Holder(torch.optim.Optimizer):
+        def step(self, closure=None):
+            return None
+
+    p = torch.nn.Parameter(torch.zeros(4096))
+    opt = Holder([p], {})
+    opt.state[p] = {"exp_avg": OptimState8bit.zeros((4096,), signed=True, block_size=256),
+                    "exp_avg_sq": OptimState8bit.zeros((4096,), signed=False, block_size=256),
+                    "step": torch.tensor(0.0)}
+    one = 4096 + 4096 // 256 * 4
+    qmaps = {opt.state[p][k].qmap.untyped_storage().data_ptr() for k in ("exp_avg", "exp_avg_sq")}
+    assert state_bytes(opt) == 2 * one + len(qmaps) * 256 * 4 + 4
+
+
+def test_field_optimizer_says_which_package_is_missing(monkeypatch):
+    import builtins
+
+    from fp16lab import state16
+    real = builtins.__import__
+
+    def no_optimi(name, *args, **kwargs):
+        if name == "optimi":
+            raise ImportError("No module named 'optimi'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_optimi)
+    assert "pip install torch-optimi" in state16.field_unavailable("bf16-kahan")
+    with pytest.raises(ValueError, match="torch-optimi"):
+        state16.field_optimizer("bf16-kahan", [torch.nn.Parameter(torch.zeros(2))], 1e-3)
+    assert state16.field_unavailable("fp32-master") is None
+    with pytest.raises(ValueError, match="method"):
+        state16.field_unavailable("bf16-fast")
+    with pytest.raises(ValueError, match="lr"):
+        state16.field_optimizer("fp32-master", [torch.nn.Parameter(torch.zeros(2))], float("nan"))

@@ -32,6 +32,7 @@ BENCHMARKS = {
     "workloads": "BERT, GPT-2, ViT: AMP speed, memory predicted and measured, engine vs a bare loop",
     "notebook_times": "minutes per notebook and per section, executed with nbclient",
     "doctor": "the doctor on planted problems, and its advice against an exhaustive sweep",
+    "state16": "weights and optimizer state in 16 bits, trained side by side (notebook 11)",
 }
 
 

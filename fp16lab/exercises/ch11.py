@@ -1,5 +1,6 @@
-"""Exercises of notebook 11 (weights in 16 bits): which updates a BF16 weight swallows, and
-stochastic rounding of an FP32 tensor to BF16 written by the learner, checked by counting."""
+"""Exercises of notebook 11 (weights in 16 bits): which updates a BF16 weight swallows,
+stochastic rounding of an FP32 tensor to BF16 written by the learner, checked by counting, and
+the memory a way of holding the weights takes for a large model."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import math
 
 import torch
 
-from ..state16 import vanished_share
+from ..state16 import bytes_per_parameter, vanished_share
 from .core import Exercise, Wrong
 
-__all__ = ["Q1_WEIGHTS", "Q1_UPDATE", "q1", "q2"]
+__all__ = ["Q1_WEIGHTS", "Q1_UPDATE", "Q3_PARAMETERS", "q1", "q2", "q3"]
 
 #: q1's BF16 weights and the one update added to each.
 Q1_WEIGHTS = (1.0, 0.01, 256.0, 0.5, 0.0625, 3.0)
@@ -108,3 +109,49 @@ q2 = Exercise(
                   "    r = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32)\n"
                   "    return ((x.view(torch.int32) + r) & -65536).view(torch.float32).to(torch.bfloat16)",
     time_limit_s=60.0)
+
+
+# --------------------------------------------------------------------------- q3: the memory table
+
+#: q3's model: a 7-billion-parameter model trained with AdamW.
+Q3_PARAMETERS = 7e9
+
+
+def _check_q3(answer: object) -> str:
+    try:
+        total, saved = (float(v) for v in answer)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise Wrong("give two numbers, (gigabytes under fp32-master, gigabytes bf16-kahan saves), "
+                    f"not {answer!r}.") from None
+    full, kahan = bytes_per_parameter("fp32-master"), bytes_per_parameter("bf16-kahan")
+    right = (Q3_PARAMETERS * full / 1e9, Q3_PARAMETERS * (full - kahan) / 1e9)
+    if all(math.isclose(a, r, rel_tol=0.02) for a, r in zip((total, saved), right)):
+        return (f"right: {right[0]:.0f} GB and {right[1]:.0f} GB. fp32-master holds {full} bytes "
+                f"per parameter (weight 4, gradient 4, two FP32 moments 8); bf16-kahan {kahan} "
+                "(weight 2, gradient 2, moments 8, the Kahan buffer 2). Most of what is left is "
+                "the moments: 8-bit moments (bf16-8bit-state) are where the next saving is.")
+    if math.isclose(total, right[0] / 2 ** 30 * 1e9, rel_tol=0.02):
+        raise Wrong(f"{total:g} is in GiB (2^30 bytes); give gigabytes, 10^9 bytes.")
+    no_grad = Q3_PARAMETERS * bytes_per_parameter("fp32-master", gradient=False) / 1e9
+    if math.isclose(total, no_grad, rel_tol=0.02):
+        raise Wrong(f"{total:g} GB leaves out the gradients: a step holds one per parameter, as "
+                    "many bytes as the weight.")
+    if not math.isclose(total, right[0], rel_tol=0.02):
+        raise Wrong(f"{total:g} GB is not what fp32-master holds: add up its bytes per parameter "
+                    "(weight, gradient, each moment) from the table, then multiply.")
+    if math.isclose(saved, Q3_PARAMETERS * (full - kahan + 2) / 1e9, rel_tol=0.02):
+        raise Wrong(f"{saved:g} GB forgets the Kahan buffer: bf16-kahan keeps 2 more bytes per "
+                    "parameter than plain BF16 weights.")
+    raise Wrong(f"{total:g} GB is right, {saved:g} GB is not: subtract bf16-kahan's bytes per "
+                "parameter from fp32-master's, then multiply.")
+
+
+q3 = Exercise(
+    "q3", "A model of 7 billion parameters (Q3_PARAMETERS) trains with AdamW. From the table of "
+          "bytes per parameter, how many gigabytes (10^9 bytes) do its weights, gradients and "
+          "optimizer state take under fp32-master, and how many does bf16-kahan save? Answer "
+          "with two numbers.", _check_q3,
+    hint="Bytes per parameter times the number of parameters; the predicted column already "
+         "counts the gradient.",
+    solution="fp32-master: 16 bytes x 7e9 = 112 GB; bf16-kahan: 14 bytes, so it saves "
+             "2 x 7e9 = 14 GB.")

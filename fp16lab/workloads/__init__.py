@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from ..device import import_torchao_quietly
+
 #: Every built-in workload name, with the factory that builds it.
 WORKLOADS = {
     "small_cnn": "fp16lab.workloads.builtin:small_cnn",
@@ -64,10 +66,12 @@ def missing_package(name: str) -> str | None:
 
 
 def require(name: str) -> None:
-    """Raises :class:`WorkloadNeedsPackage` where :func:`missing_package` says why."""
+    """Raises :class:`WorkloadNeedsPackage` where :func:`missing_package` says why (and imports
+    torchao quietly first, which transformers would import noisily)."""
     reason = missing_package(name)
     if reason is not None:
         raise WorkloadNeedsPackage(reason)
+    import_torchao_quietly()
 
 
 __all__ = ["NEEDS", "WORKLOADS", "WorkloadNeedsPackage", "missing_package", "require"]

@@ -1,0 +1,68 @@
+"""fp16lab.bench.state16 (notebook 11's long runs): its language, its rows and its summary,
+on the CPU with a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fp16lab.bench import state16 as bench
+
+
+def test_language_follows_its_successor_table():
+    """Every next token is one of the BRANCHES successors its token was given, and each of them
+    turns up: the loss floor ln(BRANCHES) is the language's real entropy per token."""
+    data = bench.language(vocab=50, seq=20, batch=16, steps=30, seed=7)
+    assert data.shape == (30, 16, 21)
+    table = np.random.default_rng(7).integers(0, 50, size=(50, bench.BRANCHES))
+    pairs = data[..., :-1].reshape(-1).numpy(), data[..., 1:].reshape(-1).numpy()
+    follows: dict[int, set[int]] = {}
+    for a, b in zip(*pairs):
+        assert b in table[a]
+        follows.setdefault(int(a), set()).add(int(b))
+    common = max(follows, key=lambda a: len(follows[a]))
+    assert follows[common] == set(table[common].tolist())
+
+
+def test_quick_run_writes_rows_and_a_summary_that_add_up(tmp_path):
+    pytest.importorskip("transformers")
+    assert bench.main(["--quick", "--sources", "ours", "--steps", "6", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "state16_quick.json").read_text())
+    rows, meta = payload["rows"], payload["meta"]
+    assert [r["method"] for r in rows] == list(bench.OURS)
+    assert all(len(r["losses"]) == 6 == len(r["unchanged"]) for r in rows)
+    # counted from the tensors: weight + gradient + AdamW16's fp32 moments (+ Kahan's buffer)
+    counted = {r["method"]: r["counted_bytes_per_parameter"] for r in rows}
+    assert counted == {"fp32-master": 4 + 4 + 8, "bf16-nearest": 2 + 2 + 8,
+                       "bf16-stochastic": 2 + 2 + 8, "bf16-kahan": 2 + 2 + 8 + 2}
+    assert rows[0]["unchanged"][-1] < 0.01 < rows[1]["unchanged"][-1]  # FP32 keeps updates
+    lines = {s["method"]: s for s in meta["summary"]}
+    ref = np.mean(rows[0]["losses"][-50:])
+    assert lines["fp32-master"]["vs_fp32_master"] == 0
+    assert lines["bf16-nearest"]["vs_fp32_master"] == pytest.approx(
+        np.mean(rows[1]["losses"][-50:]) / ref - 1)
+    assert meta["loss_floor"] == pytest.approx(math.log(bench.BRANCHES))
+    assert math.isnan(lines["bf16-kahan"]["final_loss_std"])  # one seed: no spread
+
+
+def test_summary_spread_over_seeds_by_hand():
+    rows = [{"source": "ours", "method": m, "losses": [l] * 60, "unchanged": [u] * 60,
+             "counted_bytes_per_parameter": 16, "predicted_bytes_per_parameter": 16}
+            for m, l, u in (("fp32-master", 2.0, 0.0), ("fp32-master", 2.2, 0.0),
+                            ("bf16-nearest", 2.5, 0.4), ("bf16-nearest", 2.3, 0.2))]
+    lines = {s["method"]: s for s in bench.summary(rows)}
+    assert lines["fp32-master"]["final_loss"] == pytest.approx(2.1)
+    assert lines["fp32-master"]["final_loss_std"] == pytest.approx(np.std([2.0, 2.2], ddof=1))
+    assert lines["bf16-nearest"]["vs_fp32_master"] == pytest.approx(2.4 / 2.1 - 1)
+    assert lines["bf16-nearest"]["unchanged_last"] == pytest.approx(0.3)
+    assert lines["bf16-nearest"]["seeds"] == 2 and lines["bf16-nearest"]["peak_bytes"] is None
+
+
+def test_bad_flags_are_refused_before_any_work(capsys):
+    for argv in (["--steps", "1"], ["--seeds", "0"], ["--lr", "nan"], ["--sources", "theirs"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv + ["--quick"])
+        assert e.value.code == 2
