@@ -40,6 +40,10 @@ def test_q1_amp_speedup(rows):
     bf16 = _sps(rows, "resnet50", 256, "channels_last", "amp-bf16") / fp32
     f = ex.q1.check(bf16)
     assert not f and "amp-bf16" in f.message
+    # fp16-o2's ratio at the same point is within 3% of amp-fp16's: named, not accepted
+    o2 = _sps(rows, "resnet50", 256, "channels_last", "fp16-o2") / fp32
+    f = ex.q1.check(round(o2, 2))
+    assert not f and "fp16-o2" in f.message
     f = ex.q1.check(amp / fp32 * 1.5)
     assert not f and "divide" in f.message
     assert not ex.q1.check("fast")

@@ -52,6 +52,8 @@ def test_q1_claim_2_verdict(figures):
 def test_q2_clipping_before_unscale():
     assert ex.q2.check(1.0 / 65536)
     assert ex.q2.check(1.53e-5)
+    assert ex.q2.check(1.5e-5)  # two significant figures
+    assert not ex.q2.check(1.45e-5)  # 5% off
     f = ex.q2.check(0.5)
     assert not f and "after unscale_" in f.message
     f = ex.q2.check(1.0)

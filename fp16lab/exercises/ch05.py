@@ -91,7 +91,8 @@ def _check_q2(answer: object) -> str:
     if abs(value - Q2_MAX_NORM) < 1e-9:
         raise Wrong("1.0 is the threshold the scaled gradients were clipped to; unscale_ then "
                     "divides them by the scale.")
-    expect_close(value, right, "the gradient norm the optimizer sees", rel=0.01)
+    # rel 0.03: the answer written to two significant figures, 1.5e-5, is right too
+    expect_close(value, right, "the gradient norm the optimizer sees", rel=0.03)
     return (f"{right:.3g}: clipping saw {Q2_GRAD_NORM * Q2_SCALE:g}, cut it to {Q2_MAX_NORM}, and "
             f"unscale_ divided by {Q2_SCALE:g}: an update {Q2_GRAD_NORM / right:,.0f}x too small. "
             "Call scaler.unscale_(optimizer) before clip_grad_norm_.")

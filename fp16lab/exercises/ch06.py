@@ -47,8 +47,8 @@ def _check_q1(answer: object) -> str:
         raise Wrong(f"{value:g} is not a fraction between 0 and 1.")
     expect_close(value, right, "merge the kernels that overlap into one interval each (two pairs "
                  "here), add up what they cover, and the idle share is the rest of the window", rel=0.01)
-    return (f"{right:.2f}: the kernels cover {(1 - right) * span:.0f} of the {span} µs, so the GPU "
-            f"waits {right:.0%} of the step. Summing durations ({1 - summed:.0%} busy) would "
+    return (f"{right:.3g}: the kernels cover {(1 - right) * span:.0f} of the {span} µs, so the GPU "
+            f"waits {100 * right:.3g}% of the step. Summing durations ({1 - summed:.0%} busy) would "
             "double-count the overlap.")
 
 
