@@ -227,9 +227,11 @@ def test_float8_linear_forward_and_backward_against_float64(recipe):
     y = layer(xt)
     y.backward(torch.from_numpy(g))
     gd, gw = RECIPE_TILES[recipe]
+    # gradients: e5m2 with one scale per tensor or row; e4m3 with DeepSeek-V3's fine scales
+    gf = "e4m3" if recipe == "blockwise" else "e5m2"
     y_ref = ref_quant_t(x, "e4m3", gd, 1) @ ref_quant_t(w.T, "e4m3", gw, 0)
-    dx_ref = ref_quant_t(g, "e5m2", gd, 1) @ ref_quant_t(w, "e4m3", gw, 0)
-    dw_ref = ref_quant_t(g.T, "e5m2", gd, 1) @ ref_quant_t(x, "e4m3", gd, 0)
+    dx_ref = ref_quant_t(g, gf, gd, 1) @ ref_quant_t(w, "e4m3", gw, 0)
+    dw_ref = ref_quant_t(g.T, gf, gd, 1) @ ref_quant_t(x, "e4m3", gd, 0)
     for got, ref in ((y, y_ref), (xt.grad, dx_ref), (layer.weight.grad, dw_ref)):
         got = got.detach().double().numpy()
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-6
@@ -490,7 +492,30 @@ def test_scaled_mm_matches_the_emulation(granularity, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "delayed"])
+def test_blockwise_scaled_mm_on_hopper_matches_the_emulation():
+    """Where torch._scaled_mm takes DeepSeek-style scales (torch 2.11 on an H200 did), the
+    blockwise product runs there, within the FP8 accumulator's bound plus its bf16 output."""
+    _cuda_fp8_or_skip()
+    ok, why = fp8.blockwise_support("cuda")
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert ok, why  # Hopper: expected to run; a torch without the kernel fails here, loudly
+    if not ok:
+        pytest.skip(why)
+    m, k, n = 1024, 2048, 512
+    a = torch.randn(m, k, device="cuda") * torch.logspace(-2, 2, m, device="cuda")[:, None]
+    b = torch.randn(k, n, device="cuda")
+    qa = fp8.quantize(a, "e4m3", "1x128")
+    qb = fp8.quantize(b, "e4m3", "128x128", contraction_dim=0)
+    ref = fp8.fp8_mm(qa, qb, backend="emulate").double()
+    got = fp8.fp8_mm(qa, qb, backend="scaled_mm").double()
+    tol = hopper_accumulation_bound(fp8.dequantize(qa), fp8.dequantize(qb)) + 2.0 ** -9
+    err = ((got - ref).norm() / ref.norm()).item()
+    print(f"blockwise {(m, k, n)}: relative error {err:.3e}, bound {tol:.3e}")
+    assert err < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "delayed", "blockwise"])
 def test_float8_linear_on_gpu_matches_the_emulation(recipe):
     _cuda_fp8_or_skip()
     torch.manual_seed(0)
@@ -704,3 +729,80 @@ def test_compiled_casts_are_used_for_cuda_tensors_only(monkeypatch):
     monkeypatch.setitem(scales._CASTS, "compiled", None)  # not compiled: eager for CUDA too
     got = fp8.dequantize(fp8.quantize(x.as_subclass(_SaysCuda), "e4m3"))
     assert torch.equal(got.as_subclass(torch.Tensor), want) and len(calls) == 1
+
+
+# --------------------------------------------------------- the blockwise recipe on torch._scaled_mm
+
+def _contract_scaled_mm(calls):
+    """A stand-in for torch._scaled_mm with the blockwise contract torch 2.11 showed on an H200:
+    left scales (M, K/128) and right scales (K/128, N/128), both column-major, multiplying the
+    codes; bf16 out. It checks the layout, then computes the product in fp32."""
+    def fake(a, b, *, scale_a, scale_b, out_dtype, use_fast_accum):
+        (m, k), n = a.shape, b.shape[1]
+        assert a.is_contiguous() and b.stride(0) == 1, "row-major A, column-major B"
+        assert scale_a.shape == (m, k // 128) and scale_a.stride(0) == 1  # column-major
+        assert scale_b.shape == (k // 128, n // 128) and scale_b.stride(0) == 1
+        wide_a = scale_a.repeat_interleave(128, dim=1)
+        wide_b = scale_b.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)
+        calls.append(out_dtype)
+        return ((a.float() * wide_a) @ (b.float() * wide_b)).to(out_dtype)
+    return fake
+
+
+def test_blockwise_scaled_mm_gets_the_scale_layout_torch_takes(monkeypatch):
+    from fp16lab.fp8 import linear
+    calls: list = []
+    monkeypatch.setattr(torch, "_scaled_mm", _contract_scaled_mm(calls))
+    monkeypatch.setattr(linear, "scaled_mm_available", lambda device: True)
+    monkeypatch.setitem(linear._BLOCKWISE, "cpu", (True, ""))
+    a, b = torch.randn(256, 384), torch.randn(384, 256)
+    qa = fp8.quantize(a, "e4m3", "1x128", contraction_dim=1)
+    qb = fp8.quantize(b, "e4m3", "128x128", contraction_dim=0)
+    got = fp8.fp8_mm(qa, qb, backend="scaled_mm")
+    want = fp8.fp8_mm(qa, qb, backend="emulate")
+    assert calls == [torch.bfloat16]
+    assert float((got - want).norm() / want.norm()) < 2 ** -8  # the kernel's bf16 output
+    # e5m2 gradients, or 1x128 scales on both operands (the weight gradient's product), are
+    # not the layout it takes: auto emulates them and says why
+    qg = fp8.quantize(b.t().contiguous(), "e4m3", "1x128", contraction_dim=1)  # (256, 384)
+    qx = fp8.quantize(a[:, :128].contiguous(), "e4m3", "1x128", contraction_dim=0)
+    assert linear._scaled_mm_kind(qg, qx) is None
+    linear.FALLBACKS.clear()
+    fp8.fp8_mm(qg, fp8.quantize(torch.randn(384, 128), "e4m3", "1x128", contraction_dim=0))
+    assert any("takes no such scale layout" in why for why in linear.FALLBACKS.values())
+    assert calls == [torch.bfloat16]
+
+
+def test_blockwise_support_is_found_by_trying_and_said_why_not(monkeypatch):
+    from fp16lab.fp8 import linear
+    ok, why = fp8.blockwise_support("cpu")
+    assert not ok and "compute capability 8.9" in why
+    monkeypatch.setattr(linear, "scaled_mm_available", lambda device: True)
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("Invalid scaling configuration\n(more lines)")
+
+    monkeypatch.setattr(torch, "_scaled_mm", refuses)
+    monkeypatch.delitem(linear._BLOCKWISE, "cpu", raising=False)
+    ok, why = fp8.blockwise_support("cpu")
+    assert not ok and why.endswith("Invalid scaling configuration")
+    assert fp8.blockwise_support("cpu") == (ok, why)  # cached: not tried again
+
+    def wrong(a, b, *, scale_a, scale_b, out_dtype, use_fast_accum):  # ignores the scales
+        return (a.float() @ b.float()).to(out_dtype)
+
+    monkeypatch.setattr(torch, "_scaled_mm", wrong)
+    monkeypatch.delitem(linear._BLOCKWISE, "cpu")
+    ok, why = fp8.blockwise_support("cpu")
+    assert not ok and "off by" in why
+    monkeypatch.setattr(torch, "_scaled_mm", _contract_scaled_mm([]))
+    monkeypatch.delitem(linear._BLOCKWISE, "cpu")
+    assert fp8.blockwise_support("cpu") == (True, "")
+    monkeypatch.delitem(linear._BLOCKWISE, "cpu")
+
+
+def test_grad_format_per_recipe():
+    assert {r: fp8.grad_format(r) for r in fp8.RECIPES} == {
+        "tensorwise": "e5m2", "rowwise": "e5m2", "blockwise": "e4m3", "delayed": "e5m2"}
+    with pytest.raises(ValueError, match="recipe"):
+        fp8.grad_format("e4m3")

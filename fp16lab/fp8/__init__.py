@@ -1,16 +1,18 @@
 """FP8 training made transparent: per-tensor, per-row and per-tile scales, delayed scaling, Float8Linear.
 
-``scales`` computes scales and casts (e4m3 forward, e5m2 gradients); ``linear`` holds the FP8
-matmul (``torch._scaled_mm`` on GPUs that have it, an fp32 emulation elsewhere) and
+``scales`` computes scales and casts (e4m3 forward; gradients e5m2, or e4m3 under the blockwise
+recipe); ``linear`` holds the FP8 matmul (``torch._scaled_mm`` on GPUs that have it, an fp32
+emulation elsewhere) and
 :class:`Float8Linear`; ``training`` a small GPT-style model and the training step per recipe.
 """
 
-from .linear import (BACKENDS, FALLBACKS, GEMM_MULTIPLE, RECIPES, Float8Linear, convert_to_fp8,
-                     fp8_mm, granularity, scaled_mm_available)
+from .linear import (BACKENDS, FALLBACKS, GEMM_MULTIPLE, RECIPES, Float8Linear, blockwise_support,
+                     convert_to_fp8, fp8_mm, grad_format, granularity, scaled_mm_available)
 from .scales import (DTYPES, EPS, GRANULARITIES, DelayedScaling, Quantized, amax, compile_casts,
                      dequantize, fp8_max, quantize, scale_from_amax, tile_shape)
 
 __all__ = ["BACKENDS", "DTYPES", "EPS", "FALLBACKS", "GEMM_MULTIPLE", "GRANULARITIES", "RECIPES",
-           "DelayedScaling", "Float8Linear", "Quantized", "amax", "compile_casts", "convert_to_fp8",
-           "dequantize", "fp8_max", "fp8_mm", "granularity", "quantize", "scale_from_amax",
+           "DelayedScaling", "Float8Linear", "Quantized", "amax", "blockwise_support",
+           "compile_casts", "convert_to_fp8", "dequantize", "fp8_max", "fp8_mm", "grad_format",
+           "granularity", "quantize", "scale_from_amax",
            "scaled_mm_available", "tile_shape"]

@@ -1,24 +1,30 @@
 """Float8Linear: a linear layer whose three matmuls run in FP8, through ``torch._scaled_mm`` or emulated.
 
 Forward, ``y = x @ W^T`` casts the activations ``x`` and the weights ``W`` to e4m3; backward,
-``dx = dy @ W`` and ``dW = dy^T @ x`` cast the gradient ``dy`` to e5m2 (more range, less
-precision: gradients span more binades than activations). Each cast takes its scales from the
-layer's recipe (see :data:`RECIPES`).
+``dx = dy @ W`` and ``dW = dy^T @ x`` cast the gradient ``dy`` to :func:`grad_format`: e5m2 for
+one scale per tensor or row (more range, less precision: gradients span more binades than
+activations), e4m3 for the blockwise recipe, whose 1x128 and 128x128 scales follow the values
+closely enough that e4m3's range holds them (DeepSeek-V3, arXiv 2412.19437, section 3.3, keeps
+every tensor in e4m3 so). Each cast takes its scales from the layer's recipe (see :data:`RECIPES`).
 
 Two backends compute an FP8 matmul of two scaled operands:
 
 * ``scaled_mm``: ``torch._scaled_mm`` (GPUs of compute capability 8.9 and up: Ada, Hopper), for
-  tensorwise and rowwise scales. Every dimension must be a multiple of 16: a Float8Linear raises
-  at construction when its features are not, and pads the token dimension with zero rows (zeros
-  change no amax) and slices the output back.
+  tensorwise and rowwise scales, and for blockwise ones (1x128 on the left operand, 128x128 on
+  the right, both e4m3: the forward's and ``dx``'s products) where :func:`blockwise_support`
+  finds that this torch and GPU run them. Every dimension must be a multiple of 16 (of 128 for
+  blockwise): a Float8Linear raises at construction when its features are not, and pads the
+  token dimension with zero rows (zeros change no amax) and slices the output back.
 * ``emulate``: the same cast (torch's float8 dtypes), the codes divided by their scales back to
-  fp32, a matmul in fp32. It is what runs on a CPU, and for blockwise scales everywhere (no fused
-  blockwise kernel is used here), so it is the reference the GPU path is checked against.
+  fp32, a matmul in fp32. It is what runs on a CPU, and for scale layouts ``_scaled_mm`` does not
+  take (the blockwise ``dW = dy^T @ x``, whose operands both carry 1x128 scales along the
+  contraction), so it is the reference the GPU path is checked against.
 
 ``auto`` picks ``scaled_mm`` where it can and says in :data:`FALLBACKS` why it did not. Inside
-``torch.compile`` it decides from the operands alone (tensorwise or rowwise scales, CUDA tensors,
-multiples of 16: ``scaled_mm``; else ``emulate``), with no fallback bookkeeping, so the casts,
-amaxes and scales compile into the neighbouring kernels (see ``training.compile_blocks``).
+``torch.compile`` it decides from the operands alone (tensorwise or rowwise scales, or blockwise
+ones where :func:`blockwise_support` already found them supported, CUDA tensors, multiples of
+16: ``scaled_mm``; else ``emulate``), with no fallback bookkeeping, so the casts, amaxes and
+scales compile into the neighbouring kernels (see ``training.compile_blocks``).
 
 Neither backend is bit-exact with the other: on Hopper, ``_scaled_mm``'s FP8 tensor cores keep
 13 mantissa bits while they accumulate (the rest is truncated; SageAttention2, arXiv 2411.10958;
@@ -36,8 +42,8 @@ from .. import validate
 from ..recipes import FP8_RECIPES as RECIPES  # a precision fp8-<recipe> each: named there once
 from .scales import DelayedScaling, Quantized, _quantize, amax, dequantize
 
-__all__ = ["BACKENDS", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear", "convert_to_fp8",
-           "fp8_mm", "granularity", "scaled_mm_available"]
+__all__ = ["BACKENDS", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear", "blockwise_support",
+           "convert_to_fp8", "fp8_mm", "grad_format", "granularity", "scaled_mm_available"]
 
 #: How an FP8 matmul is computed (see the module docstring).
 BACKENDS = ("auto", "scaled_mm", "emulate")
@@ -60,6 +66,13 @@ def granularity(recipe: str, role: str) -> str:
     return "rowwise" if recipe == "rowwise" else "tensorwise"
 
 
+def grad_format(recipe: str) -> str:
+    """Returns the FP8 format a recipe casts gradients to: e4m3 for blockwise (its fine scales
+    make e5m2's extra range unneeded, as in DeepSeek-V3), e5m2 for the others."""
+    granularity(recipe, "data")
+    return "e4m3" if recipe == "blockwise" else "e5m2"
+
+
 def scaled_mm_available(device: torch.device | str) -> bool:
     """Returns True where torch._scaled_mm runs: a CUDA device of compute capability 8.9 or newer."""
     device = torch.device(device)
@@ -67,14 +80,53 @@ def scaled_mm_available(device: torch.device | str) -> bool:
             and torch.cuda.get_device_capability(device) >= (8, 9))
 
 
+#: Whether torch._scaled_mm runs blockwise scales on a device: (yes, why not), probed once each.
+_BLOCKWISE: dict[str, tuple[bool, str]] = {}
+
+
 def _scaled_mm_kind(qa: Quantized, qb: Quantized) -> str | None:
-    """Returns "tensorwise" or "rowwise" where _scaled_mm takes these scales, else None."""
+    """Returns "tensorwise", "rowwise" or "blockwise" where _scaled_mm takes these scales (by
+    their layout alone), else None."""
     (m, k), n = qa.data.shape, qb.data.shape[1]
     if qa.scale.numel() == 1 and qb.scale.numel() == 1:
         return "tensorwise"
     if qa.tile == (1, k) and qb.tile == (k, 1):
         return "rowwise"
+    if (qa.tile == (1, BLOCK) and qb.tile == (BLOCK, BLOCK) and qa.fmt == qb.fmt == "e4m3"
+            and not any(d % BLOCK for d in (m, k, n))):
+        return "blockwise"
     return None
+
+
+def blockwise_support(device: torch.device | str) -> tuple[bool, str]:
+    """Returns (whether ``torch._scaled_mm`` runs DeepSeek-style blockwise scales on ``device``,
+    why not): found by running it once on a 256 x 256 x 256 product and comparing with the
+    emulation (a torch or GPU without the kernel raises, and one that computes it wrongly is
+    refused too); cached per device, so later calls, and ``torch.compile``, read the answer."""
+    device = torch.device(device)
+    key = str(device)
+    if key in _BLOCKWISE:
+        return _BLOCKWISE[key]
+    if not scaled_mm_available(device):
+        result = (False, f"torch._scaled_mm needs a CUDA GPU of compute capability 8.9+, not {key}")
+    else:
+        gen = torch.Generator(device).manual_seed(0)
+        a = torch.randn(256, 256, device=device, generator=gen)
+        b = torch.randn(256, 256, device=device, generator=gen)
+        qa = _quantize(a, "e4m3", "1x128", contraction_dim=1)
+        qb = _quantize(b, "e4m3", "128x128", contraction_dim=0)
+        try:
+            got = _run_scaled_mm(qa, qb, "blockwise", torch.float32, False)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            result = (False, "torch._scaled_mm refused blockwise scales: "
+                             + str(exc).splitlines()[0][:200])
+        else:
+            want = dequantize(qa) @ dequantize(qb)
+            err = float((got - want).norm() / want.norm())
+            result = (err < 1e-2, "" if err < 1e-2 else
+                      f"torch._scaled_mm's blockwise result is off by {err:.2g} of the emulation's")
+    _BLOCKWISE[key] = result
+    return result
 
 
 def _check_operands(qa: Quantized, qb: Quantized) -> None:
@@ -97,6 +149,15 @@ def _run_scaled_mm(qa: Quantized, qb: Quantized, kind: str, out_dtype: torch.dty
     a = qa.data if qa.data.is_contiguous() else qa.data.contiguous()  # row-major
     b = qb.data if qb.data.stride(0) == 1 else qb.data.t().contiguous().t()  # column-major
     # _scaled_mm multiplies the codes by scale_a and scale_b: the inverse of our scales
+    if kind == "blockwise":
+        # (M, K/128) for the left operand and (K/128, N/128) for the right, both column-major:
+        # the layout torch 2.11 takes for 1x128 x 128x128 scales (others raise "Invalid
+        # scaling configuration"); the kernel writes bf16
+        sa = qa.scale.reciprocal().t().contiguous().t()
+        sb = qb.scale.reciprocal().t().contiguous().t()
+        out = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                               use_fast_accum=fast_accum)
+        return out.to(out_dtype)
     if kind == "tensorwise":
         sa, sb = qa.scale.reshape(()).reciprocal(), qb.scale.reshape(()).reciprocal()
         return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype,
@@ -129,18 +190,25 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
             raise RuntimeError(f"torch._scaled_mm needs a CUDA GPU of compute capability 8.9+, "
                                f"not {device}; use backend='emulate'")
         if kind is None:
-            raise ValueError(f"torch._scaled_mm takes tensorwise or rowwise scales, not tiles of "
-                             f"{qa.tile} and {qb.tile}; use backend='emulate'")
+            raise ValueError(f"torch._scaled_mm takes tensorwise, rowwise or blockwise (1x128 x "
+                             f"128x128, e4m3) scales, not tiles of {qa.tile} and {qb.tile} "
+                             f"({qa.fmt} x {qb.fmt}); use backend='emulate'")
+        if kind == "blockwise" and not blockwise_support(device)[0]:
+            raise RuntimeError(blockwise_support(device)[1] + "; use backend='emulate'")
         _check_multiples(shape)
         return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
     if backend == "auto" and torch.compiler.is_compiling():
         # no try/except or FALLBACKS inside a graph: the operands decide (see the module docstring)
-        if kind is not None and device.type == "cuda" and not any(n % GEMM_MULTIPLE for n in shape):
+        supported = kind is not None and (kind != "blockwise"
+                                          or _BLOCKWISE.get(str(device), (False, ""))[0])
+        if supported and device.type == "cuda" and not any(n % GEMM_MULTIPLE for n in shape):
             return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
     elif backend == "auto" and scaled_mm_available(device):
         key = f"{kind or 'tiles ' + str(qa.tile) + ' x ' + str(qb.tile)} {qa.fmt} x {qb.fmt}"
         if kind is None:
-            FALLBACKS.setdefault(key, "emulated: no fused kernel for these tiles is used here")
+            FALLBACKS.setdefault(key, "emulated: torch._scaled_mm takes no such scale layout")
+        elif kind == "blockwise" and not blockwise_support(device)[0]:
+            FALLBACKS.setdefault(key, "emulated: " + blockwise_support(device)[1])
         elif any(n % GEMM_MULTIPLE for n in shape):
             FALLBACKS.setdefault(key, f"emulated: shape {shape} is not a multiple of {GEMM_MULTIPLE}")
         elif key not in FALLBACKS:
@@ -152,7 +220,8 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
 
 
 class _Fp8Matmul(torch.autograd.Function):
-    """``x @ w.T`` with e4m3 operands forward and e5m2 gradients backward, scaled by the layer's recipe."""
+    """``x @ w.T`` with e4m3 operands forward and :func:`grad_format` gradients backward, scaled
+    by the layer's recipe."""
 
     @staticmethod
     def forward(ctx, x, w, recipe, backend, out_dtype, scalers):
@@ -185,7 +254,8 @@ class _Fp8Matmul(torch.autograd.Function):
         delayed = recipe == "delayed"
         g = g.contiguous()
         sg = ctx.scalers["grad"].scale if delayed else None
-        qg = _quantize(g, "e5m2", gd, contraction_dim=1, scale=sg, saturate=delayed)
+        gfmt = grad_format(recipe)
+        qg = _quantize(g, gfmt, gd, contraction_dim=1, scale=sg, saturate=delayed)
         if delayed:
             ctx.scalers["grad"].update(amax(g, tuple(g.shape)))
         if recipe in ("tensorwise", "delayed"):
@@ -196,7 +266,7 @@ class _Fp8Matmul(torch.autograd.Function):
         else:
             x, w = ctx.saved_tensors
             qw = _quantize(w, "e4m3", gw, contraction_dim=0)
-            qg_t = _quantize(g.t(), "e5m2", gd, contraction_dim=1)
+            qg_t = _quantize(g.t(), gfmt, gd, contraction_dim=1)
             qx = _quantize(x, "e4m3", gd, contraction_dim=0)
         grad_x = fp8_mm(qg, qw, out_dtype=ctx.dtypes[0], backend=backend)
         grad_w = fp8_mm(qg_t, qx, out_dtype=ctx.dtypes[1], backend=backend)
