@@ -190,7 +190,8 @@ def explain_table(values: Any, fmt: str | FormatInfo = "fp16", **kwargs):
     rows = []
     for x in values:
         e = explain(x, fmt, **kwargs)
-        given = x if isinstance(x, str) else repr(float(x))
+        # seven significant digits: enough to tell the table's values apart, short enough to read
+        given = x if isinstance(x, str) else format(float(x), ".7g")
         rows.append({"given": given, "hex": e.hex, "bits": e.bits, "class": e.kind,
                      "value": e.value, "next down": e.next_down, "next up": e.next_up,
                      "ULP": e.ulp, "error": e.error, "relative error": e.relative_error})
