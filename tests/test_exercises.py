@@ -97,7 +97,7 @@ import time  # noqa: E402
 
 #: The exercises whose answer is a function that the checker calls, with the function's arity.
 FUNCTION_EXERCISES = [("ch01", "q5", 3), ("ch02", "q3", 6), ("ch03", "q1", 2),
-                      ("ch06", "q2", 2), ("ch07", "q1", 2), ("ch09", "q4", 1)]
+                      ("ch06", "q4", 2), ("ch07", "q1", 2), ("ch09", "q4", 1)]
 
 
 def _looping(arity):
@@ -158,7 +158,7 @@ def test_the_limit_holds_outside_the_main_thread_and_a_loop_that_swallows_except
             except Exception:  # the stop is a BaseException: this does not catch it
                 pass
 
-    q = Exercise("q2", "?", ch06.q2._checker, hint="", solution="", time_limit_s=0.3)
+    q = Exercise("q4", "?", ch06.q4._checker, hint="", solution="", time_limit_s=0.3)
     got = []
     worker = threading.Thread(target=lambda: got.append(q.check(stubborn)), daemon=True)
     worker.start()

@@ -32,51 +32,51 @@ def test_q1_solution_code_gives_the_right_answer():
     assert 1 - busy_us(starts, ends, ex.Q1_WINDOW) / 200 == pytest.approx(0.325)
 
 
-def test_q2_ceiling_function():
-    assert ex.q2.check(lambda batch, kernel_ms: batch / (kernel_ms / 1e3))
-    assert ex.q2.check(lambda b, k: 1000.0 * b / k)
-    f = ex.q2.check(lambda b, k: b / k)
+def test_q4_ceiling_function():
+    assert ex.q4.check(lambda batch, kernel_ms: batch / (kernel_ms / 1e3))
+    assert ex.q4.check(lambda b, k: 1000.0 * b / k)
+    f = ex.q4.check(lambda b, k: b / k)
     assert not f and "per millisecond" in f.message
-    f = ex.q2.check(lambda b, k: k / b)
+    f = ex.q4.check(lambda b, k: k / b)
     assert not f and "time per sample" in f.message
-    assert not ex.q2.check(lambda b, k: b / (k / 1e3) * 0.9)
-    f = ex.q2.check(64 / 0.01)
+    assert not ex.q4.check(lambda b, k: b / (k / 1e3) * 0.9)
+    f = ex.q4.check(64 / 0.01)
     assert not f and "function itself" in f.message
-    f = ex.q2.check(lambda b, k: "fast")
+    f = ex.q4.check(lambda b, k: "fast")
     assert not f and "return a number" in f.message
 
 
-def test_q3_kernel_kinds():
-    assert ex.q3.check(["gemm-conv", "elementwise", "reduction", "copy"])
-    f = ex.q3.check(["elementwise", "elementwise", "reduction", "copy"])
+def test_q2_kernel_kinds():
+    assert ex.q2.check(["gemm-conv", "elementwise", "reduction", "copy"])
+    f = ex.q2.check(["elementwise", "elementwise", "reduction", "copy"])
     assert not f and "name 0" in f.message and "convolution" in f.message
-    f = ex.q3.check(["gemm-conv", "elementwise", "elementwise", "copy"])
+    f = ex.q2.check(["gemm-conv", "elementwise", "elementwise", "copy"])
     assert not f and "name 2" in f.message
-    assert not ex.q3.check("gemm-conv")
-    assert not ex.q3.check(["gemm-conv"])
+    assert not ex.q2.check("gemm-conv")
+    assert not ex.q2.check(["gemm-conv"])
 
 
-def test_q4_capture_blockers():
-    assert ex.q4.check({"a", "b", "e"})
-    assert ex.q4.check("a, b, e")
-    assert ex.q4.check(["E", "a", "B"])
-    f = ex.q4.check({"a", "b"})
+def test_q3_capture_blockers():
+    assert ex.q3.check({"a", "b", "e"})
+    assert ex.q3.check("a, b, e")
+    assert ex.q3.check(["E", "a", "B"])
+    f = ex.q3.check({"a", "b"})
     assert not f and "missed e" in f.message
-    f = ex.q4.check({"a", "b", "e", "f"})
+    f = ex.q3.check({"a", "b", "e", "f"})
     assert not f and "fused" in f.message
-    f = ex.q4.check({"a", "b", "c", "e"})
+    f = ex.q3.check({"a", "b", "c", "e"})
     assert not f and "zero_grad" in f.message
-    assert ex.q4.check("abe") and ex.q4.check("ABE")   # the letters written together
-    f = ex.q4.check("abef")
+    assert ex.q3.check("abe") and ex.q3.check("ABE")   # the letters written together
+    f = ex.q3.check("abef")
     assert not f and "fused" in f.message
-    f = ex.q4.check("ab")
+    f = ex.q3.check("ab")
     assert not f and "missed e" in f.message
-    f = ex.q4.check({"a", "z"})
+    f = ex.q3.check({"a", "z"})
     assert not f and "not among" in f.message
 
 
 def test_every_exercise_has_a_hint_and_a_solution():
-    for q in (ex.q1, ex.q2, ex.q3, ex.q4):
+    for q in (ex.q1, ex.q4, ex.q2, ex.q3):
         assert q.hint().message and q.solution().message
         assert q.solution().kind == "solution"
 

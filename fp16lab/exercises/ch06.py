@@ -9,7 +9,7 @@ import numpy as np
 from ..profile import classify
 from .core import Exercise, Wrong, expect_close
 
-__all__ = ["gaps", "q1", "q2", "q3", "q4", "Q1_KERNELS", "Q1_WINDOW", "Q3_NAMES"]
+__all__ = ["gaps", "q1", "q2", "q3", "q4", "Q1_KERNELS", "Q1_WINDOW", "Q2_NAMES"]
 
 #: q1's kernels on one GPU (two streams), as (start_us, duration_us), and the step's window.
 Q1_KERNELS = ((0, 40), (50, 30), (75, 25), (120, 10), (125, 10), (160, 30))
@@ -63,9 +63,89 @@ q1 = Exercise(
                   "1 - busy_us(starts, ends, ex.Q1_WINDOW) / (ex.Q1_WINDOW[1] - ex.Q1_WINDOW[0])")
 
 
+#: q2's kernel names, as torch.profiler reports them on a GPU.
+Q2_NAMES = (
+    "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x64",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::Half>>",
+    "void at::native::batch_norm_collect_statistics_channels_last_kernel<float>",
+    "Memcpy DtoD (Device -> Device)",
+)
+
+
 def _check_q2(answer: object) -> str:
+    if not isinstance(answer, (list, tuple)) or len(answer) != len(Q2_NAMES):
+        raise Wrong(f"give a list of {len(Q2_NAMES)} kinds, one per name in Q2_NAMES, e.g. "
+                    "['gemm-conv', 'elementwise', 'reduction', 'copy'] in the right order.")
+    right = [classify(n, "gpu_memcpy" if n.startswith("Memcpy") else "kernel") for n in Q2_NAMES]
+    wrong = [(i, a, r) for i, (a, r) in enumerate(zip(answer, right)) if str(a).strip() != r]
+    if wrong:
+        i, a, r = wrong[0]
+        why = {"gemm-conv": "an implicit GEMM is how cuDNN runs a convolution on tensor cores",
+               "elementwise": "one output element per input element, nothing summed",
+               "reduction": "batch-norm statistics sum over the batch: a reduction",
+               "copy": "a device-to-device memory copy"}[r]
+        raise Wrong(f"{len(wrong)} of {len(Q2_NAMES)} wrong; the first is name {i} ({a!r}): {why}.")
+    return "All four right: " + ", ".join(right) + "."
+
+
+q2 = Exercise(
+    "q2", "Sort each kernel of Q2_NAMES into a kind: 'gemm-conv', 'elementwise', 'reduction', "
+          "'copy', 'nccl' or 'other'. Answer with a list in the same order.", _check_q2,
+    hint="Look for gemm / xmma / conv, for elementwise, for statistics or reduce, and for Memcpy.",
+    solution="['gemm-conv', 'elementwise', 'reduction', 'copy']",
+    solution_code="from fp16lab.profile import classify\n[classify(n) for n in ex.Q2_NAMES]")
+
+#: q3's lines of a training step; the ones that stop torch.cuda.graph capture are asked for.
+Q3_LINES = {
+    "a": "print(f'loss {loss.item():.3f}')",
+    "b": "scaler.step(opt)  # opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)",
+    "c": "opt.zero_grad(set_to_none=True)",
+    "d": "with torch.autocast('cuda', dtype=torch.float16, cache_enabled=False):",
+    "e": "if torch.isfinite(loss): opt.step()",
+    "f": "scaler.step(opt)  # opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, fused=True)",
+}
+#: Which of them read a GPU value on the host (a synchronisation, forbidden while capturing).
+_SYNCS = {"a": True, "b": True, "c": False, "d": False, "e": True, "f": False}
+
+
+def _check_q3(answer: object) -> str:
+    if isinstance(answer, str):
+        answer = [c for c in answer.replace(",", " ").split()]
+        if len(answer) == 1 and len(answer[0]) > 1 and set(answer[0].lower()) <= set(Q3_LINES):
+            answer = list(answer[0])          # 'abe': the letters written together
+    try:
+        given = {str(a).strip().lower() for a in answer}
+    except TypeError:
+        raise Wrong("give the letters, e.g. {'a', 'c'} or 'a c'.") from None
+    unknown = given - set(Q3_LINES)
+    if unknown:
+        raise Wrong(f"{sorted(unknown)} are not among the lines a-f.")
+    right = {k for k, v in _SYNCS.items() if v}
+    if "f" in given:
+        raise Wrong("f is capturable: a fused SGD takes GradScaler's found_inf as a GPU tensor "
+                    "and skips the update on the GPU, with no question asked of the host.")
+    if "c" in given or "d" in given:
+        raise Wrong("zero_grad(set_to_none=True) and autocast without its cache launch nothing "
+                    "that reads the GPU from the host; both are fine inside a capture.")
+    missing = right - given
+    if missing:
+        line = sorted(missing)[0]
+        raise Wrong(f"you missed {line}: {Q3_LINES[line]!r} needs a value from the GPU on the host.")
+    return ("a, b and e: each makes the host wait for a GPU value (.item(), GradScaler's "
+            "found_inf check before a non-fused step, a tensor used as a Python bool).")
+
+
+q3 = Exercise(
+    "q3", "Which lines of Q3_LINES stop torch.cuda.graph from capturing the step? Answer with "
+          "their letters.", _check_q3,
+    hint="Capture records GPU work without running it; anything that needs a GPU result on the "
+         "host (a Python number or bool from a tensor) cannot be recorded.",
+    solution="a, b, e. (f is the fix for b: a fused optimizer skips inf steps on the GPU.)")
+
+
+def _check_q4(answer: object) -> str:
     if not callable(answer):
-        raise Wrong("pass your function itself, e.g. q2.check(ceiling), not its result.")
+        raise Wrong("pass your function itself, e.g. q4.check(ceiling), not its result.")
     rng = np.random.default_rng()
     for batch, kernel_ms in [(64, 10.0), (256, 40.5), *zip(rng.integers(1, 1024, 5).tolist(),
                                                            rng.uniform(0.05, 80, 5).tolist())]:
@@ -89,92 +169,13 @@ def _check_q2(answer: object) -> str:
             "batch / kernel seconds is the most any execution mode can reach.")
 
 
-q2 = Exercise(
-    "q2", "Write ceiling(batch, kernel_ms): the samples/s of a step that lasts exactly its summed "
-          "kernel time kernel_ms (in milliseconds). Check it with q2.check(ceiling).", _check_q2,
+q4 = Exercise(
+    "q4", "Write ceiling(batch, kernel_ms): the samples/s of a step that lasts exactly its summed "
+          "kernel time kernel_ms (in milliseconds). Check it with q4.check(ceiling).", _check_q4,
     hint="A step of batch samples that takes kernel_ms milliseconds processes batch samples per "
          "kernel_ms / 1000 seconds.",
     solution="def ceiling(batch, kernel_ms):\n    return batch / (kernel_ms / 1e3)",
     solution_code="def ceiling(batch, kernel_ms):\n    return batch / (kernel_ms / 1e3)")
-
-#: q3's kernel names, as torch.profiler reports them on a GPU.
-Q3_NAMES = (
-    "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x64",
-    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::Half>>",
-    "void at::native::batch_norm_collect_statistics_channels_last_kernel<float>",
-    "Memcpy DtoD (Device -> Device)",
-)
-
-
-def _check_q3(answer: object) -> str:
-    if not isinstance(answer, (list, tuple)) or len(answer) != len(Q3_NAMES):
-        raise Wrong(f"give a list of {len(Q3_NAMES)} kinds, one per name in Q3_NAMES, e.g. "
-                    "['gemm-conv', 'elementwise', 'reduction', 'copy'] in the right order.")
-    right = [classify(n, "gpu_memcpy" if n.startswith("Memcpy") else "kernel") for n in Q3_NAMES]
-    wrong = [(i, a, r) for i, (a, r) in enumerate(zip(answer, right)) if str(a).strip() != r]
-    if wrong:
-        i, a, r = wrong[0]
-        why = {"gemm-conv": "an implicit GEMM is how cuDNN runs a convolution on tensor cores",
-               "elementwise": "one output element per input element, nothing summed",
-               "reduction": "batch-norm statistics sum over the batch: a reduction",
-               "copy": "a device-to-device memory copy"}[r]
-        raise Wrong(f"{len(wrong)} of {len(Q3_NAMES)} wrong; the first is name {i} ({a!r}): {why}.")
-    return "All four right: " + ", ".join(right) + "."
-
-
-q3 = Exercise(
-    "q3", "Sort each kernel of Q3_NAMES into a kind: 'gemm-conv', 'elementwise', 'reduction', "
-          "'copy', 'nccl' or 'other'. Answer with a list in the same order.", _check_q3,
-    hint="Look for gemm / xmma / conv, for elementwise, for statistics or reduce, and for Memcpy.",
-    solution="['gemm-conv', 'elementwise', 'reduction', 'copy']",
-    solution_code="from fp16lab.profile import classify\n[classify(n) for n in ex.Q3_NAMES]")
-
-#: q4's lines of a training step; the ones that stop torch.cuda.graph capture are asked for.
-Q4_LINES = {
-    "a": "print(f'loss {loss.item():.3f}')",
-    "b": "scaler.step(opt)  # opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)",
-    "c": "opt.zero_grad(set_to_none=True)",
-    "d": "with torch.autocast('cuda', dtype=torch.float16, cache_enabled=False):",
-    "e": "if torch.isfinite(loss): opt.step()",
-    "f": "scaler.step(opt)  # opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, fused=True)",
-}
-#: Which of them read a GPU value on the host (a synchronisation, forbidden while capturing).
-_SYNCS = {"a": True, "b": True, "c": False, "d": False, "e": True, "f": False}
-
-
-def _check_q4(answer: object) -> str:
-    if isinstance(answer, str):
-        answer = [c for c in answer.replace(",", " ").split()]
-        if len(answer) == 1 and len(answer[0]) > 1 and set(answer[0].lower()) <= set(Q4_LINES):
-            answer = list(answer[0])          # 'abe': the letters written together
-    try:
-        given = {str(a).strip().lower() for a in answer}
-    except TypeError:
-        raise Wrong("give the letters, e.g. {'a', 'c'} or 'a c'.") from None
-    unknown = given - set(Q4_LINES)
-    if unknown:
-        raise Wrong(f"{sorted(unknown)} are not among the lines a-f.")
-    right = {k for k, v in _SYNCS.items() if v}
-    if "f" in given:
-        raise Wrong("f is capturable: a fused SGD takes GradScaler's found_inf as a GPU tensor "
-                    "and skips the update on the GPU, with no question asked of the host.")
-    if "c" in given or "d" in given:
-        raise Wrong("zero_grad(set_to_none=True) and autocast without its cache launch nothing "
-                    "that reads the GPU from the host; both are fine inside a capture.")
-    missing = right - given
-    if missing:
-        line = sorted(missing)[0]
-        raise Wrong(f"you missed {line}: {Q4_LINES[line]!r} needs a value from the GPU on the host.")
-    return ("a, b and e: each makes the host wait for a GPU value (.item(), GradScaler's "
-            "found_inf check before a non-fused step, a tensor used as a Python bool).")
-
-
-q4 = Exercise(
-    "q4", "Which lines of Q4_LINES stop torch.cuda.graph from capturing the step? Answer with "
-          "their letters.", _check_q4,
-    hint="Capture records GPU work without running it; anything that needs a GPU result on the "
-         "host (a Python number or bool from a tensor) cannot be recorded.",
-    solution="a, b, e. (f is the fix for b: a fused optimizer skips inf steps on the GPU.)")
 
 
 # -- gaps: the idle gaps of a timeline --------------------------------------------------------------
