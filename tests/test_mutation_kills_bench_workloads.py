@@ -209,9 +209,9 @@ def test_help_says_what_each_option_does(capsys):
                   "interleaved repeats (engine, vocab)",
                   "start no new part after this many seconds (what ran is written)",
                   "parts, comma-separated: speed,engine,memory,vocab",
-                  "result file stem under data/",
-                  "write the committed file in data/ instead of data/local/",
-                  "folder to write the result to (default: data/local/)"]:
+                  "result file stem (default: workloads_h200 on a GPU, workloads_tiny with --tiny)",
+                  "write the file shipped with fp16lab in data/ instead of data/local/",
+                  "folder to write the result to (default: data/local/, or data/ with --replace)"]:
         assert re.search(rf"(^| ){re.escape(words)}( |$)", text), words
 
 

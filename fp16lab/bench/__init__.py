@@ -71,4 +71,17 @@ def argument_parser(name: str, description: str) -> argparse.ArgumentParser:
     return _BenchParser(prog=f"fp16lab bench {name}", description=description)
 
 
-__all__ = ["BENCHMARKS", "argument_parser", "output_folder"]
+def add_output_arguments(parser: argparse.ArgumentParser, default_name: str,
+                         out_default: str = "data/local/, or data/ with --replace") -> None:
+    """Adds the three flags that say where a benchmark's result goes: ``--name`` (the file's
+    stem, ``default_name`` unless given), ``--replace`` (write the file shipped with fp16lab in
+    data/) and ``--out`` (a folder), each checked as it is parsed (:func:`output_folder`)."""
+    parser.add_argument("--name", type=validate.argument(validate.text), default=None,
+                        help=f"result file stem (default: {default_name})")
+    parser.add_argument("--replace", action="store_true",
+                        help="write the file shipped with fp16lab in data/ instead of data/local/")
+    parser.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
+                        help=f"folder to write the result to (default: {out_default})")
+
+
+__all__ = ["BENCHMARKS", "add_output_arguments", "argument_parser", "output_folder"]

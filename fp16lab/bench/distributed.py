@@ -46,7 +46,7 @@ from typing import Any
 
 from fp16lab import distributed as dist_lab
 from fp16lab import measure, validate
-from fp16lab.bench import argument_parser
+from fp16lab.bench import add_output_arguments, argument_parser
 from fp16lab.bench import distributed_bare as bare
 from fp16lab.bench.distributed_report import TRANSFORMER, diagnosis, summarize
 
@@ -236,11 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("distributed", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
                     help="CPU, two gloo ranks, tiny models: a smoke test")
-    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
-                    help="folder for the result file (default: data/local/, or data/ with --replace)")
-    ap.add_argument("--replace", action="store_true", help="write the committed file in data/")
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
-                    help="result file stem (default distributed_<gpu>x<n>)")
+    add_output_arguments(ap, "distributed_<gpu>x<n> on GPUs, distributed_quick on a CPU")
     ap.add_argument("--gpus", type=validate.argument(validate.count, low=2), default=2,
                     help="ranks of the multi-GPU points (default 2)")
     ap.add_argument("--budget-s", type=validate.argument(validate.number, low=0, low_open=True),

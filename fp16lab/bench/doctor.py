@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from fp16lab import measure, validate
-from fp16lab.bench import argument_parser, output_folder
+from fp16lab.bench import add_output_arguments, argument_parser, output_folder
 from fp16lab.doctor import doctor
 from fp16lab.doctor.planted import PLANTED
 from fp16lab.doctor.probe import Config, Probe
@@ -211,12 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loss-steps", default=12, type=validate.argument(validate.count, low=3),
                     help="steps whose losses are compared with fp32's, for the doctor and the "
                          "sweep alike (default 12)")
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
-                    help="result file stem")
-    ap.add_argument("--replace", action="store_true",
-                    help="write the committed file in data/ instead of data/local/")
-    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
-                    help="folder to write the result to (default: data/local/)")
+    add_output_arguments(ap, "doctor_h200 on a GPU, doctor_quick on a CPU")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
     device = "cuda" if gpu else "cpu"

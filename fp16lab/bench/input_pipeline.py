@@ -41,7 +41,7 @@ import torch
 
 from fp16lab import validate
 from fp16lab.measure import write_result
-from fp16lab.bench import argument_parser
+from fp16lab.bench import add_output_arguments, argument_parser
 from fp16lab.device import device_info
 from fp16lab.sweep.cli import images_folder
 from fp16lab.inputs import (GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS, InputSettings, cpu_cores,
@@ -144,12 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argument_parser("input_pipeline", __doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="small_cnn, batch 16, 64 pixels, 48 images, few steps (a smoke test)")
-    p.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
-                   help="where the result file goes (default: data/local/, data/ with --replace; "
-                        "--quick: a temporary folder)")
-    p.add_argument("--replace", action="store_true", help="write the committed file in data/")
-    p.add_argument("--name", type=validate.argument(validate.text), default=None,
-                   help="result file stem (default: input_pipeline_<gpu>)")
+    add_output_arguments(p, "input_pipeline_<gpu>",
+                         "data/local/, or data/ with --replace; --quick: a temporary folder")
     p.add_argument("--images-dir", type=validate.argument(images_folder), default=None,
                    help="where the JPEG data set is made or reused (default: a folder under /tmp)")
     p.add_argument("--images", type=validate.argument(validate.count), default=None,

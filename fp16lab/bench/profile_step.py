@@ -52,7 +52,7 @@ import torch
 from fp16lab import execution as E, validate
 from fp16lab.measure import summarize, write_result
 from fp16lab import profile as P
-from fp16lab.bench import argument_parser
+from fp16lab.bench import add_output_arguments, argument_parser
 from fp16lab.telemetry import TelemetrySampler
 
 #: Columns of the one-step timelines stored for the notebook.
@@ -323,11 +323,7 @@ def _num(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("profile_step", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short smoke run (few points, steps)")
-    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
-                    help="where the JSON goes (default: data/local/, or data/ with --replace)")
-    ap.add_argument("--replace", action="store_true", help="write the committed files in data/")
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
-                    help="result file stem (default by device)")
+    add_output_arguments(ap, "by device")
     ap.add_argument("--steps", type=validate.argument(validate.count), default=None,
                     help="steps per timed block")
     ap.add_argument("--repeats", type=validate.argument(validate.count), default=None,

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from fp16lab import measure, validate
-from fp16lab.bench import argument_parser, output_folder
+from fp16lab.bench import add_output_arguments, argument_parser, output_folder
 from fp16lab.state16 import (FIELD, AdamW16, bytes_per_parameter, field_optimizer,
                              field_unavailable, state_bytes)
 
@@ -159,12 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sources", default=["ours", "field"],
                     type=validate.argument(validate.choice, ["ours", "field"], many=True),
                     help="ours, field or both (comma-separated)")
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
-                    help="result file stem")
-    ap.add_argument("--replace", action="store_true",
-                    help="write the committed file in data/ instead of data/local/")
-    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
-                    help="folder to write the result to (default: data/local/)")
+    add_output_arguments(ap, "state16_h200 on a GPU, state16_quick on a CPU")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
     device, size = ("cuda", "gpu") if gpu else ("cpu", "tiny")

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from fp16lab import measure, memory, sweep, validate
-from fp16lab.bench import argument_parser
+from fp16lab.bench import add_output_arguments, argument_parser
 from fp16lab.recipes import LR, MOMENTUM, set_tf32
 from fp16lab.workload import Workload, load_workload
 from fp16lab.workloads import missing_package
@@ -100,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     default=None, help="start no new part after this many seconds (what ran is written)")
     ap.add_argument("--only", default=list(PARTS), type=validate.argument(validate.choice, PARTS, many=True),
                     help=f"parts, comma-separated: {','.join(PARTS)}")
-    ap.add_argument("--name", type=validate.argument(validate.text), default=None,
-                    help="result file stem under data/")
-    ap.add_argument("--replace", action="store_true",
-                    help="write the committed file in data/ instead of data/local/")
-    ap.add_argument("--out", type=validate.argument(validate.output_dir), default=None,
-                    help="folder to write the result to (default: data/local/)")
+    add_output_arguments(ap, "workloads_h200 on a GPU, workloads_tiny with --tiny")
     args = ap.parse_args(argv)
     parts = list(args.only)
     warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
