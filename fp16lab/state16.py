@@ -74,6 +74,17 @@ def bytes_per_parameter(method: str, *, gradient: bool = True) -> int:
     return weight + (weight if gradient else 0) + moments + extra
 
 
+def _adamw_settings(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> dict[str, Any]:
+    """Returns AdamW's settings checked (the same checks for AdamW16 and the field's optimizers)."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be two numbers (beta1, beta2), got {betas!r}")
+    return {"lr": validate.number("lr", lr, low=0, low_open=True),
+            "betas": (validate.number("betas[0]", betas[0], low=0, high=1, high_open=True),
+                      validate.number("betas[1]", betas[1], low=0, high=1, high_open=True)),
+            "eps": validate.number("eps", eps, low=0, low_open=True),
+            "weight_decay": validate.number("weight_decay", weight_decay, low=0)}
+
+
 class AdamW16(torch.optim.Optimizer):
     """AdamW for weights held in BF16 (or FP32), the update rounded as ``rounding`` says.
 
@@ -97,15 +108,10 @@ class AdamW16(torch.optim.Optimizer):
                  weight_decay: float = 0.01, *, rounding: str = "nearest",
                  state_dtype: torch.dtype = torch.float32,
                  generator: torch.Generator | None = None):
-        lr = validate.number("lr", lr, low=0, low_open=True)
-        b1 = validate.number("betas[0]", betas[0], low=0, high=1, high_open=True)
-        b2 = validate.number("betas[1]", betas[1], low=0, high=1, high_open=True)
-        eps = validate.number("eps", eps, low=0, low_open=True)
-        weight_decay = validate.number("weight_decay", weight_decay, low=0)
+        hyper = _adamw_settings(lr, betas, eps, weight_decay)
         validate.choice("rounding", rounding, ROUNDINGS)
         validate.choice("state_dtype", state_dtype, (torch.float32, torch.bfloat16))
-        super().__init__(params, {"lr": lr, "betas": (b1, b2), "eps": eps,
-                                  "weight_decay": weight_decay})
+        super().__init__(params, hyper)
         self.rounding, self.state_dtype, self.generator = rounding, state_dtype, generator
         self.vanished = 0.0
 
@@ -212,9 +218,7 @@ def field_optimizer(method: str, params: Iterable[Any], lr: float, *, weight_dec
     why = field_unavailable(method)
     if why:
         raise ValueError(why)
-    lr = validate.number("lr", lr, low=0, low_open=True)
-    weight_decay = validate.number("weight_decay", weight_decay, low=0)
-    hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    hyper = _adamw_settings(lr, betas, eps, weight_decay)
     if method in ("fp32-master", "bf16-nearest"):
         return torch.optim.AdamW(params, **hyper)
     if method == "bf16-kahan":

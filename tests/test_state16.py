@@ -205,3 +205,9 @@ def test_field_optimizer_says_which_package_is_missing(monkeypatch):
         state16.field_unavailable("bf16-fast")
     with pytest.raises(ValueError, match="lr"):
         state16.field_optimizer("fp32-master", [torch.nn.Parameter(torch.zeros(2))], float("nan"))
+    # the same checks as AdamW16's: betas in [0, 1), eps > 0
+    for bad, words in (({"betas": (0.9, 1.0)}, "betas"), ({"betas": 0.9}, "two numbers"),
+                       ({"eps": 0.0}, "eps")):
+        with pytest.raises(ValueError, match=words):
+            state16.field_optimizer("fp32-master", [torch.nn.Parameter(torch.zeros(2))], 1e-3,
+                                    **bad)
