@@ -327,6 +327,18 @@ def tmp_module(tmp_path_factory):
     return tmp_path_factory.mktemp("hostile")
 
 
+@pytest.fixture(autouse=True)
+def claims_at_their_cpu_sizes(monkeypatch):
+    """The claims' experiments at the sizes they use when exercised on a CPU (32 x 32 GEMMs).
+
+    The time limit interrupts Python between operations, not one long C call: a valid call of
+    experiment_alignment() at its full size multiplies 4096 x 4096 fp16 matrices on the CPU,
+    over a minute each where the CPU has no fast fp16 arithmetic, and the probe could not tell
+    that from a hang. The probes check arguments; test_claims runs the experiments."""
+    from fp16lab.claims import core
+    monkeypatch.setattr(core, "EXERCISE_ON_CPU", True)
+
+
 @pytest.mark.parametrize("qualname, param, kind", list(_params()))
 def test_a_bad_value_is_refused_naming_the_parameter(qualname, param, kind, tmp_module,
                                                      monkeypatch):
