@@ -164,7 +164,7 @@ class AdamW16(torch.optim.Optimizer):
 def _storages(t: torch.Tensor) -> list[torch.Tensor]:
     """Returns the plain tensors that hold ``t``'s bytes: ``t`` itself, or for a tensor subclass
     (torchao's 8-bit state: codes, per-block scales, a code map) the tensors it is made of."""
-    if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+    if hasattr(t, "__tensor_flatten__"):  # plain tensors (and Parameters) have no such method
         names, _ = t.__tensor_flatten__()
         return [s for n in names for s in _storages(getattr(t, n))]
     return [t]
@@ -192,15 +192,13 @@ FIELD = {
     "bf16-8bit-state": ("torchao", "torchao.optim.AdamW8bit(bf16_stochastic_round=True): moments "
                                    "in 8 bits per block of 256, BF16 weights rounded stochastically"),
 }
-_PIP = {"torchao": "torchao", "optimi": "torch-optimi"}
+_PIP = {"torch": "torch", "torchao": "torchao", "optimi": "torch-optimi"}
 
 
 def field_unavailable(method: str) -> str | None:
     """Returns why the field package for ``method`` cannot be used here, or None."""
     validate.choice("method", method, METHODS)
     package = FIELD[method][0]
-    if package == "torch":
-        return None
     try:
         __import__(package)
     except ImportError:

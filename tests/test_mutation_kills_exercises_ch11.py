@@ -80,3 +80,35 @@ def test_q2_checks_negative_values_too():
 def stochastic_round(x):
     from fp16lab.state16 import stochastic_round_bf16
     return stochastic_round_bf16(x)
+
+
+# ------------------------------------------------------------------ q3: every message, every bound
+
+def test_q3_right_answer_says_where_every_byte_goes():
+    assert ch11.q3.check((112, 14)).message == (
+        "right: 112 GB and 14 GB. fp32-master holds 16 bytes per parameter (weight 4, gradient 4, "
+        "two FP32 moments 8); bf16-kahan 14 (weight 2, gradient 2, moments 8, the Kahan buffer "
+        "2). Most of what is left is the moments: 8-bit moments (bf16-8bit-state) are where the "
+        "next saving is.")
+
+
+def test_q3_takes_answers_within_two_percent_and_names_each_slip_near_it():
+    assert ch11.q3.check((112 * 1.015, 14 * 0.985))  # rounded answers are right
+    assert not ch11.q3.check((112 * 1.03, 14))
+    gib = 112e9 / 2 ** 30
+    assert "GiB" in ch11.q3.check((gib * 1.01, 14)).message
+    assert ch11.q3.check((84 * 1.01, 14)).message == (
+        f"{84 * 1.01:g} GB leaves out the gradients: a step holds one per parameter, as many "
+        "bytes as the weight.")
+    assert ch11.q3.check((112, 28 * 1.01)).message == (
+        f"{28 * 1.01:g} GB forgets the Kahan buffer: bf16-kahan keeps 2 more bytes per parameter "
+        "than plain BF16 weights.")
+    assert ch11.q3.check((112 * 1.01, 20)).message == (
+        f"{112 * 1.01:g} GB is right, 20 GB is not: subtract bf16-kahan's bytes per parameter "
+        "from fp32-master's, then multiply.")
+    assert ch11.q3.check((200, 14)).message == (
+        "200 GB is not what fp32-master holds: add up its bytes per parameter (weight, gradient, "
+        "each moment) from the table, then multiply.")
+    assert ch11.q3.check("112 GB").message == (
+        "give two numbers, (gigabytes under fp32-master, gigabytes bf16-kahan saves), not "
+        "'112 GB'.")

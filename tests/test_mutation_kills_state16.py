@@ -72,3 +72,77 @@ def test_the_noise_takes_every_16_bit_value_zero_included():
 def test_the_noise_is_made_on_the_tensor_s_device():
     out = stochastic_round_bf16(torch.empty(8, device="meta"))
     assert out.device.type == "meta" and out.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------ the field's optimizers, as built
+
+def _field(method, dtype):
+    from fp16lab.state16 import field_optimizer
+    p = torch.nn.Parameter(torch.zeros(8, dtype=dtype))
+    return field_optimizer(method, [p], 3e-3, weight_decay=0.05, betas=(0.8, 0.95), eps=1e-7), p
+
+
+@pytest.mark.parametrize("method", ["fp32-master", "bf16-nearest"])
+def test_field_torch_adamw_gets_every_setting(method):
+    opt, p = _field(method, torch.float32 if method == "fp32-master" else torch.bfloat16)
+    assert type(opt) is torch.optim.AdamW and opt.param_groups[0]["params"] == [p]
+    d = opt.defaults
+    assert (d["lr"], d["betas"], d["eps"], d["weight_decay"]) == (3e-3, (0.8, 0.95), 1e-7, 0.05)
+
+
+def test_field_kahan_is_optimi_with_kahan_summation_and_every_setting():
+    optimi = pytest.importorskip("optimi")
+    opt, p = _field("bf16-kahan", torch.bfloat16)
+    assert type(opt) is optimi.AdamW
+    d = opt.defaults
+    assert d["kahan_sum"] is True and d["foreach"] is False  # foreach: one parameter at a time
+    assert (d["lr"], d["beta1"], d["beta2"], d["eps"], d["weight_decay"]) == (
+        3e-3, 0.8, 0.95, 1e-7, 0.05)
+
+
+@pytest.mark.parametrize("method, cls", [("bf16-stochastic", "_AdamW"),
+                                         ("bf16-8bit-state", "AdamW8bit")])
+def test_field_torchao_optimizers_round_stochastically_with_every_setting(method, cls):
+    pytest.importorskip("torchao")
+    opt, _ = _field(method, torch.bfloat16)
+    assert type(opt).__name__ == cls and opt.bf16_stochastic_round is True
+    d = opt.defaults
+    assert (d["lr"], d["betas"], d["eps"], d["weight_decay"]) == (3e-3, (0.8, 0.95), 1e-7, 0.05)
+
+
+def test_field_unavailable_names_the_extra_and_refuses_an_unknown_method():
+    from fp16lab import state16
+    real = __import__
+
+    def missing(name, *args, **kwargs):
+        if name == "torchao":
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    import builtins
+    builtins.__import__ = missing
+    try:
+        why = state16.field_unavailable("bf16-stochastic")
+    finally:
+        builtins.__import__ = real
+    assert why == ("bf16-stochastic from the field needs torchao (pip install torchao, or pip "
+                   "install 'fp16lab[state16]')")
+    with pytest.raises(ValueError, match=r"^method"):
+        state16.field_unavailable("bf16-fast")
+
+
+def test_state_bytes_counts_a_storage_once_at_its_largest_view_and_empty_as_nothing():
+    from fp16lab.state16 import state_bytes
+
+    class Holder(torch.optim.Optimizer):
+        def step(self, closure=None):
+            return None
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = Holder([p], {})
+    big = torch.zeros(100)
+    opt.state[p] = {"view": big[:10], "whole": big, "none": torch.zeros(0),
+                    "param": torch.nn.Parameter(torch.zeros(3))}
+    assert state_bytes(opt) == 100 * 4 + 3 * 4
+    opt.state[p] = {"whole": big, "view": big[:10]}  # the other order: still the whole storage
+    assert state_bytes(opt) == 100 * 4

@@ -115,6 +115,8 @@ q2 = Exercise(
 
 #: q3's model: a 7-billion-parameter model trained with AdamW.
 Q3_PARAMETERS = 7e9
+#: A gigabyte, as q3 asks for it (not a GiB, 2^30).
+GB = 1e9
 
 
 def _check_q3(answer: object) -> str:
@@ -124,22 +126,22 @@ def _check_q3(answer: object) -> str:
         raise Wrong("give two numbers, (gigabytes under fp32-master, gigabytes bf16-kahan saves), "
                     f"not {answer!r}.") from None
     full, kahan = bytes_per_parameter("fp32-master"), bytes_per_parameter("bf16-kahan")
-    right = (Q3_PARAMETERS * full / 1e9, Q3_PARAMETERS * (full - kahan) / 1e9)
+    right = (Q3_PARAMETERS * full / GB, Q3_PARAMETERS * (full - kahan) / GB)
     if all(math.isclose(a, r, rel_tol=0.02) for a, r in zip((total, saved), right)):
         return (f"right: {right[0]:.0f} GB and {right[1]:.0f} GB. fp32-master holds {full} bytes "
                 f"per parameter (weight 4, gradient 4, two FP32 moments 8); bf16-kahan {kahan} "
                 "(weight 2, gradient 2, moments 8, the Kahan buffer 2). Most of what is left is "
                 "the moments: 8-bit moments (bf16-8bit-state) are where the next saving is.")
-    if math.isclose(total, right[0] / 2 ** 30 * 1e9, rel_tol=0.02):
+    if math.isclose(total, right[0] / 2 ** 30 * GB, rel_tol=0.02):
         raise Wrong(f"{total:g} is in GiB (2^30 bytes); give gigabytes, 10^9 bytes.")
-    no_grad = Q3_PARAMETERS * bytes_per_parameter("fp32-master", gradient=False) / 1e9
+    no_grad = Q3_PARAMETERS * bytes_per_parameter("fp32-master", gradient=False) / GB
     if math.isclose(total, no_grad, rel_tol=0.02):
         raise Wrong(f"{total:g} GB leaves out the gradients: a step holds one per parameter, as "
                     "many bytes as the weight.")
     if not math.isclose(total, right[0], rel_tol=0.02):
         raise Wrong(f"{total:g} GB is not what fp32-master holds: add up its bytes per parameter "
                     "(weight, gradient, each moment) from the table, then multiply.")
-    if math.isclose(saved, Q3_PARAMETERS * (full - kahan + 2) / 1e9, rel_tol=0.02):
+    if math.isclose(saved, Q3_PARAMETERS * (full - kahan + 2) / GB, rel_tol=0.02):
         raise Wrong(f"{saved:g} GB forgets the Kahan buffer: bf16-kahan keeps 2 more bytes per "
                     "parameter than plain BF16 weights.")
     raise Wrong(f"{total:g} GB is right, {saved:g} GB is not: subtract bf16-kahan's bytes per "
