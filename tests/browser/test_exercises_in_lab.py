@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-BATCH, FEATURES, TILE, SMS = 1152, 4096, (256, 128), 132
+BATCH, FEATURES, TILE, SMS = 2100, 4096, (256, 128), 132
 TILES = math.ceil(BATCH / TILE[0]) * math.ceil(FEATURES / TILE[1])
 WAVES = math.ceil(TILES / SMS)
 
@@ -76,6 +76,6 @@ def test_solution_is_shown_only_when_asked_for(open_notebook):
     output = cell.locator(".jp-Cell-outputArea")
     expect(output).to_contain_text("Solution (q3)")
     expect(output).to_contain_text(f"{WAVES} waves")
-    expect(output).to_contain_text("waves.wave_count(waves.tile_count(1152, 4096, 256, 128), 132)")
+    expect(output).to_contain_text("waves.wave_count(waves.tile_count(2100, 4096, 256, 128), 132)")
     nb.shot("solution", cell)
     nb.assert_no_errors()
