@@ -41,10 +41,10 @@ from fp16lab.state16 import (FIELD, AdamW16, bytes_per_parameter, field_optimize
 
 #: How many successors each token has: the loss floor is ln(BRANCHES).
 BRANCHES = 4
-#: The teaching optimizer's ways: (rounding, weight dtype).
-OURS = {"fp32-master": ("nearest", torch.float32), "bf16-nearest": ("nearest", torch.bfloat16),
-        "bf16-stochastic": ("stochastic", torch.bfloat16),
-        "bf16-kahan": ("kahan", torch.bfloat16)}
+#: The teaching optimizer's ways and how each rounds (the weights are FP32 for fp32-master,
+#: BF16 for the rest).
+OURS = {"fp32-master": "nearest", "bf16-nearest": "nearest", "bf16-stochastic": "stochastic",
+        "bf16-kahan": "kahan"}
 SIZES = {  # (layers, width, heads, vocabulary, sequence, batch)
     "gpu": (6, 384, 6, 8192, 256, 32),
     "tiny": (2, 32, 2, 64, 16, 8),
@@ -87,8 +87,7 @@ def train(method: str, source: str, data: torch.Tensor, size: str, seed: int, de
     model = build(size).to(device, dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     if source == "ours":
-        rounding, _ = OURS[method]
-        opt = AdamW16(params, lr=lr, weight_decay=0.0, rounding=rounding,
+        opt = AdamW16(params, lr=lr, weight_decay=0.0, rounding=OURS[method],
                       generator=torch.Generator(device).manual_seed(seed))
     else:
         opt = field_optimizer(method, params, lr)
@@ -105,8 +104,10 @@ def train(method: str, source: str, data: torch.Tensor, size: str, seed: int, de
         old = [p.detach().clone() for p in params]
         live = [p.grad != 0 for p in params]
         opt.step()
-        moved = sum(int(m.sum()) for m in live)
-        same = sum(int(((p.detach() == o) & m).sum()) for p, o, m in zip(params, old, live))
+        # counted on the device, read once a step (not two host syncs per parameter)
+        moved = int(torch.stack([m.sum() for m in live]).sum())
+        same = int(torch.stack([((p.detach() == o) & m).sum()
+                                for p, o, m in zip(params, old, live)]).sum())
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         unchanged.append(same / moved if moved else 0.0)
