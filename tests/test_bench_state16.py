@@ -66,3 +66,25 @@ def test_bad_flags_are_refused_before_any_work(capsys):
         with pytest.raises(SystemExit) as e:
             bench.main(argv + ["--quick"])
         assert e.value.code == 2
+
+
+def test_seeds_run_in_parallel_give_the_rows_of_a_sequential_run(tmp_path):
+    """--jobs trains each seed in its own process: the merged rows are the ones one process
+    computes seed after seed (same batches, same initial weights per seed), in seed order."""
+    pytest.importorskip("transformers")
+    common = ["--quick", "--sources", "ours", "--steps", "3", "--seeds", "2"]
+    assert bench.main([*common, "--out", str(tmp_path / "one")]) == 0
+    assert bench.main([*common, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    one = json.loads((tmp_path / "one" / "state16_quick.json").read_text())
+    two = json.loads((tmp_path / "two" / "state16_quick.json").read_text())
+    key = [(r["seed"], r["method"]) for r in one["rows"]]
+    assert key == [(r["seed"], r["method"]) for r in two["rows"]]
+    assert [s for s, _ in key] == [0] * 4 + [1] * 4
+    for a, b in zip(one["rows"], two["rows"]):
+        assert a["losses"] == b["losses"] and a["unchanged"] == b["unchanged"]
+    assert two["meta"]["jobs"] == 2 and one["meta"]["jobs"] == 1
+
+
+def test_children_get_the_parents_options_less_its_output():
+    argv = ["--steps", "5", "--out", "/x", "--jobs=3", "--replace", "--name", "n", "--lr", "0.1"]
+    assert bench._without_output(argv) == ["--steps", "5", "--lr", "0.1"]

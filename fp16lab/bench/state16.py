@@ -20,15 +20,20 @@ The summary gives each way's final loss (mean of the last 50 steps), its mean an
 the seeds and its distance from fp32-master's.
 
     python -m fp16lab.bench.state16             # GPU: 2,000 steps, 3 seeds
+    python -m fp16lab.bench.state16 --jobs 3    # the same, the three seeds at once
     python -m fp16lab.bench.state16 --quick     # CPU: a tiny model, 40 steps, 1 seed
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,6 +153,47 @@ def summary(rows: list[dict[str, Any]], tail: int = 50) -> list[dict[str, Any]]:
     return out
 
 
+def _seeds_in_parallel(argv: list[str], seeds: int, jobs: int) -> list[dict[str, Any]]:
+    """Returns the rows of every seed, each seed trained by a child process (``jobs`` at once),
+    in seed order."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pending = list(range(seeds))
+        running: dict[int, subprocess.Popen] = {}
+        while pending or running:
+            while pending and len(running) < jobs:
+                seed = pending.pop(0)
+                cmd = [sys.executable, "-m", "fp16lab.bench.state16", *_without_output(argv),
+                       "--seed-only", str(seed), "--out", tmp, "--name", f"seed{seed}"]
+                running[seed] = subprocess.Popen(cmd)
+            seed, proc = next(iter(running.items()))
+            if proc.wait() != 0:
+                for p in running.values():
+                    p.kill()
+                raise RuntimeError(f"seed {seed}'s run failed (exit status {proc.returncode})")
+            del running[seed]
+        for seed in range(seeds):
+            rows += measure.read_result(Path(tmp) / f"seed{seed}.json")["rows"]
+    return rows
+
+
+def _without_output(argv: list[str]) -> list[str]:
+    """argv less the options the parent decides for its children (output, jobs)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        key = a.split("=", 1)[0]
+        if key in ("--out", "--name", "--jobs", "--seed-only"):
+            skip = "=" not in a
+            continue
+        if key == "--replace":
+            continue
+        out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argument_parser("state16", __doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny model on the CPU, 40 steps")
@@ -160,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sources", default=["ours", "field"],
                     type=validate.argument(validate.choice, ["ours", "field"], many=True),
                     help="ours, field or both (comma-separated)")
+    ap.add_argument("--jobs", type=validate.argument(validate.count), default=1,
+                    help="seeds trained at once, one process each, sharing the GPU (default 1; "
+                         "the runs are launch-bound, so 3 take about the time of one)")
+    ap.add_argument("--seed-only", type=validate.argument(validate.count, low=0), default=None,
+                    help=argparse.SUPPRESS)  # one seed, in a child process of --jobs
     add_output_arguments(ap, "state16_h200 on a GPU, state16_quick on a CPU")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not args.quick
@@ -184,7 +235,12 @@ def main(argv: list[str] | None = None) -> int:
             "steps": steps, "seeds": seeds, "lr": args.lr, "branches": BRANCHES,
             "loss_floor": math.log(BRANCHES), "skipped": skipped,
             "field": {m: FIELD[m][1] for m in FIELD}}
-    for seed in range(seeds):
+    meta["jobs"] = min(args.jobs, seeds)
+    if meta["jobs"] > 1 and args.seed_only is None:
+        rows = _seeds_in_parallel(sys.argv[1:] if argv is None else argv, seeds, meta["jobs"])
+        measure.write_result(name, rows, meta={**meta, "summary": summary(rows)}, data_dir=out)
+    for seed in ([] if meta["jobs"] > 1 and args.seed_only is None else
+                 [args.seed_only] if args.seed_only is not None else range(seeds)):
         for source, method in runs:
             rows.append(train(method, source, data, size, seed, device, args.lr))
             r = rows[-1]
