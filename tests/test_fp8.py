@@ -508,7 +508,8 @@ def test_blockwise_scaled_mm_on_hopper_matches_the_emulation():
     qb = fp8.quantize(b, "e4m3", "128x128", contraction_dim=0)
     ref = fp8.fp8_mm(qa, qb, backend="emulate").double()
     got = fp8.fp8_mm(qa, qb, backend="scaled_mm").double()
-    tol = hopper_accumulation_bound(fp8.dequantize(qa), fp8.dequantize(qb)) + 2.0 ** -9
+    # bf16 keeps 8 significant bits: rounding to it moves each element by at most 2^-8 of it
+    tol = hopper_accumulation_bound(fp8.dequantize(qa), fp8.dequantize(qb)) + 2.0 ** -8
     err = ((got - ref).norm() / ref.norm()).item()
     print(f"blockwise {(m, k, n)}: relative error {err:.3e}, bound {tol:.3e}")
     assert err < tol

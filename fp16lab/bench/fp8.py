@@ -27,8 +27,9 @@ per sequence, batch 64: sequences short enough for the rule to be learned), the 
 batches for ``amp-bf16`` and each FP8 recipe, eager.
 Reported per recipe: the median step time after the warm-up steps (host clock, synchronized), the
 step rate against amp-bf16, and the final loss (mean of the last 10 steps) against amp-bf16's.
-Blockwise, and any case ``torch._scaled_mm`` rejects, runs emulated (fp32 matmuls): its speed is
-not an FP8 speed, and the ``backend`` column says so.
+Any product ``torch._scaled_mm`` rejects (blockwise's weight gradient, whose operands both carry
+1x128 scales; blockwise everywhere where :func:`fp8.blockwise_support` says no) runs emulated
+(fp32 matmuls): that part's speed is not an FP8 speed, and the ``backend`` column says so.
 
     python -m fp16lab.bench.fp8            # full run on a GPU -> data/local/fp8_h200.json
     python -m fp16lab.bench.fp8 --quick    # a smoke run (CPU or GPU), small sizes
@@ -156,7 +157,7 @@ def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float,
         print(f"{part}: {precision} {mode}, median step {r['step_ms']:.1f} ms", flush=True)
         emulated = sorted(set(fp8.FALLBACKS.values()))
         backend = ("-" if not precision.startswith("fp8") else
-                   "emulate" if device != "cuda" or precision == "fp8-blockwise" else
+                   "emulate" if device != "cuda" else
                    "scaled_mm" if not emulated else "scaled_mm, partly emulated")
         rows.append({"part": part, "precision": precision, "mode": mode, "backend": backend,
                      "fallbacks": emulated, "step_ms": r["step_ms"], "losses": r["losses"],
