@@ -482,7 +482,7 @@ def test_scaled_mm_matches_the_emulation(granularity, shape):
     got = fp8.fp8_mm(qa, qb, backend="scaled_mm").double()  # fast_accum=False: promoted sums
     tol = hopper_accumulation_bound(fp8.dequantize(qa), fp8.dequantize(qb))
     if granularity == "rowwise":
-        tol += 2.0 ** -9  # the rowwise kernel writes bf16: each output rounded by at most 2^-9
+        tol += 2.0 ** -8  # the rowwise kernel writes bf16: each output moves by at most 2^-8 of it
     err = ((got - ref).norm() / ref.norm()).item()
     print(f"{granularity} {shape}: relative error {err:.3e}, bound {tol:.3e}")
     assert err < tol
