@@ -33,6 +33,7 @@ BENCHMARKS = {
     "notebook_times": "minutes per notebook and per section, executed with nbclient",
     "doctor": "the doctor on planted problems, and its advice against an exhaustive sweep",
     "state16": "weights and optimizer state in 16 bits, trained side by side (notebook 11)",
+    "counters": "Nsight Compute's counters: the ladder's roofline, a training step's kernels",
 }
 
 

@@ -1,0 +1,261 @@
+"""Nsight Compute's counters for the kernel ladder and for training steps (notebooks 03 and 06).
+
+Part ``ladder``: every step of :data:`fp16lab.kernels.LADDER` that runs here and cuBLAS
+(``cupy.matmul``) multiply fp16 N x N matrices (N = 8192 by default), each launched once after a
+warm-up, under ``ncu`` with every counter of :data:`fp16lab.ncu.METRICS`. Each row adds the
+roofline (FLOPs 2N^3 from the shape, DRAM bytes from the counters), the bottleneck the counters
+name, and the stall reason that fell most from the step before (in stalled warp-cycles).
+
+Part ``step``: for each model and precision, one training step (:func:`fp16lab.workload.train_step`,
+after three warm-up steps) read twice: as one range (``--replay-mode range``: the counters of
+the whole step, the gaps between kernels included) and kernel by kernel for its matrix kernels
+(GEMMs, convolutions, attention: names matching :data:`MATRIX_KERNELS`, the first
+``--launch-count`` of them). The source's two claims are checked on the range's figures: "warp
+scheduling efficiency under 70%" (the issue-slot counter) and "FP32: DRAM 82%, SM 75%; FP16:
+DRAM 95%, SM 51%".
+
+    python -m fp16lab.bench.counters                    # both parts -> data/local/counters_<gpu>.json
+    python -m fp16lab.bench.counters --parts ladder --size 4096
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from typing import Any
+
+from fp16lab import measure, ncu, validate
+from fp16lab.bench import add_output_arguments, argument_parser, output_folder
+
+PARTS = ("ladder", "step")
+#: (workload, batch) the step part trains: a convolutional network and a transformer.
+MODELS = (("torchvision-resnet50", 64), ("gpt2-small", 8))
+PRECISIONS = ("fp32", "amp-fp16")
+#: Kernel names of the matrix work in a step: cuBLAS (nvjet, gemm, cutlass), cuDNN (xmma,
+#: implicit-GEMM convolutions), attention.
+MATRIX_KERNELS = r"[Gg]emm|nvjet|cutlass|xmma|[Cc]onv|fprop|dgrad|wgrad|fmha|flash|[Aa]ttention"
+WARMUP_STEPS = 3
+#: The source's figures, as it states them.
+SOURCE = {"issue_below": 70.0, "fp32": {"dram": 82.0, "sm": 75.0},
+          "fp16": {"dram": 95.0, "sm": 51.0}}
+
+
+# ----------------------------------------------------------------------------- children
+
+def _child_ladder(size: int) -> None:
+    """Launches every ladder step that runs here, then cupy.matmul, once each inside the
+    profiler range (after one untimed launch each: compilation)."""
+    import cupy
+
+    from fp16lab.kernels import gemm
+    from fp16lab.kernels.measure import runnable
+
+    rng = cupy.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=cupy.float32).astype(cupy.float16)
+    b = rng.standard_normal((size, size), dtype=cupy.float32).astype(cupy.float16)
+    out = cupy.empty((size, size), dtype=cupy.float16)
+    names = runnable()
+    for _ in range(2):  # the first pass compiles; the second, inside the range, is profiled
+        if _ == 1:
+            cupy.cuda.runtime.deviceSynchronize()
+            cupy.cuda.runtime.profilerStart()
+        for name in names:
+            gemm(a, b, kernel=name, out_dtype="float16", out=out)
+        cupy.matmul(a, b, out=out)
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.runtime.profilerStop()
+    print("profiled:", " ".join(names + ["cupy.matmul"]))
+
+
+def _child_step(workload: str, precision: str, batch: int) -> None:
+    """Builds the workload's step, trains WARMUP_STEPS steps, then one inside the profiler range."""
+    import torch
+
+    from fp16lab.workload import load_workload, train_step
+
+    step = train_step(load_workload(workload), precision, "cuda", batch)
+    for _ in range(WARMUP_STEPS):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def _child(argv: list[str]) -> int:
+    if argv[0] == "ladder":
+        _child_ladder(int(argv[1]))
+    else:
+        _child_step(argv[1], argv[2], int(argv[3]))
+    return 0
+
+
+def _me(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fp16lab.bench.counters", "--child", *map(str, args)]
+
+
+# ----------------------------------------------------------------------------- the rows
+
+def _counters(k: ncu.KernelCounters) -> dict[str, Any]:
+    return {"kernel": k.name, "block": k.block, "grid": k.grid,
+            **{m: v for m, v in k.values.items() if not math.isnan(v)}}
+
+
+def ladder_rows(kernels: list[ncu.KernelCounters], names: list[str], size: int) -> list[dict]:
+    """Returns one row per profiled ladder kernel and cuBLAS: counters, roofline, bottleneck,
+    and (from the second step on) the stall reason that fell most from the step before."""
+    from fp16lab.kernels import KERNELS
+
+    if len(kernels) != len(names):
+        raise RuntimeError(f"ncu profiled {len(kernels)} kernels, expected {len(names)} "
+                           f"({', '.join(names)}): {[k.name for k in kernels]}")
+    flops = 2.0 * size ** 3
+    rows = []
+    for i, (name, k) in enumerate(zip(names, kernels)):
+        intensity, rate = ncu.roofline(flops, k.dram_bytes, k.seconds)
+        kind, why = ncu.bottleneck(k)
+        row = {"part": "ladder", "impl": name, "step": KERNELS[name].step if name in KERNELS else 0,
+               "size": size, "flops": flops, "dram_bytes": k.dram_bytes,
+               "intensity_flop_per_byte": intensity, "tflops": rate / 1e12,
+               "dram_peak_gbs": ncu.implied_peak(k.dram_bytes / k.seconds, k["dram"]) / 1e9,
+               "bottleneck": kind, "why": why, "top_stalls": k.top_stalls(3), **_counters(k)}
+        if 0 < i and name in KERNELS:
+            reason, before, after = ncu.moved(kernels[i - 1], k)
+            row.update(moved=reason, moved_before=before, moved_after=after)
+        rows.append(row)
+    return rows
+
+
+def claims(ranges: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -> list[dict]:
+    """Returns the source's two claims, each with the figures measured and a verdict."""
+    out = []
+    amp = {m: r for (m, p), r in ranges.items() if p == "amp-fp16"}
+    fp32 = {m: r for (m, p), r in ranges.items() if p == "fp32"}
+    cublas = next((r for r in ladder if r["impl"] == "cupy.matmul"), None)
+    if amp:
+        issue = {m: r["issue"] for m, r in amp.items()}
+        below = all(v < SOURCE["issue_below"] for v in issue.values())
+        out.append({
+            "claim": "warp scheduling efficiency under 70% in FP16 training",
+            "measured": {"issue_slots_busy_pct": issue,
+                         "cublas_gemm_issue_pct": cublas and cublas["issue"],
+                         "cublas_gemm_tensor_pct": cublas and cublas["tensor"]},
+            "holds": below,
+            "verdict": ("the figure holds: issue slots are busy under 70% of the cycles in "
+                        f"every step ({', '.join(f'{m} {v:.0f}%' for m, v in issue.items())})"
+                        if below else "the figure does not hold: a step keeps issue slots busy "
+                        "70% or more") + (
+                f"; but cuBLAS's fastest GEMM issues in {cublas['issue']:.0f}% of cycles with its "
+                f"tensor pipes {cublas['tensor']:.0f}% busy: a low issue rate is no sign of waste"
+                if cublas else "")})
+    if amp and fp32:
+        figures = {m: {"fp32": {"dram": fp32[m]["dram"], "sm": fp32[m]["sm"]},
+                       "amp-fp16": {"dram": amp[m]["dram"], "sm": amp[m]["sm"]}}
+                   for m in amp if m in fp32}
+        bound = {m: f["amp-fp16"]["dram"] >= 85 and f["amp-fp16"]["sm"] <= 60
+                 for m, f in figures.items()}
+        out.append({
+            "claim": "FP32: DRAM 82%, SM 75%; FP16: DRAM 95%, SM 51% (memory-bound, SM half idle)",
+            "measured": figures, "holds": any(bound.values()), "holds_per_model": bound,
+            "verdict": "; ".join(
+                f"{m}: FP32 DRAM {f['fp32']['dram']:.0f}% SM {f['fp32']['sm']:.0f}%, AMP DRAM "
+                f"{f['amp-fp16']['dram']:.0f}% SM {f['amp-fp16']['sm']:.0f}%: "
+                + ("memory-bound as claimed" if bound[m] else "not the claimed picture "
+                   "(DRAM 85%+ with SM 60% or less)")
+                for m, f in figures.items())})
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return _child(argv[1:])
+    ap = argument_parser("counters", __doc__.splitlines()[0])
+    ap.add_argument("--parts", default=list(PARTS),
+                    type=validate.argument(validate.choice, PARTS, many=True),
+                    help="ladder, step or both (comma-separated)")
+    ap.add_argument("--size", type=validate.argument(validate.count, low=128), default=8192,
+                    help="the ladder's N (N x N x N products; default 8192)")
+    ap.add_argument("--launch-count", type=validate.argument(validate.count), default=60,
+                    help="matrix kernels of each step read one by one (default 60)")
+    ap.add_argument("--timeout", type=validate.argument(validate.number, low=0, low_open=True),
+                    default=300, help="seconds each ncu run may take (default 300)")
+    add_output_arguments(ap, "counters_<gpu>")
+    args = ap.parse_args(argv)
+    why = ncu.unavailable()
+    if why:
+        print(f"fp16lab.bench.counters needs Nsight Compute and a GPU: {why}", file=sys.stderr)
+        return 2
+    import torch
+
+    gpu = re.sub(r"[^a-z0-9]+", "", torch.cuda.get_device_name().lower().split()[-1]) or "gpu"
+    name, out = args.name or f"counters_{gpu}", output_folder(args)
+    rows: list[dict[str, Any]] = []
+    meta: dict[str, Any] = {"metrics": {k: v[0] for k, v in ncu.METRICS.items()},
+                            "source": SOURCE, "seconds": {}, "skipped": {}}
+    if "ladder" in args.parts:
+        from fp16lab.kernels.measure import runnable
+
+        t0 = time.perf_counter()
+        names = runnable() + ["cupy.matmul"]
+        kernels = ncu.profile(_me("ladder", args.size), timeout=args.timeout)
+        rows += ladder_rows(kernels, names, args.size)
+        meta["seconds"]["ladder"] = time.perf_counter() - t0
+        meta["ladder_size"] = args.size
+        print(f"ladder at {args.size}^3 profiled in {meta['seconds']['ladder']:.0f} s")
+        for r in rows:
+            print(f"  {r['impl']:14s} {r['tflops']:6.0f} TFLOP/s  {r['intensity_flop_per_byte']:6.0f} "
+                  f"FLOP/B  tensor {r['tensor']:3.0f}%  SM {r['sm']:3.0f}%  DRAM {r['dram']:3.0f}%  "
+                  f"issue {r['issue']:3.0f}%  {r['bottleneck']}; moved: {r.get('moved', '-')}",
+                  flush=True)
+        measure.write_result(name, rows, meta=meta, data_dir=out)
+    ranges: dict[tuple[str, str], dict[str, Any]] = {}
+    if "step" in args.parts:
+        for workload, batch in MODELS:
+            for precision in PRECISIONS:
+                t0 = time.perf_counter()
+                key = f"{workload} {precision}"
+                child = _me("step", workload, precision, batch)
+                whole, kernels = None, []
+                try:
+                    (whole,) = ncu.profile(child, ncu.STEP_METRICS, replay="range",
+                                           timeout=args.timeout)
+                except ncu.NcuUnavailable as e:
+                    meta["skipped"][f"{key}, whole step"] = str(e)
+                    print(f"{key}: whole step not read: {e}", flush=True)
+                try:
+                    kernels = ncu.profile(child, ncu.STEP_METRICS, kernel_regex=MATRIX_KERNELS,
+                                          launch_count=args.launch_count, timeout=args.timeout)
+                except ncu.NcuUnavailable as e:
+                    meta["skipped"][f"{key}, matrix kernels"] = str(e)
+                    print(f"{key}: matrix kernels not read: {e}", flush=True)
+                common = {"part": "step", "workload": workload, "precision": precision,
+                          "batch": batch}
+                if whole is not None:
+                    r = {**common, "what": "range", **_counters(whole)}
+                    ranges[(workload, precision)] = r
+                    rows.append(r)
+                    print(f"{key}: step {r['duration_ns'] / 1e6:.1f} ms  tensor "
+                          f"{r.get('tensor', math.nan):.0f}%  SM {r.get('sm', math.nan):.0f}%  "
+                          f"DRAM {r.get('dram', math.nan):.0f}%  issue "
+                          f"{r.get('issue', math.nan):.0f}%", flush=True)
+                rows += [{**common, "what": "kernel", **_counters(k)} for k in kernels]
+                meta["seconds"][key] = time.perf_counter() - t0
+                print(f"{key}: {len(kernels)} matrix kernels; {meta['seconds'][key]:.0f} s",
+                      flush=True)
+                measure.write_result(name, rows, meta=meta, data_dir=out)
+    meta["claims"] = claims(ranges, [r for r in rows if r["part"] == "ladder"])
+    path = measure.write_result(name, rows, meta=meta, data_dir=out)
+    for c in meta["claims"]:
+        print(f"claim: {c['claim']}\n  {c['verdict']}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

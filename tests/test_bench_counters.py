@@ -1,0 +1,77 @@
+"""fp16lab.bench.counters on the CPU: the ladder's rows from recorded counters, the claims'
+verdicts from hand-made figures, and the refusal where ncu cannot run."""
+
+from __future__ import annotations
+
+import pytest
+
+from fp16lab import ncu
+from fp16lab.bench import counters as bench
+from tests.test_ncu import FIXTURE
+
+LADDER = ["wmma_naive", "wmma_smem", "wmma_padded", "wmma_pipeline", "mma_sync", "wgmma",
+          "cupy.matmul"]
+
+
+def _recorded():
+    kernels = ncu.parse_csv(FIXTURE.read_text())
+    for i, k in enumerate(kernels):  # the recording lacks the instruction count: give one
+        k.values["issued"] = 1e6 * (7 - i)
+    return kernels
+
+
+def test_ladder_rows_add_the_roofline_the_bottleneck_and_what_moved():
+    rows = bench.ladder_rows(_recorded(), LADDER, 4096)
+    assert [r["impl"] for r in rows] == LADDER
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6, 0]
+    naive = rows[0]
+    assert naive["flops"] == 2 * 4096**3
+    assert naive["intensity_flop_per_byte"] == pytest.approx(2 * 4096**3 / 491_981_568)
+    assert naive["tflops"] == pytest.approx(2 * 4096**3 / 5.012928e-3 / 1e12)
+    assert naive["bottleneck"] == "latency" and "moved" not in naive
+    assert rows[1]["moved"] == "long_scoreboard"  # shared-memory tiles: fewer global waits
+    assert rows[1]["moved_before"] == pytest.approx(44.79 * 7e6)
+    assert "moved" not in rows[-1]  # cuBLAS is not a step of the ladder
+    assert [r["bottleneck"] for r in rows[4:]] == ["tensor pipes"] * 3
+    assert rows[0]["top_stalls"][0] == ("long_scoreboard", 44.79)
+
+
+def test_ladder_rows_refuse_a_count_that_does_not_match():
+    with pytest.raises(RuntimeError, match="profiled 7 kernels, expected 6"):
+        bench.ladder_rows(_recorded(), LADDER[:6], 4096)
+
+
+def _range(dram, sm, issue):
+    return {"dram": dram, "sm": sm, "issue": issue}
+
+
+def test_claims_verdicts_follow_the_figures():
+    cublas = [{"impl": "cupy.matmul", "issue": 12.0, "tensor": 95.0}]
+    ranges = {("resnet", "fp32"): _range(82, 75, 40), ("resnet", "amp-fp16"): _range(95, 51, 30),
+              ("gpt", "fp32"): _range(20, 80, 50), ("gpt", "amp-fp16"): _range(30, 50, 71)}
+    issue, picture = bench.claims(ranges, cublas)
+    assert issue["holds"] is False  # gpt's AMP step issues in 71% of cycles
+    assert issue["measured"]["issue_slots_busy_pct"] == {"resnet": 30, "gpt": 71}
+    assert "does not hold" in issue["verdict"] and "12%" in issue["verdict"]
+    assert picture["holds_per_model"] == {"resnet": True, "gpt": False}
+    assert picture["holds"] is True
+    assert picture["measured"]["resnet"]["amp-fp16"] == {"dram": 95, "sm": 51}
+    ranges[("gpt", "amp-fp16")] = _range(85, 60, 69.9)  # the edges count as the claim
+    issue, picture = bench.claims(ranges, cublas)
+    assert issue["holds"] is True and picture["holds_per_model"]["gpt"] is True
+    ranges[("gpt", "amp-fp16")] = _range(84.9, 60, 10)
+    ranges[("resnet", "amp-fp16")] = _range(95, 60.1, 10)
+    assert bench.claims(ranges, cublas)[1]["holds"] is False
+
+
+def test_claims_need_their_figures():
+    assert bench.claims({}, []) == []
+    only_amp = bench.claims({("m", "amp-fp16"): _range(1, 2, 3)}, [])
+    assert len(only_amp) == 1 and "cuBLAS" not in only_amp[0]["verdict"]
+
+
+def test_main_says_why_it_cannot_read_counters(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(ncu, "unavailable", lambda: "no ncu here")
+    assert bench.main(["--out", str(tmp_path)]) == 2
+    assert "needs Nsight Compute and a GPU: no ncu here" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
