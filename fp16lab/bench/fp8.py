@@ -157,7 +157,8 @@ def training_rows(cfg: GPTConfig, steps: int, device: str, lr: float,
         print(f"{part}: {precision} {mode}, median step {r['step_ms']:.1f} ms", flush=True)
         emulated = sorted(set(fp8.FALLBACKS.values()))
         backend = ("-" if not precision.startswith("fp8") else
-                   "emulate" if device != "cuda" else
+                   "emulate" if device != "cuda" or (precision == "fp8-blockwise"
+                                                     and not fp8.blockwise_support(device)[0]) else
                    "scaled_mm" if not emulated else "scaled_mm, partly emulated")
         rows.append({"part": part, "precision": precision, "mode": mode, "backend": backend,
                      "fallbacks": emulated, "step_ms": r["step_ms"], "losses": r["losses"],

@@ -102,7 +102,9 @@ def blockwise_support(device: torch.device | str) -> tuple[bool, str]:
     """Returns (whether ``torch._scaled_mm`` runs DeepSeek-style blockwise scales on ``device``,
     why not): found by running it once on a 256 x 256 x 256 product and comparing with the
     emulation (a torch or GPU without the kernel raises, and one that computes it wrongly is
-    refused too); cached per device, so later calls, and ``torch.compile``, read the answer."""
+    refused too: torch 2.11 on an H200 took the scales and returned values off by 1e13,
+    relative, on 2026-12-02); cached per device, so later calls, and ``torch.compile``, read
+    the answer."""
     device = torch.device(device)
     key = str(device)
     if key in _BLOCKWISE:
@@ -121,8 +123,8 @@ def blockwise_support(device: torch.device | str) -> tuple[bool, str]:
             result = (False, "torch._scaled_mm refused blockwise scales: "
                              + str(exc).splitlines()[0][:200])
         else:
-            want = dequantize(qa) @ dequantize(qb)
-            err = float((got - want).norm() / want.norm())
+            want = (dequantize(qa) @ dequantize(qb)).double()
+            err = float((got.double() - want).norm() / want.norm())  # float64: no overflow
             result = (err < 1e-2, "" if err < 1e-2 else
                       f"torch._scaled_mm's blockwise result is off by {err:.2g} of the emulation's")
     _BLOCKWISE[key] = result
