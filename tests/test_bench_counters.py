@@ -75,3 +75,65 @@ def test_main_says_why_it_cannot_read_counters(monkeypatch, capsys, tmp_path):
     assert bench.main(["--out", str(tmp_path)]) == 2
     assert "needs Nsight Compute and a GPU: no ncu here" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def _kernel_row(workload, precision, duration, **pct):
+    return {"part": "step", "what": "kernel", "workload": workload, "precision": precision,
+            "kernel": "k", "duration_ns": duration, **pct}
+
+
+def test_step_figures_prefer_the_whole_step_and_else_weigh_the_kernels():
+    pct = {"tensor": 10.0, "sm": 20.0, "dram": 30.0, "issue": 40.0}
+    rows = [{"part": "step", "what": "range", "workload": "w", "precision": "fp32", **pct},
+            _kernel_row("w", "fp32", 5, tensor=99, sm=99, dram=99, issue=99),
+            _kernel_row("w", "amp-fp16", 3, tensor=80, sm=60, dram=20, issue=10),
+            _kernel_row("w", "amp-fp16", 1, tensor=0, sm=20, dram=60, issue=30)]
+    got = bench.step_figures(rows)
+    assert got[("w", "fp32")] == {**pct, "scope": "whole step"}
+    amp = got[("w", "amp-fp16")]
+    assert (amp["tensor"], amp["sm"], amp["dram"], amp["issue"]) == (60, 50, 30, 15)
+    assert amp["scope"] == "the step's first 2 matrix kernels, duration-weighted"
+    issue, picture = bench.claims(got, [])
+    assert issue["measured"]["scope"] == {"w": amp["scope"]}
+    assert picture["measured"]["w"]["scope"] == amp["scope"]
+
+
+def test_merge_keeps_what_was_not_measured_again(tmp_path):
+    from fp16lab import measure
+
+    old = [{"part": "ladder", "impl": "wgmma"},
+           _kernel_row("w", "fp32", 1, sm=1.0), _kernel_row("w", "amp-fp16", 1, sm=2.0)]
+    measure.write_result("c", old, meta={"seconds": {"w fp32": 5, "w amp-fp16": 6},
+                                         "skipped": {"w fp32, whole step": "refused"}},
+                         data_dir=tmp_path)
+    new = [{"part": "step", "what": "range", "workload": "w", "precision": "fp32", "sm": 3.0},
+           _kernel_row("w", "fp32", 2, sm=4.0)]
+    rows, meta = bench._merged(tmp_path / "c.json", new, {"seconds": {"w fp32": 9},
+                                                           "skipped": {}})
+    assert [(r["part"], r.get("what"), r.get("precision"), r.get("sm")) for r in rows] == [
+        ("ladder", None, None, None), ("step", "kernel", "amp-fp16", 2.0),
+        ("step", "range", "fp32", 3.0), ("step", "kernel", "fp32", 4.0)]
+    assert rows[0]["measured_at"] and "measured_at" not in rows[-1]
+    assert meta["seconds"] == {"w fp32": 9, "w amp-fp16": 6}
+    assert meta["skipped"] == {}  # w fp32 was read again: its old refusal is gone
+    assert bench._merged(tmp_path / "none.json", new, {}) == (new, {})
+
+
+def test_claims_only_recomputes_claims_from_the_rows_and_keeps_the_provenance(tmp_path):
+    from fp16lab import measure
+
+    rows = [{"part": "ladder", "impl": "cupy.matmul", "issue": 16.0, "tensor": 97.0},
+            _kernel_row("w", "fp32", 1, tensor=0, sm=75, dram=82, issue=80),
+            _kernel_row("w", "amp-fp16", 1, tensor=50, sm=51, dram=95, issue=20)]
+    path = measure.write_result("c", rows, meta={"gpu_name": "NVIDIA H200", "claims": []},
+                                data_dir=tmp_path)
+    before = measure.read_result(path)["meta"]
+    assert bench.main(["--claims-only", "--name", "c", "--out", str(tmp_path)]) == 0
+    after = measure.read_result(path)
+    assert after["rows"] == rows
+    assert {k: v for k, v in after["meta"].items() if k != "claims"} == {
+        k: v for k, v in before.items() if k != "claims"}
+    issue, picture = after["meta"]["claims"]
+    assert issue["holds"] and picture["holds"] and "12" not in issue["verdict"]
+    assert "16%" in issue["verdict"]
+    assert bench.main(["--claims-only", "--out", str(tmp_path)]) == 2  # which file?

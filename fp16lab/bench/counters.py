@@ -10,16 +10,23 @@ Part ``step``: for each model and precision, one training step (:func:`fp16lab.w
 after three warm-up steps) read twice: as one range (``--replay-mode range``: the counters of
 the whole step, the gaps between kernels included) and kernel by kernel for its matrix kernels
 (GEMMs, convolutions, attention: names matching :data:`MATRIX_KERNELS`, the first
-``--launch-count`` of them). The source's two claims are checked on the range's figures: "warp
-scheduling efficiency under 70%" (the issue-slot counter) and "FP32: DRAM 82%, SM 75%; FP16:
-DRAM 95%, SM 51%".
+``--launch-count`` of them). The source's two claims are checked on the range's figures (where
+ncu could not read the step as a range, on the matrix kernels' duration-weighted figures, and
+the claims say so): "warp scheduling efficiency under 70%" (the issue-slot counter) and "FP32:
+DRAM 82%, SM 75%; FP16: DRAM 95%, SM 51%".
+
+ncu 2025.3 refuses to replay a PyTorch step in the process (``--whole-step range``: an API
+call in the step that range replay does not support); ``app-range`` re-runs the program once
+per pass instead.
 
     python -m fp16lab.bench.counters                    # both parts -> data/local/counters_<gpu>.json
     python -m fp16lab.bench.counters --parts ladder --size 4096
+    python -m fp16lab.bench.counters --claims-only --name counters_h200 --replace  # no GPU
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -129,11 +136,34 @@ def ladder_rows(kernels: list[ncu.KernelCounters], names: list[str], size: int) 
     return rows
 
 
-def claims(ranges: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -> list[dict]:
-    """Returns the source's two claims, each with the figures measured and a verdict."""
+def step_figures(rows: list[dict]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Returns, per (workload, precision), the step's tensor, SM, DRAM and issue percentages and
+    their scope: the whole step where it was read as one range, else the duration-weighted
+    mean over the matrix kernels read one by one (the elementwise kernels and the gaps
+    between kernels left out)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        if r.get("what") == "range":
+            out[(r["workload"], r["precision"])] = {
+                **{k: r[k] for k in ("tensor", "sm", "dram", "issue")}, "scope": "whole step"}
+    kernels: dict[tuple[str, str], list[ncu.KernelCounters]] = {}
+    for r in rows:
+        if r.get("what") == "kernel" and (r["workload"], r["precision"]) not in out:
+            kernels.setdefault((r["workload"], r["precision"]), []).append(
+                ncu.KernelCounters(0, r["kernel"], values={
+                    k: r[k] for k in ("duration_ns", "tensor", "sm", "dram", "issue") if k in r}))
+    for key, ks in kernels.items():
+        out[key] = {**{k: ncu.weighted(ks, k) for k in ("tensor", "sm", "dram", "issue")},
+                    "scope": f"the step's first {len(ks)} matrix kernels, duration-weighted"}
+    return out
+
+
+def claims(figures: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -> list[dict]:
+    """Returns the source's two claims, each with the figures measured (from
+    :func:`step_figures`), their scope, and a verdict."""
     out = []
-    amp = {m: r for (m, p), r in ranges.items() if p == "amp-fp16"}
-    fp32 = {m: r for (m, p), r in ranges.items() if p == "fp32"}
+    amp = {m: r for (m, p), r in figures.items() if p == "amp-fp16"}
+    fp32 = {m: r for (m, p), r in figures.items() if p == "fp32"}
     cublas = next((r for r in ladder if r["impl"] == "cupy.matmul"), None)
     if amp:
         issue = {m: r["issue"] for m, r in amp.items()}
@@ -141,32 +171,77 @@ def claims(ranges: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) ->
         out.append({
             "claim": "warp scheduling efficiency under 70% in FP16 training",
             "measured": {"issue_slots_busy_pct": issue,
+                         "scope": {m: r.get("scope") for m, r in amp.items()},
                          "cublas_gemm_issue_pct": cublas and cublas["issue"],
                          "cublas_gemm_tensor_pct": cublas and cublas["tensor"]},
             "holds": below,
             "verdict": ("the figure holds: issue slots are busy under 70% of the cycles in "
-                        f"every step ({', '.join(f'{m} {v:.0f}%' for m, v in issue.items())})"
-                        if below else "the figure does not hold: a step keeps issue slots busy "
-                        "70% or more") + (
+                        f"every AMP step read ({', '.join(f'{m} {v:.0f}%' for m, v in issue.items())})"
+                        if below else "the figure does not hold: an AMP step keeps issue slots "
+                        "busy 70% or more") + (
                 f"; but cuBLAS's fastest GEMM issues in {cublas['issue']:.0f}% of cycles with its "
                 f"tensor pipes {cublas['tensor']:.0f}% busy: a low issue rate is no sign of waste"
                 if cublas else "")})
     if amp and fp32:
-        figures = {m: {"fp32": {"dram": fp32[m]["dram"], "sm": fp32[m]["sm"]},
-                       "amp-fp16": {"dram": amp[m]["dram"], "sm": amp[m]["sm"]}}
-                   for m in amp if m in fp32}
+        pairs = {m: {"fp32": {"dram": fp32[m]["dram"], "sm": fp32[m]["sm"]},
+                     "amp-fp16": {"dram": amp[m]["dram"], "sm": amp[m]["sm"]},
+                     "scope": amp[m].get("scope")}
+                 for m in amp if m in fp32}
         bound = {m: f["amp-fp16"]["dram"] >= 85 and f["amp-fp16"]["sm"] <= 60
-                 for m, f in figures.items()}
+                 for m, f in pairs.items()}
         out.append({
             "claim": "FP32: DRAM 82%, SM 75%; FP16: DRAM 95%, SM 51% (memory-bound, SM half idle)",
-            "measured": figures, "holds": any(bound.values()), "holds_per_model": bound,
+            "measured": pairs, "holds": any(bound.values()), "holds_per_model": bound,
             "verdict": "; ".join(
                 f"{m}: FP32 DRAM {f['fp32']['dram']:.0f}% SM {f['fp32']['sm']:.0f}%, AMP DRAM "
                 f"{f['amp-fp16']['dram']:.0f}% SM {f['amp-fp16']['sm']:.0f}%: "
                 + ("memory-bound as claimed" if bound[m] else "not the claimed picture "
                    "(DRAM 85%+ with SM 60% or less)")
-                for m, f in figures.items())})
+                for m, f in pairs.items())})
     return out
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    if row["part"] == "ladder":
+        return ("ladder",)
+    return (row["part"], row["what"], row["workload"], row["precision"])
+
+
+def _merged(path: Any, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
+    """Returns the rows and meta of an earlier result at ``path`` (if any) merged with this
+    run's: the earlier rows of every (part, what, workload, precision) not measured now kept,
+    each row saying when it was measured."""
+    try:
+        old = measure.read_result(path)
+    except FileNotFoundError:
+        return rows, meta
+    now = {_key(r) for r in rows}
+    then = old["meta"].get("measured_at")
+    kept = [{"measured_at": then, **r} for r in old["rows"] if _key(r) not in now]
+    merged = {**old["meta"], **{k: v for k, v in meta.items() if k not in ("seconds", "skipped")}}
+    for part in ("seconds", "skipped"):
+        merged[part] = {**old["meta"].get(part, {}), **meta.get(part, {})}
+    for k in meta.get("seconds", {}):  # measured again now: an earlier refusal no longer holds
+        merged["skipped"] = {s: w for s, w in merged["skipped"].items() if not s.startswith(k)
+                             or s in meta.get("skipped", {})}
+    return kept + rows, merged
+
+
+def _claims_only(args: Any) -> int:
+    if not args.name:
+        print("--claims-only needs --name: the result file whose claims to recompute",
+              file=sys.stderr)
+        return 2
+    path = output_folder(args) / f"{args.name}.json"
+    result = measure.read_result(path)
+    rows, meta = result["rows"], result["meta"]
+    meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
+    measured = {k: meta[k] for k in meta if k != "claims"}
+    path.write_text(json.dumps({"meta": {**measured, "claims": meta["claims"]}, "rows": rows},
+                               indent=1) + "\n")
+    for c in meta["claims"]:
+        print(f"claim: {c['claim']}\n  {c['verdict']}")
+    return 0
 
 
 # ----------------------------------------------------------------------------- main
@@ -181,12 +256,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="ladder, step or both (comma-separated)")
     ap.add_argument("--size", type=validate.argument(validate.count, low=128), default=8192,
                     help="the ladder's N (N x N x N products; default 8192)")
-    ap.add_argument("--launch-count", type=validate.argument(validate.count), default=60,
-                    help="matrix kernels of each step read one by one (default 60)")
+    ap.add_argument("--launch-count", type=validate.argument(validate.count, low=0), default=60,
+                    help="matrix kernels of each step read one by one (default 60; 0: none)")
+    ap.add_argument("--whole-step", default="app-range", choices=("app-range", "range", "none"),
+                    help="how the whole step is read as one range: app-range (default; the "
+                         "program re-run once per pass), range (replayed in the process: "
+                         "refused by ncu 2025.3 for a PyTorch step) or none")
+    ap.add_argument("--workloads", default=[w for w, _ in MODELS],
+                    type=validate.argument(validate.choice, [w for w, _ in MODELS], many=True),
+                    help="the step part's workloads (comma-separated; default both)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of the existing result file that this run does not "
+                         "measure again")
     ap.add_argument("--timeout", type=validate.argument(validate.number, low=0, low_open=True),
                     default=300, help="seconds each ncu run may take (default 300)")
     add_output_arguments(ap, "counters_<gpu>")
+    ap.add_argument("--claims-only", action="store_true",
+                    help="measure nothing: recompute the claims of the result file named by "
+                         "--name from its rows")
     args = ap.parse_args(argv)
+    if args.claims_only:
+        return _claims_only(args)
     why = ncu.unavailable()
     if why:
         print(f"fp16lab.bench.counters needs Nsight Compute and a GPU: {why}", file=sys.stderr)
@@ -214,31 +304,34 @@ def main(argv: list[str] | None = None) -> int:
                   f"issue {r['issue']:3.0f}%  {r['bottleneck']}; moved: {r.get('moved', '-')}",
                   flush=True)
         measure.write_result(name, rows, meta=meta, data_dir=out)
-    ranges: dict[tuple[str, str], dict[str, Any]] = {}
     if "step" in args.parts:
-        for workload, batch in MODELS:
+        for workload, batch in [(w, b) for w, b in MODELS if w in args.workloads]:
             for precision in PRECISIONS:
                 t0 = time.perf_counter()
                 key = f"{workload} {precision}"
                 child = _me("step", workload, precision, batch)
                 whole, kernels = None, []
                 try:
-                    (whole,) = ncu.profile(child, ncu.STEP_METRICS, replay="range",
-                                           timeout=args.timeout)
+                    if args.whole_step != "none":
+                        (whole,) = ncu.profile(child, ncu.STEP_METRICS, replay=args.whole_step,
+                                               timeout=args.timeout)
                 except ncu.NcuUnavailable as e:
                     meta["skipped"][f"{key}, whole step"] = str(e)
                     print(f"{key}: whole step not read: {e}", flush=True)
                 try:
-                    kernels = ncu.profile(child, ncu.STEP_METRICS, kernel_regex=MATRIX_KERNELS,
-                                          launch_count=args.launch_count, timeout=args.timeout)
+                    if args.launch_count:
+                        kernels = ncu.profile(child, ncu.STEP_METRICS,
+                                              kernel_regex=MATRIX_KERNELS,
+                                              launch_count=args.launch_count,
+                                              timeout=args.timeout)
                 except ncu.NcuUnavailable as e:
                     meta["skipped"][f"{key}, matrix kernels"] = str(e)
                     print(f"{key}: matrix kernels not read: {e}", flush=True)
                 common = {"part": "step", "workload": workload, "precision": precision,
                           "batch": batch}
                 if whole is not None:
-                    r = {**common, "what": "range", **_counters(whole)}
-                    ranges[(workload, precision)] = r
+                    r = {**common, "what": "range", "replay": args.whole_step,
+                         **_counters(whole)}
                     rows.append(r)
                     print(f"{key}: step {r['duration_ns'] / 1e6:.1f} ms  tensor "
                           f"{r.get('tensor', math.nan):.0f}%  SM {r.get('sm', math.nan):.0f}%  "
@@ -249,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key}: {len(kernels)} matrix kernels; {meta['seconds'][key]:.0f} s",
                       flush=True)
                 measure.write_result(name, rows, meta=meta, data_dir=out)
-    meta["claims"] = claims(ranges, [r for r in rows if r["part"] == "ladder"])
+    if args.merge:
+        rows, meta = _merged(out / f"{name}.json", rows, meta)
+    meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
     path = measure.write_result(name, rows, meta=meta, data_dir=out)
     for c in meta["claims"]:
         print(f"claim: {c['claim']}\n  {c['verdict']}")
