@@ -95,6 +95,8 @@ def test_step_figures_prefer_the_whole_step_and_else_weigh_the_kernels():
     assert amp["scope"] == "the step's first 2 matrix kernels, duration-weighted"
     issue, picture = bench.claims(got, [])
     assert issue["measured"]["scope"] == {"w": amp["scope"]}
+    assert issue["verdict"].endswith(f"(figures over {amp['scope']})")
+    assert picture["verdict"].endswith(f"(figures over {amp['scope']})")
     assert picture["measured"]["w"]["scope"] == amp["scope"]
 
 
@@ -137,3 +139,15 @@ def test_claims_only_recomputes_claims_from_the_rows_and_keeps_the_provenance(tm
     assert issue["holds"] and picture["holds"] and "12" not in issue["verdict"]
     assert "16%" in issue["verdict"]
     assert bench.main(["--claims-only", "--out", str(tmp_path)]) == 2  # which file?
+
+
+def test_top_kernels_are_each_steps_longest_with_their_share():
+    rows = [_kernel_row("w", "fp32", d, tensor=t, sm=1.0, dram=2.0, issue=3.0)
+            for d, t in ((1000, 1.0), (3000, 3.0), (2000, 2.0), (4000, 4.0))]
+    rows += [_kernel_row("v", "amp-fp16", 500, tensor=9.0, sm=1.0, dram=2.0, issue=3.0)]
+    top = bench.top_kernels(rows, n=2)
+    assert list(top.loc[("w", "fp32")]["tensor"]) == [4.0, 3.0]
+    assert list(top.loc[("w", "fp32")]["share %"]) == [40.0, 30.0]  # of 10,000 ns
+    assert list(top.loc[("w", "fp32")]["us"]) == [4.0, 3.0]
+    assert list(top.loc[("v", "amp-fp16")]["share %"]) == [100.0]
+    assert bench.top_kernels([]).empty

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -101,3 +102,16 @@ def test_solutions_only_on_request():
 def test_reference_pad_is_a_right_answer():
     # the notebook times padding with it until the learner's pad_to_8 passes
     assert ex.q1.check(ex.reference_pad)
+
+
+def test_q4_names_the_stall_shared_memory_removed():
+    """The recorded counters: long_scoreboard (global-memory waits) fell most from step 1 to 2,
+    by a wide margin (read by hand from data/counters_h200.json: 310 -> 28 G warp-cycles)."""
+    for right in ("long_scoreboard", " long_scoreboard "):
+        f = ex.q4.check(right)
+        assert f and "from 310 to 28 billion" in f.message
+    for wrong, says in (("selected", "issuing, not waiting"), ("coffee", "one of: long_scoreboard"),
+                        (3, "give one stall reason"), ("mio_throttle", "grew from step 1 to step 2"),
+                        ("barrier", "grew from step 1"), ("wait", "fell less than another")):
+        f = ex.q4.check(wrong)
+        assert not f and says in f.message

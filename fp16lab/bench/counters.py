@@ -31,7 +31,7 @@ import math
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from fp16lab import measure, ncu, validate
 from fp16lab.bench import add_output_arguments, argument_parser, output_folder
@@ -158,6 +158,32 @@ def step_figures(rows: list[dict]) -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
+def top_kernels(rows: list[dict], n: int = 5):
+    """Returns a DataFrame of each step's ``n`` longest matrix kernels read one by one:
+    microseconds, share of those kernels' time, tensor, SM, DRAM and issue %, indexed by
+    (workload, precision, kernel)."""
+    import pandas as pd
+
+    n = validate.count("n", n)
+    df = pd.DataFrame([r for r in rows if r.get("what") == "kernel"])
+    if df.empty:
+        return df
+    df["share %"] = 100 * df["duration_ns"] / df.groupby(["workload", "precision"])[
+        "duration_ns"].transform("sum")
+    df["us"] = (df["duration_ns"] / 1e3).round().astype(int)
+    df["kernel"] = df["kernel"].str.slice(0, 48)
+    top = (df.sort_values("duration_ns", ascending=False)
+           .groupby(["workload", "precision"], sort=False).head(n)
+           .sort_values(["workload", "precision", "duration_ns"], ascending=[True, True, False]))
+    return top.set_index(["workload", "precision", "kernel"])[
+        ["us", "share %", "tensor", "sm", "dram", "issue"]].round(1)
+
+
+def _scopes(figures: Iterable[dict[str, Any]]) -> str:
+    scopes = sorted({f.get("scope") or "unknown" for f in figures})
+    return f" (figures over {' / '.join(scopes)})"
+
+
 def claims(figures: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -> list[dict]:
     """Returns the source's two claims, each with the figures measured (from
     :func:`step_figures`), their scope, and a verdict."""
@@ -181,7 +207,7 @@ def claims(figures: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -
                         "busy 70% or more") + (
                 f"; but cuBLAS's fastest GEMM issues in {cublas['issue']:.0f}% of cycles with its "
                 f"tensor pipes {cublas['tensor']:.0f}% busy: a low issue rate is no sign of waste"
-                if cublas else "")})
+                if cublas else "") + _scopes(amp.values())})
     if amp and fp32:
         pairs = {m: {"fp32": {"dram": fp32[m]["dram"], "sm": fp32[m]["sm"]},
                      "amp-fp16": {"dram": amp[m]["dram"], "sm": amp[m]["sm"]},
@@ -197,7 +223,7 @@ def claims(figures: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -
                 f"{f['amp-fp16']['dram']:.0f}% SM {f['amp-fp16']['sm']:.0f}%: "
                 + ("memory-bound as claimed" if bound[m] else "not the claimed picture "
                    "(DRAM 85%+ with SM 60% or less)")
-                for m, f in pairs.items())})
+                for m, f in pairs.items()) + _scopes(amp[m] for m in pairs)})
     return out
 
 

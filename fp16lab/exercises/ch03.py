@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from ..measure import describe_source, read_result
 from .core import Exercise, Wrong
 
-__all__ = ["q1", "q2", "q3", "Q2_SIZES", "Q3_BATCH", "Q3_FEATURES", "Q3_SMS", "Q3_TILE",
+__all__ = ["q1", "q2", "q3", "q4", "Q2_SIZES", "Q3_BATCH", "Q3_FEATURES", "Q3_SMS", "Q3_TILE",
            "reference_pad"]
 
 
@@ -181,3 +182,45 @@ q3 = Exercise(
              "288 / 132 = 2.2, rounded up.",
     solution_code="from fp16lab import waves\n"
                   "waves.wave_count(waves.tile_count(2100, 4096, 256, 128), 132)")
+
+
+# ------------------------------------------------------------------ q4: what a step's counters cut
+
+def _step2_cut() -> tuple[str, dict[str, Any], str]:
+    payload = read_result("counters_h200")
+    rows = {r["impl"]: r for r in payload["rows"] if r.get("part") == "ladder"}
+    return rows["wmma_smem"]["moved"], rows, describe_source(payload["meta"], with_file=False)
+
+
+def _check_q4(answer: object) -> str:
+    from ..ncu import STALLS
+
+    if not isinstance(answer, str) or answer.strip() not in STALLS:
+        raise Wrong(f"give one stall reason as a string, one of: {', '.join(STALLS)}; got "
+                    f"{answer!r}.")
+    answer = answer.strip()
+    right, rows, where = _step2_cut()
+    naive, smem = rows["wmma_naive"], rows["wmma_smem"]
+    if answer == right:
+        return (f"{right}: {STALLS[right]}. From step 1 to step 2 its stalled warp-cycles fell from "
+                f"{smem['moved_before'] / 1e9:.0f} to {smem['moved_after'] / 1e9:.0f} billion "
+                f"({where}): each warp of step 1 loads its fragments from global memory and "
+                "waits for them; step 2 loads each tile into shared memory once for 8 warps.")
+    if answer == "selected":
+        raise Wrong("'selected' is a warp issuing, not waiting: it is the one cycle every "
+                    "instruction takes. Which wait did shared memory remove?")
+    if smem[f"stall_{answer}"] > naive[f"stall_{answer}"]:
+        raise Wrong(f"{answer} ({STALLS[answer]}) grew from step 1 to step 2, per instruction "
+                    f"issued: {naive[f'stall_{answer}']:.2f} -> {smem[f'stall_{answer}']:.2f}. "
+                    "Step 2 added shared memory; what did it take away?")
+    raise Wrong(f"{answer} fell less than another stall did. Look at step 1's largest stall in "
+                "the table: what does a warp of the naive kernel wait for before each multiply?")
+
+
+q4 = Exercise(
+    "q4", "Which stall reason (a key of fp16lab.ncu.STALLS, e.g. 'barrier') did step 2 "
+          "(shared-memory tiles) cut most from step 1, in data/counters_h200.json?", _check_q4,
+    hint="Step 1 reads A and B straight from global memory for every fragment; step 2 stages "
+         "them in shared memory. Which stall is a wait for global memory?",
+    solution="'long_scoreboard': waiting for global memory (an L1TEX load).",
+    solution_code="report.counters_table(cn).loc['wmma_smem', 'stall cut most (G warp-cycles)']")

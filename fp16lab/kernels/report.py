@@ -311,3 +311,68 @@ def bits_table(values: Any, printed: str | None = None):
     return pd.DataFrame({"value": v.astype(np.float64), "numpy code": [f"{c:04x}" for c in codes],
                          "device printf": [dev.get(i, "not run") for i in range(len(v))],
                          "decoded (fp16lab.bits)": decode(codes, "fp16")})
+
+
+# ----------------------------------------------------------------------- Nsight Compute's counters
+
+def _ladder_counters(payload: dict[str, Any]):
+    import pandas as pd
+
+    return pd.DataFrame([r for r in payload["rows"] if r.get("part") == "ladder"])
+
+
+def counters_table(payload: dict[str, Any]):
+    """Returns one line per ladder step and cuBLAS from a ``fp16lab bench counters`` file: rate,
+    measured intensity, the counters in % of their peaks, the bottleneck they name, and the stall
+    reason each step cut most from the step before (in stalled warp-cycles, before -> after)."""
+    df = _ladder_counters(payload)
+    moved = [f"{r.moved}: {r.moved_before / 1e9:.2f} -> {r.moved_after / 1e9:.2f}"
+             if isinstance(r.moved, str) else "" for r in df.itertuples()]
+    out = df.assign(cut=moved).set_index("impl")[
+        ["step", "tflops", "intensity_flop_per_byte", "tensor", "sm", "dram", "issue",
+         "occupancy", "bottleneck", "cut"]]
+    return out.rename(columns={"tflops": "TFLOP/s", "intensity_flop_per_byte": "FLOP/byte",
+                               "tensor": "tensor %", "sm": "SM %", "dram": "DRAM %",
+                               "issue": "issue %", "occupancy": "occupancy %",
+                               "cut": "stall cut most (G warp-cycles)"}).round(1)
+
+
+def counter_ceilings(payload: dict[str, Any]) -> tuple[float, float]:
+    """Returns (the DRAM bandwidth in GB/s, the tensor-pipe rate in TFLOP/s) that the counters'
+    percentages are of: the median over the ladder of bytes/s over the DRAM %, and cuBLAS's
+    TFLOP/s over its tensor-pipe % (the rate its kernel would reach with the pipes always busy)."""
+    import numpy as np
+
+    df = _ladder_counters(payload)
+    cublas = df[df["impl"] == "cupy.matmul"].iloc[0]
+    return float(np.median(df["dram_peak_gbs"])), float(cublas["tflops"] / (cublas["tensor"] / 100))
+
+
+def plot_counter_roofline(payload: dict[str, Any], ax=None):
+    """Returns an Axes with the ladder and cuBLAS at their measured intensity (FLOPs of the shape
+    over the DRAM bytes the counters read) and rate, under the roofs :func:`counter_ceilings`
+    derives from the same counters."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    df = _ladder_counters(payload)
+    bw, peak = counter_ceilings(payload)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+    x = np.logspace(0, 4, 200)
+    ax.plot(x, np.minimum(peak, x * bw / 1e3), "k-", lw=2,
+            label=f"roof: min({peak:.0f} TFLOP/s, {bw / 1e3:.2f} TB/s x intensity)")
+    for r in df.itertuples():
+        ax.plot(r.intensity_flop_per_byte, r.tflops, "x" if r.step == 0 else "o", ms=8,
+                color=kernel_colour(r.impl, None if r.step == 0 else r.step),
+                label=f"{r.impl} ({r.bottleneck})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(5, 2 * peak)
+    ax.set_xlabel("FLOP per byte read from or written to DRAM (measured)")
+    ax.set_ylabel("TFLOP/s")
+    size = int(df["size"].iloc[0])
+    ax.set_title(f"The ladder at {size}^3 under Nsight Compute: intensity from the DRAM counters")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3, which="both")
+    return ax
