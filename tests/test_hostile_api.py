@@ -415,6 +415,8 @@ CLI_VALID = {
     ("bench gemm --sustained", "0"): "0 skips the sustained runs, as its help says",
     ("bench sweep_engine_vs_loop --warmup", "0"): "no warm-up step is a valid protocol",
     ("bench workloads --warmup", "0"): "no warm-up step is a valid protocol",
+    ("bench counters --launch-count", "0"): "0 reads no kernel one by one, as its help says",
+    ("bench state16 --seed-only", "0"): "0 is a seed like any other",
 }
 
 

@@ -35,6 +35,9 @@ from typing import Any, Iterable
 
 from fp16lab import measure, ncu, validate
 from fp16lab.bench import add_output_arguments, argument_parser, output_folder
+from fp16lab.kernels import KERNELS, gemm
+from fp16lab.kernels.measure import runnable
+from fp16lab.workload import load_workload, train_step
 
 PARTS = ("ladder", "step")
 #: (workload, batch) the step part trains: a convolutional network and a transformer.
@@ -56,8 +59,6 @@ def _child_ladder(size: int) -> None:
     profiler range (after one untimed launch each: compilation)."""
     import cupy
 
-    from fp16lab.kernels import gemm
-    from fp16lab.kernels.measure import runnable
 
     rng = cupy.random.default_rng(0)
     a = rng.standard_normal((size, size), dtype=cupy.float32).astype(cupy.float16)
@@ -79,8 +80,6 @@ def _child_ladder(size: int) -> None:
 def _child_step(workload: str, precision: str, batch: int) -> None:
     """Builds the workload's step, trains WARMUP_STEPS steps, then one inside the profiler range."""
     import torch
-
-    from fp16lab.workload import load_workload, train_step
 
     step = train_step(load_workload(workload), precision, "cuda", batch)
     for _ in range(WARMUP_STEPS):
@@ -114,7 +113,6 @@ def _counters(k: ncu.KernelCounters) -> dict[str, Any]:
 def ladder_rows(kernels: list[ncu.KernelCounters], names: list[str], size: int) -> list[dict]:
     """Returns one row per profiled ladder kernel and cuBLAS: counters, roofline, bottleneck,
     and (from the second step on) the stall reason that fell most from the step before."""
-    from fp16lab.kernels import KERNELS
 
     if len(kernels) != len(names):
         raise RuntimeError(f"ncu profiled {len(kernels)} kernels, expected {len(names)} "
@@ -315,7 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {"metrics": {k: v[0] for k, v in ncu.METRICS.items()},
                             "source": SOURCE, "seconds": {}, "skipped": {}}
     if "ladder" in args.parts:
-        from fp16lab.kernels.measure import runnable
 
         t0 = time.perf_counter()
         names = runnable() + ["cupy.matmul"]

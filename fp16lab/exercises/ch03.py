@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..measure import describe_source, read_result
+from ..ncu import STALLS
 from .core import Exercise, Wrong
 
 __all__ = ["q1", "q2", "q3", "q4", "Q2_SIZES", "Q3_BATCH", "Q3_FEATURES", "Q3_SMS", "Q3_TILE",
@@ -193,8 +194,6 @@ def _step2_cut() -> tuple[str, dict[str, Any], str]:
 
 
 def _check_q4(answer: object) -> str:
-    from ..ncu import STALLS
-
     if not isinstance(answer, str) or answer.strip() not in STALLS:
         raise Wrong(f"give one stall reason as a string, one of: {', '.join(STALLS)}; got "
                     f"{answer!r}.")
