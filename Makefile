@@ -108,6 +108,7 @@ benchmarks: setup
 	@gpus=$$($(PY) -c 'import torch; print(torch.cuda.device_count())'); \
 	for b in $$($(PY) -c 'from fp16lab.bench import BENCHMARKS; print(*BENCHMARKS)'); do \
 	  if [ $$b = distributed ] && [ $$gpus -lt 2 ]; then echo "--- fp16lab bench distributed: skipped, it needs 2 GPUs ($$gpus here)"; continue; fi; \
+	  if [ $$b = counters ] && why=$$($(PY) -c 'import fp16lab.ncu as n; print(n.unavailable() or "")') && [ -n "$$why" ]; then echo "--- fp16lab bench counters: skipped: $$why"; continue; fi; \
 	  echo "--- fp16lab bench $$b"; $(VENV)/bin/fp16lab bench $$b $(if $(REPLACE),--replace) || exit $$?; done
 
 info: setup
