@@ -113,12 +113,21 @@ class AdamW16(torch.optim.Optimizer):
         validate.choice("state_dtype", state_dtype, (torch.float32, torch.bfloat16))
         super().__init__(params, hyper)
         self.rounding, self.state_dtype, self.generator = rounding, state_dtype, generator
-        self.vanished = 0.0
+        self._counts: tuple[Any, Any] = (0, 0)  # (lost, moved) of the last step, on the device
+
+    @property
+    def vanished(self) -> float:
+        """The share of the last step's non-zero updates that left their weight unchanged (0.0
+        before the first step). Counted on the device during the step and read here, once:
+        a read per parameter would stop the GPU at every parameter."""
+        lost, moved = (int(c) for c in self._counts)
+        return lost / moved if moved else 0.0
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
-        lost = moved = 0
+        lost: Any = 0
+        moved: Any = 0
         for group in self.param_groups:
             b1, b2 = group["betas"]
             for p in group["params"]:
@@ -144,7 +153,7 @@ class AdamW16(torch.optim.Optimizer):
                 exact = (w * (1 - group["lr"] * group["weight_decay"])).addcdiv_(
                     m, denom, value=-step_size)
                 u = exact - w
-                moved += int((u != 0).sum())
+                moved = moved + (u != 0).sum()
                 if p.dtype == torch.float32:
                     new = exact
                 elif self.rounding == "stochastic":
@@ -155,9 +164,9 @@ class AdamW16(torch.optim.Optimizer):
                     st["c"].copy_((y - (new.float() - w)).to(p.dtype))
                 else:
                     new = (w + u).to(p.dtype)
-                lost += int(((new == p) & (u != 0)).sum())
+                lost = lost + ((new == p) & (u != 0)).sum()
                 p.copy_(new)
-        self.vanished = lost / moved if moved else 0.0
+        self._counts = (lost, moved)
         return loss
 
 
