@@ -3,11 +3,15 @@ verdicts from hand-made figures, and the refusal where ncu cannot run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fp16lab import ncu
 from fp16lab.bench import counters as bench
-from tests.test_ncu import FIXTURE
+
+#: ncu's output recorded on an H200 (see tests/test_ncu.py)
+FIXTURE = Path(__file__).parent / "fixtures" / "ncu_ladder_4096_h200.csv"
 
 LADDER = ["wmma_naive", "wmma_smem", "wmma_padded", "wmma_pipeline", "mma_sync", "wgmma",
           "cupy.matmul"]

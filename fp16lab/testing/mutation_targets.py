@@ -34,7 +34,7 @@ class Target:
     source: str
     tests: tuple[str, ...]
     #: extra files or folders the tests read, relative to the checkout.
-    data: tuple[str, ...] = ("data",)
+    data: tuple[str, ...] = ("data", "tests/fixtures")
 
 
 #: Modules left out, each with the reason: nothing in them runs without a GPU (or a GPU library),
