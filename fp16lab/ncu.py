@@ -299,7 +299,8 @@ def profile_callable(fn: Callable[[], Any], metrics: Iterable[str] = tuple(METRI
     Other keywords go to :func:`profile`.
     """
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not callable(fn) or module in (None, "__main__") or "." in qualname or "<" in qualname:
+    if (not callable(fn) or module in (None, "__main__") or not qualname or "." in qualname
+            or "<" in qualname):
         raise ValueError(f"profile_callable runs fn in a fresh process, so it must be a function "
                          f"defined at the top level of an importable module; got {fn!r}")
     warmup = validate.count("warmup", warmup, low=0)

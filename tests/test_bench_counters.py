@@ -3,6 +3,7 @@ verdicts from hand-made figures, and the refusal where ncu cannot run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -114,15 +115,16 @@ def test_merge_keeps_what_was_not_measured_again(tmp_path):
                          data_dir=tmp_path)
     new = [{"part": "step", "what": "range", "workload": "w", "precision": "fp32", "sm": 3.0},
            _kernel_row("w", "fp32", 2, sm=4.0)]
-    rows, meta = bench._merged(tmp_path / "c.json", new, {"seconds": {"w fp32": 9},
-                                                           "skipped": {}})
+    old = bench._previous(tmp_path / "c.json")
+    rows, meta = bench._merged(old, new, {"seconds": {"w fp32": 9}, "skipped": {}})
     assert [(r["part"], r.get("what"), r.get("precision"), r.get("sm")) for r in rows] == [
         ("ladder", None, None, None), ("step", "kernel", "amp-fp16", 2.0),
         ("step", "range", "fp32", 3.0), ("step", "kernel", "fp32", 4.0)]
     assert rows[0]["measured_at"] and "measured_at" not in rows[-1]
     assert meta["seconds"] == {"w fp32": 9, "w amp-fp16": 6}
     assert meta["skipped"] == {}  # w fp32 was read again: its old refusal is gone
-    assert bench._merged(tmp_path / "none.json", new, {}) == (new, {})
+    assert bench._previous(tmp_path / "none.json") is None
+    assert bench._merged(None, new, {}) == (new, {})
 
 
 def test_claims_only_recomputes_claims_from_the_rows_and_keeps_the_provenance(tmp_path):
@@ -155,3 +157,98 @@ def test_top_kernels_are_each_steps_longest_with_their_share():
     assert list(top.loc[("w", "fp32")]["us"]) == [4.0, 3.0]
     assert list(top.loc[("v", "amp-fp16")]["share %"]) == [100.0]
     assert bench.top_kernels([]).empty
+
+
+def _stub_gpu(monkeypatch, calls, refuse=()):
+    """main() with ncu stubbed: the recorded ladder, a range and two kernels per step, each
+    call recorded; ``refuse`` lists (workload, replay) pairs whose ncu run fails."""
+    import torch
+
+    monkeypatch.setattr(ncu, "unavailable", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(bench, "runnable", lambda: LADDER[:6])
+
+    def profile(argv, metrics=tuple(ncu.METRICS), *, replay="kernel", **kw):
+        calls.append({"argv": list(argv), "metrics": list(metrics), "replay": replay, **kw})
+        if argv[4] == "ladder":  # python -m fp16lab.bench.counters --child ladder N
+            return _recorded()
+        workload, precision = argv[5], argv[6]
+        if (workload, replay) in refuse:
+            raise ncu.NcuUnavailable(f"refused {workload} {replay}")
+        amp = precision == "amp-fp16"
+        if replay != "kernel":
+            return [ncu.KernelCounters(0, "range", values={
+                "duration_ns": 2e6, "tensor": 50.0 if amp else 0.0, "sm": 51.0 if amp else 75.0,
+                "dram": 95.0 if amp else 82.0, "issue": 20.0 if amp else 80.0})]
+        return [ncu.KernelCounters(i, f"gemm{i}", "(1, 1, 1)", "(2, 1, 1)", values={
+            "duration_ns": 1000.0 * (i + 1), "tensor": 90.0, "sm": 80.0, "dram": 10.0,
+            "issue": 15.0}) for i in range(2)]
+
+    monkeypatch.setattr(ncu, "profile", profile)
+
+
+def test_main_writes_the_ladder_the_steps_and_the_claims(monkeypatch, tmp_path, capsys):
+    calls = []
+    _stub_gpu(monkeypatch, calls, refuse={("gpt2-small", "app-range")})
+    assert bench.main(["--out", str(tmp_path), "--size", "4096", "--launch-count", "7",
+                       "--timeout", "9"]) == 0
+    result = json.loads((tmp_path / "counters_h200.json").read_text())
+    rows, meta = result["rows"], result["meta"]
+    ladder = [r for r in rows if r["part"] == "ladder"]
+    assert [r["impl"] for r in ladder] == LADDER and ladder[0]["size"] == 4096
+    assert calls[0]["argv"][-2:] == ["ladder", "4096"] and calls[0]["timeout"] == 9
+    steps = [(r["workload"], r["precision"], r["what"]) for r in rows if r["part"] == "step"]
+    assert steps == [("torchvision-resnet50", "fp32", "range"),
+                     ("torchvision-resnet50", "fp32", "kernel"),
+                     ("torchvision-resnet50", "fp32", "kernel"),
+                     ("torchvision-resnet50", "amp-fp16", "range"),
+                     ("torchvision-resnet50", "amp-fp16", "kernel"),
+                     ("torchvision-resnet50", "amp-fp16", "kernel"),
+                     ("gpt2-small", "fp32", "kernel"), ("gpt2-small", "fp32", "kernel"),
+                     ("gpt2-small", "amp-fp16", "kernel"), ("gpt2-small", "amp-fp16", "kernel")]
+    ranged = next(r for r in rows if r.get("what") == "range")
+    assert ranged["replay"] == "app-range" and ranged["batch"] == 64 and ranged["sm"] == 75.0
+    kernel = next(r for r in rows if r.get("what") == "kernel")
+    assert (kernel["kernel"], kernel["block"], kernel["grid"]) == ("gemm0", "(1, 1, 1)",
+                                                                  "(2, 1, 1)")
+    step_calls = [c for c in calls if c["argv"][4] == "step"]
+    assert step_calls[0]["argv"][-4:] == ["step", "torchvision-resnet50", "fp32", "64"]
+    assert step_calls[0]["replay"] == "app-range" and step_calls[0]["timeout"] == 9
+    assert step_calls[1]["kernel_regex"] == bench.MATRIX_KERNELS
+    assert step_calls[1]["launch_count"] == 7
+    assert all(c["metrics"] == list(ncu.STEP_METRICS) for c in step_calls)
+    assert meta["skipped"] == {"gpt2-small fp32, whole step": "refused gpt2-small app-range",
+                               "gpt2-small amp-fp16, whole step": "refused gpt2-small app-range"}
+    assert set(meta["seconds"]) == {"ladder", "torchvision-resnet50 fp32",
+                                    "torchvision-resnet50 amp-fp16", "gpt2-small fp32",
+                                    "gpt2-small amp-fp16"}
+    assert meta["ladder_size"] == 4096 and meta["source"] == bench.SOURCE
+    assert meta["metrics"]["tensor"] == ncu.METRICS["tensor"][0]
+    picture = meta["claims"][1]
+    assert picture["holds_per_model"] == {"torchvision-resnet50": True, "gpt2-small": False}
+    assert picture["measured"]["torchvision-resnet50"]["scope"] == "whole step"
+    out = capsys.readouterr().out
+    assert "ladder at 4096^3 profiled in" in out and "moved: long_scoreboard" in out
+    assert "torchvision-resnet50 amp-fp16: step 2.0 ms  tensor 50%  SM 51%  DRAM 95%  issue 20%" \
+        in out
+    assert "gpt2-small fp32: whole step not read: refused gpt2-small app-range" in out
+    assert "gpt2-small amp-fp16: 2 matrix kernels;" in out
+    assert f"wrote {tmp_path / 'counters_h200.json'}" in out
+
+
+def test_main_reads_only_the_parts_asked_for(monkeypatch, tmp_path):
+    calls = []
+    _stub_gpu(monkeypatch, calls)
+    assert bench.main(["--out", str(tmp_path), "--parts", "step", "--workloads", "gpt2-small",
+                       "--whole-step", "none", "--launch-count", "0"]) == 0
+    assert calls == []  # no ladder, no range, no kernels: nothing to read
+    assert bench.main(["--out", str(tmp_path), "--parts", "step", "--workloads", "gpt2-small",
+                       "--whole-step", "range", "--launch-count", "0", "--merge"]) == 0
+    assert [(c["argv"][5], c["replay"]) for c in calls] == [("gpt2-small", "range")] * 2
+    rows = json.loads((tmp_path / "counters_h200.json").read_text())["rows"]
+    assert [(r["precision"], r["what"], r["replay"]) for r in rows] == [
+        ("fp32", "range", "range"), ("amp-fp16", "range", "range")]
+    assert bench.main(["--out", str(tmp_path), "--parts", "ladder", "--merge",
+                       "--name", "counters_h200"]) == 0
+    rows = json.loads((tmp_path / "counters_h200.json").read_text())["rows"]
+    assert [r["part"] for r in rows] == ["step", "step"] + ["ladder"] * 7  # the steps kept

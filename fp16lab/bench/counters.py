@@ -231,13 +231,19 @@ def _key(row: dict[str, Any]) -> tuple:
     return (row["part"], row["what"], row["workload"], row["precision"])
 
 
-def _merged(path: Any, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
-    """Returns the rows and meta of an earlier result at ``path`` (if any) merged with this
-    run's: the earlier rows of every (part, what, workload, precision) not measured now kept,
-    each row saying when it was measured."""
+def _previous(path: Any) -> dict[str, Any] | None:
+    """Returns the result file at ``path``, or None where there is none."""
     try:
-        old = measure.read_result(path)
+        return measure.read_result(path, allow_empty=True)
     except FileNotFoundError:
+        return None
+
+
+def _merged(old: dict[str, Any] | None, rows: list[dict], meta: dict) -> tuple[list[dict], dict]:
+    """Returns an earlier result (``old``, read before this run wrote anything) merged with
+    this run's rows and meta: the earlier rows of every (part, what, workload, precision) not
+    measured now kept, each row saying when it was measured."""
+    if old is None:
         return rows, meta
     now = {_key(r) for r in rows}
     then = old["meta"].get("measured_at")
@@ -309,11 +315,17 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = re.sub(r"[^a-z0-9]+", "", torch.cuda.get_device_name().lower().split()[-1]) or "gpu"
     name, out = args.name or f"counters_{gpu}", output_folder(args)
+    previous = _previous(out / f"{name}.json") if args.merge else None
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"metrics": {k: v[0] for k, v in ncu.METRICS.items()},
                             "source": SOURCE, "seconds": {}, "skipped": {}}
-    if "ladder" in args.parts:
 
+    def save() -> Any:  # after each part: a run cut short keeps what it measured
+        kept_rows, kept_meta = _merged(previous, rows, meta)
+        kept_meta["claims"] = claims(step_figures(kept_rows),
+                                     [r for r in kept_rows if r["part"] == "ladder"])
+        return measure.write_result(name, kept_rows, meta=kept_meta, data_dir=out), kept_meta
+    if "ladder" in args.parts:
         t0 = time.perf_counter()
         names = runnable() + ["cupy.matmul"]
         kernels = ncu.profile(_me("ladder", args.size), timeout=args.timeout)
@@ -326,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"FLOP/B  tensor {r['tensor']:3.0f}%  SM {r['sm']:3.0f}%  DRAM {r['dram']:3.0f}%  "
                   f"issue {r['issue']:3.0f}%  {r['bottleneck']}; moved: {r.get('moved', '-')}",
                   flush=True)
-        measure.write_result(name, rows, meta=meta, data_dir=out)
+        save()
     if "step" in args.parts:
         for workload, batch in [(w, b) for w, b in MODELS if w in args.workloads]:
             for precision in PRECISIONS:
@@ -364,12 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                 meta["seconds"][key] = time.perf_counter() - t0
                 print(f"{key}: {len(kernels)} matrix kernels; {meta['seconds'][key]:.0f} s",
                       flush=True)
-                measure.write_result(name, rows, meta=meta, data_dir=out)
-    if args.merge:
-        rows, meta = _merged(out / f"{name}.json", rows, meta)
-    meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
-    path = measure.write_result(name, rows, meta=meta, data_dir=out)
-    for c in meta["claims"]:
+                save()
+    path, written = save()
+    for c in written["claims"]:
         print(f"claim: {c['claim']}\n  {c['verdict']}")
     print(f"wrote {path}")
     return 0
