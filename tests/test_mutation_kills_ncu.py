@@ -98,7 +98,7 @@ def _stalls(issued, **ratios):
 
 
 def test_moved_leaves_out_issuing_and_reasons_read_on_one_side_only():
-    before = _stalls(1000.0, selected=1.0, barrier=5.0, long_scoreboard=math.nan)
+    before = _stalls(1000.0, selected=10.0, barrier=5.0, long_scoreboard=math.nan)
     after = _stalls(10.0, selected=1.0, barrier=1.0, long_scoreboard=1.0)
     assert ncu.moved(before, after) == ("barrier", 5000.0, 10.0)
     with pytest.raises(ValueError, match="^no stall counters to compare: profile with the "
@@ -186,6 +186,8 @@ def test_profile_passes_every_setting_to_ncu(tmp_path, monkeypatch):
     ncu.profile(["prog"])
     args = _args(tmp_path)
     assert args[args.index("--profile-from-start") + 1] == "off"  # by default: the range only
+    ncu.profile(["prog"], from_start=True)
+    assert "--profile-from-start" not in _args(tmp_path)
     assert inspect.signature(ncu.profile).parameters["timeout"].default == 600
 
 
