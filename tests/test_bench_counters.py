@@ -46,8 +46,8 @@ def test_ladder_rows_refuse_a_count_that_does_not_match():
         bench.ladder_rows(_recorded(), LADDER[:6], 4096)
 
 
-def _range(dram, sm, issue):
-    return {"dram": dram, "sm": sm, "issue": issue}
+def _range(dram, sm, issue, scope="whole step"):
+    return {"dram": dram, "sm": sm, "issue": issue, "scope": scope}
 
 
 def test_claims_verdicts_follow_the_figures():
@@ -67,6 +67,18 @@ def test_claims_verdicts_follow_the_figures():
     ranges[("gpt", "amp-fp16")] = _range(84.9, 60, 10)
     ranges[("resnet", "amp-fp16")] = _range(95, 60.1, 10)
     assert bench.claims(ranges, cublas)[1]["holds"] is False
+    # over some kernels only, a step that is not memory-bound is not settled: the kernels left
+    # out could only add to its DRAM share; one that is memory-bound already shows it
+    ranges[("gpt", "amp-fp16")] = _range(30, 50, 10, scope="kernels")
+    picture = bench.claims(ranges, cublas)[1]
+    assert picture["holds_per_model"] == {"resnet": False, "gpt": None}
+    assert picture["holds"] is False and "gpt: FP32 DRAM 20% SM 80%, AMP DRAM 30% SM 50%: these " \
+        "kernels are not memory-bound, but the step's other kernels were not read: not settled" \
+        in picture["verdict"]
+    ranges[("resnet", "amp-fp16")] = _range(95, 50, 10, scope="kernels")
+    assert bench.claims(ranges, cublas)[1]["holds_per_model"] == {"resnet": True, "gpt": None}
+    del ranges[("resnet", "amp-fp16")]
+    assert bench.claims(ranges, cublas)[1]["holds"] is None
 
 
 def test_claims_need_their_figures():
@@ -225,7 +237,7 @@ def test_main_writes_the_ladder_the_steps_and_the_claims(monkeypatch, tmp_path, 
     assert meta["ladder_size"] == 4096 and meta["source"] == bench.SOURCE
     assert meta["metrics"]["tensor"] == ncu.METRICS["tensor"][0]
     picture = meta["claims"][1]
-    assert picture["holds_per_model"] == {"torchvision-resnet50": True, "gpt2-small": False}
+    assert picture["holds_per_model"] == {"torchvision-resnet50": True, "gpt2-small": None}
     assert picture["measured"]["torchvision-resnet50"]["scope"] == "whole step"
     out = capsys.readouterr().out
     assert "ladder at 4096^3 profiled in" in out and "moved: long_scoreboard" in out

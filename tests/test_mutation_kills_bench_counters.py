@@ -90,7 +90,9 @@ def test_top_kernels_order_names_and_rounding():
     assert len(top.loc[("b", "fp32")]) == 5  # five by default
     assert list(top.index.get_level_values(0)) == ["a"] * 3 + ["b"] * 5
     assert list(top.index.get_level_values(1)[:3]) == ["amp-fp16", "amp-fp16", "fp32"]
-    assert top.index[2][2] == "n" * 47 + "X"  # names cut to 48 characters
+    assert top.index[2][3] == "n" * 47 + "X"  # names cut to 48 characters
+    assert list(top.index.get_level_values(2)[:3]) == [1, 0, 0]  # the launch order
+    assert set(top["reading"]) == {"latency"}
     assert list(top["us"]) == [2, 1, 3, 6, 5, 4, 3, 2]
     assert list(top["share %"][:2]) == [66.7, 33.3]
     with pytest.raises(ValueError, match="^n must be"):

@@ -217,8 +217,9 @@ def _check_q4(answer: object) -> str:
 
 
 q4 = Exercise(
-    "q4", "Which stall reason (a key of fp16lab.ncu.STALLS, e.g. 'barrier') did step 2 "
-          "(shared-memory tiles) cut most from step 1, in data/counters_h200.json?", _check_q4,
+    "q4", "Which stall reason (a key of fp16lab.ncu.STALLS, e.g. 'barrier') does step 2 "
+          "(shared-memory tiles) cut most from step 1? Check in data/counters_h200.json.",
+    _check_q4,
     hint="Step 1 reads A and B straight from global memory for every fragment; step 2 stages "
          "them in shared memory. Which stall is a wait for global memory?",
     solution="'long_scoreboard': waiting for global memory (an L1TEX load).",
