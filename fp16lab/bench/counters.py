@@ -26,7 +26,6 @@ per pass instead.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
@@ -271,13 +270,12 @@ def _claims_only(args: Any) -> int:
         print("--claims-only needs --name: the result file whose claims to recompute",
               file=sys.stderr)
         return 2
-    path = output_folder(args) / f"{args.name}.json"
-    result = measure.read_result(path)
+    folder = output_folder(args)
+    result = measure.read_result(folder / f"{args.name}.json")
     rows, meta = result["rows"], result["meta"]
     meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
-    measured = {k: meta[k] for k in meta if k != "claims"}
-    path.write_text(json.dumps({"meta": {**measured, "claims": meta["claims"]}, "rows": rows},
-                               indent=1) + "\n")
+    # the file's own meta wins over this machine's: its provenance stays the measurement's
+    measure.write_result(args.name, rows, meta=meta, data_dir=folder)
     for c in meta["claims"]:
         print(f"claim: {c['claim']}\n  {c['verdict']}")
     return 0
@@ -334,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         kept_meta["claims"] = claims(step_figures(kept_rows),
                                      [r for r in kept_rows if r["part"] == "ladder"])
         return measure.write_result(name, kept_rows, meta=kept_meta, data_dir=out), kept_meta
+
     if "ladder" in args.parts:
         t0 = time.perf_counter()
         names = runnable() + ["cupy.matmul"]
@@ -347,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"FLOP/B  tensor {r['tensor']:3.0f}%  SM {r['sm']:3.0f}%  DRAM {r['dram']:3.0f}%  "
                   f"issue {r['issue']:3.0f}%  {r['bottleneck']}; moved: {r.get('moved', '-')}",
                   flush=True)
-        save()
+        saved = save()
     if "step" in args.parts:
         for workload, batch in [(w, b) for w, b in MODELS if w in args.workloads]:
             for precision in PRECISIONS:
@@ -385,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                 meta["seconds"][key] = time.perf_counter() - t0
                 print(f"{key}: {len(kernels)} matrix kernels; {meta['seconds'][key]:.0f} s",
                       flush=True)
-                save()
-    path, written = save()
+                saved = save()
+    path, written = saved
     for c in written["claims"]:
         print(f"claim: {c['claim']}\n  {c['verdict']}")
     print(f"wrote {path}")
