@@ -271,21 +271,14 @@ _CALLABLE = """\
 import importlib, sys
 module, name = sys.argv[1].split(":")
 fn = getattr(importlib.import_module(module), name)
-try:
-    import torch
-    sync, cudart = torch.cuda.synchronize, torch.cuda.cudart()
-    start, stop = cudart.cudaProfilerStart, cudart.cudaProfilerStop
-except ImportError:
-    import cupy
-    sync = cupy.cuda.runtime.deviceSynchronize
-    start, stop = cupy.cuda.runtime.profilerStart, cupy.cuda.runtime.profilerStop
+import torch
 for _ in range(int(sys.argv[2])):
     fn()
-sync()
-start()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStart()
 fn()
-sync()
-stop()
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStop()
 """
 
 
