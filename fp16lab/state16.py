@@ -129,45 +129,83 @@ class AdamW16(torch.optim.Optimizer):
         lost: Any = 0
         moved: Any = 0
         for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if not st:
-                    st["step"] = 0
-                    st["m"] = torch.zeros_like(p, dtype=self.state_dtype)
-                    st["v"] = torch.zeros_like(p, dtype=self.state_dtype)
-                    if self.rounding == "kahan":
-                        st["c"] = torch.zeros_like(p)
-                st["step"] += 1
-                t = st["step"]
-                g = p.grad.float()
-                m = st["m"].float().lerp_(g, 1 - b1)  # torch.optim.AdamW's order of operations
-                v = st["v"].float().mul_(b2).addcmul_(g, g, value=1 - b2)
-                st["m"].copy_(m)
-                st["v"].copy_(v)
-                w = p.float()
-                step_size = group["lr"] / (1 - b1 ** t)
-                denom = (v.sqrt() / (1 - b2 ** t) ** 0.5).add_(group["eps"])
-                exact = (w * (1 - group["lr"] * group["weight_decay"])).addcdiv_(
-                    m, denom, value=-step_size)
-                u = exact - w
-                moved = moved + (u != 0).sum()
-                if p.dtype == torch.float32:
-                    new = exact
-                elif self.rounding == "stochastic":
-                    new = stochastic_round_bf16(w + u, self.generator).to(p.dtype)
-                elif self.rounding == "kahan":
-                    y = u + st["c"].float()
-                    new = (w + y).to(p.dtype)
-                    st["c"].copy_((y - (new.float() - w)).to(p.dtype))
-                else:
-                    new = (w + u).to(p.dtype)
-                lost = lost + ((new == p) & (u != 0)).sum()
-                p.copy_(new)
+            params = [p for p in group["params"] if p.grad is not None]
+            for dtype in dict.fromkeys(p.dtype for p in params):  # one pass per weight dtype
+                counts = self._update([p for p in params if p.dtype == dtype], group)
+                lost, moved = lost + counts[0], moved + counts[1]
         self._counts = (lost, moved)
         return loss
+
+    def _update(self, params: list[torch.Tensor], group: dict[str, Any]) -> tuple[Any, Any]:
+        """Updates ``params`` (all of one dtype) in place; returns (lost, moved) on the device.
+
+        The arithmetic is the per-tensor lines of the class docstring applied to every tensor
+        of the list at once (``torch._foreach_*``, as ``torch.optim.AdamW(foreach=True)`` does):
+        one launch per operation instead of one per operation and tensor, which on a GPU is
+        what a small model's step costs. The rounding and the counting run on the
+        concatenated tensors, for the same reason."""
+        b1, b2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        states = [self._state(p) for p in params]
+        for st in states:
+            st["step"] += 1
+        steps = [st["step"] for st in states]
+        g = [p.grad.float() for p in params]
+        m = [st["m"].float() for st in states]  # the state itself when it is FP32
+        v = [st["v"].float() for st in states]
+        torch._foreach_lerp_(m, g, 1 - b1)  # torch.optim.AdamW's order of operations
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, g, g, value=1 - b2)
+        if self.state_dtype != torch.float32:
+            torch._foreach_copy_([st["m"] for st in states], m)
+            torch._foreach_copy_([st["v"] for st in states], v)
+        w = [p.float() for p in params]  # the weight itself when it is FP32
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, [(1 - b2 ** t) ** 0.5 for t in steps])
+        torch._foreach_add_(denom, eps)
+        exact = torch._foreach_mul(w, 1 - lr * wd)
+        torch._foreach_addcdiv_(exact, m, denom, [-lr / (1 - b1 ** t) for t in steps])
+        u = torch._foreach_sub(exact, w)
+        dtype = params[0].dtype
+        flat_w, flat_u = concat_flat(w), concat_flat(u)
+        if dtype == torch.float32:
+            new = concat_flat(exact)
+        elif self.rounding == "stochastic":
+            new = stochastic_round_bf16(flat_w + flat_u, self.generator).to(dtype)
+        elif self.rounding == "kahan":
+            c = [st["c"] for st in states]
+            y = flat_u + concat_flat(c).float()
+            new = (flat_w + y).to(dtype)
+            torch._foreach_copy_(c, _split(y - (new.float() - flat_w), c))
+        else:
+            new = (flat_w + flat_u).to(dtype)
+        nonzero = flat_u != 0
+        lost = ((new == concat_flat(params)) & nonzero).sum()
+        torch._foreach_copy_(params, _split(new, params))
+        return lost, nonzero.sum()
+
+    def _state(self, p: torch.Tensor) -> dict[str, Any]:
+        """Returns ``p``'s state, made on its first step: the step count, the two moments and,
+        under ``"kahan"``, the compensation buffer (in ``p``'s dtype)."""
+        st = self.state[p]
+        if not st:
+            st["step"] = 0
+            st["m"] = torch.zeros_like(p, dtype=self.state_dtype)
+            st["v"] = torch.zeros_like(p, dtype=self.state_dtype)
+            if self.rounding == "kahan":
+                st["c"] = torch.zeros_like(p)
+        return st
+
+
+def concat_flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Returns the tensors' values one after another in one 1-D tensor (a copy)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Returns ``flat`` cut into views shaped as the tensors of ``like``, in order."""
+    parts = flat.split([t.numel() for t in like])
+    return [part.view(t.shape) for part, t in zip(parts, like)]
 
 
 def _storages(t: torch.Tensor) -> list[torch.Tensor]:
@@ -237,5 +275,6 @@ def field_optimizer(method: str, params: Iterable[Any], lr: float, *, weight_dec
     return cls(params, bf16_stochastic_round=True, **hyper)
 
 
-__all__ = ["AdamW16", "FIELD", "METHODS", "ROUNDINGS", "bytes_per_parameter", "field_optimizer",
-           "field_unavailable", "state_bytes", "stochastic_round_bf16", "vanished_share"]
+__all__ = ["AdamW16", "FIELD", "METHODS", "ROUNDINGS", "bytes_per_parameter", "concat_flat",
+           "field_optimizer", "field_unavailable", "state_bytes", "stochastic_round_bf16",
+           "vanished_share"]

@@ -95,6 +95,51 @@ def test_adamw16_on_fp32_weights_is_torch_adamw():
     assert torch.equal(a, b)  # the same operations in the same order: bit for bit
 
 
+def test_one_group_of_mixed_tensors_steps_each_as_torch_adamw_would():
+    """One group holding FP32 and BF16 weights of several shapes, one of them skipping a step:
+    each FP32 weight is torch's AdamW bit for bit; each BF16 weight is bf16(w + u), u being the
+    step torch's AdamW takes from w's FP32 value with the same moments; Kahan's buffer holds
+    what that rounding lost."""
+    torch.manual_seed(0)
+    shapes = [(5, 3), (7,), (2, 2, 4)]
+    for rounding in ("nearest", "kahan"):
+        fp32 = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+        bf16 = [torch.nn.Parameter(torch.randn(s).to(torch.bfloat16)) for s in shapes]
+        mirror32 = [torch.nn.Parameter(p.detach().clone()) for p in fp32]
+        mirror16 = [torch.nn.Parameter(p.detach().float()) for p in bf16]
+        settings = dict(lr=0.05, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)
+        ours = AdamW16([fp32[0], bf16[0], fp32[1], bf16[1], fp32[2], bf16[2]], rounding=rounding,
+                       **settings)
+        theirs = torch.optim.AdamW(mirror32 + mirror16, foreach=False, **settings)
+        buffers = [torch.zeros(s, dtype=torch.bfloat16) for s in shapes]
+        for step in range(6):
+            for i, (a, b, c, d) in enumerate(zip(fp32, mirror32, bf16, mirror16)):
+                skip = i == 1 and step == 2  # this pair has no gradient this step
+                g32, g16 = torch.randn(a.shape), torch.randn(c.shape)
+                a.grad, b.grad = (None, None) if skip else (g32, g32.clone())
+                c.grad = None if skip else g16.to(torch.bfloat16)
+                d.grad = None if skip else c.grad.float()
+                d.data.copy_(c.detach().float())  # AdamW's step from w's FP32 value
+            before = [c.detach().float() for c in bf16]
+            ours.step()
+            theirs.step()
+            for a, b in zip(fp32, mirror32):
+                assert torch.equal(a, b)
+            for i, (c, d, w) in enumerate(zip(bf16, mirror16, before)):
+                if i == 1 and step == 2:
+                    assert torch.equal(c.detach().float(), w)  # no gradient: left alone
+                    continue
+                y = d.detach() - w  # torch's update u, plus (Kahan) what the last rounding lost
+                if rounding == "kahan":
+                    y = y + buffers[i].float()
+                expected = (w + y).to(torch.bfloat16)
+                assert torch.equal(c.detach(), expected)
+                if rounding == "kahan":
+                    buffers[i] = (y - (expected.float() - w)).to(torch.bfloat16)
+                    assert torch.equal(ours.state[c]["c"], buffers[i])
+        assert ours.state[bf16[1]]["step"] == 5 and ours.state[bf16[0]]["step"] == 6
+
+
 def test_bytes_per_parameter_and_counted_state():
     assert [bytes_per_parameter(m) for m in ("fp32-master", "bf16-nearest", "bf16-stochastic",
                                              "bf16-kahan", "bf16-8bit-state")] == [16, 12, 12, 14, 6]
@@ -211,3 +256,16 @@ def test_field_optimizer_says_which_package_is_missing(monkeypatch):
         with pytest.raises(ValueError, match=words):
             state16.field_optimizer("fp32-master", [torch.nn.Parameter(torch.zeros(2))], 1e-3,
                                     **bad)
+
+
+@pytest.mark.parametrize("lr, share", [(1e-4, 1.0), (0.1, 0.0)])
+def test_vanished_counts_only_the_updates_that_are_not_zero(lr, share):
+    """Half the weights get a zero gradient (with no weight decay their update is exactly 0):
+    they are neither moved nor vanished. 1e-4 is below half of BF16's spacing at 1 (2^-8),
+    0.1 is not."""
+    p = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+    opt = AdamW16([p], lr=lr, weight_decay=0.0)
+    p.grad = torch.tensor([1.0] * 4 + [0.0] * 4, dtype=torch.bfloat16)
+    opt.step()
+    assert opt.vanished == share
+    assert torch.equal(p.detach()[4:], torch.ones(4, dtype=torch.bfloat16))
