@@ -88,3 +88,40 @@ def test_seeds_run_in_parallel_give_the_rows_of_a_sequential_run(tmp_path):
 def test_children_get_the_parents_options_less_its_output():
     argv = ["--steps", "5", "--out", "/x", "--jobs=3", "--replace", "--name", "n", "--lr", "0.1"]
     assert bench._without_output(argv) == ["--steps", "5", "--lr", "0.1"]
+
+
+def test_merge_adds_seeds_from_a_second_invocation_and_refuses_other_settings(tmp_path, capsys):
+    """--first-seed 1 --merge trains seed 1 and keeps the file's seed 0: the rows are those of
+    one invocation training seeds 0 and 1, and the summary spans both. A run of another length
+    is refused before it trains, and the file is left as it was."""
+    pytest.importorskip("transformers")
+    common = ["--quick", "--sources", "ours", "--steps", "3"]
+    assert bench.main([*common, "--seeds", "2", "--out", str(tmp_path / "both")]) == 0
+    split = str(tmp_path / "split")
+    assert bench.main([*common, "--seeds", "1", "--out", split]) == 0
+    assert bench.main([*common, "--seeds", "1", "--first-seed", "1", "--merge",
+                       "--out", split]) == 0
+    both = json.loads((tmp_path / "both" / "state16_quick.json").read_text())
+    path = tmp_path / "split" / "state16_quick.json"
+    merged = json.loads(path.read_text())
+    pick = lambda p: {(r["seed"], r["method"]): r["losses"] for r in p["rows"]}  # noqa: E731
+    assert pick(merged) == pick(both)
+    assert merged["meta"]["seeds"] == 2
+    assert [s["seeds"] for s in merged["meta"]["summary"]] == [2] * len(bench.OURS)
+    # the same seed again replaces its rows rather than adding a copy
+    assert bench.main([*common, "--seeds", "1", "--first-seed", "1", "--merge",
+                       "--out", split]) == 0
+    assert len(json.loads(path.read_text())["rows"]) == 2 * len(bench.OURS)
+    before = path.read_text()
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick", "--sources", "ours", "--steps", "4", "--merge", "--out", split])
+    assert e.value.code == 2 and "steps 3" in capsys.readouterr().err
+    assert path.read_text() == before
+
+
+def test_methods_picks_the_ways_trained(tmp_path):
+    pytest.importorskip("transformers")
+    assert bench.main(["--quick", "--sources", "ours", "--methods", "bf16-kahan,fp32-master",
+                       "--steps", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "state16_quick.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["fp32-master", "bf16-kahan"]  # the benchmark's order

@@ -22,6 +22,8 @@ the seeds and its distance from fp32-master's.
     python -m fp16lab.bench.state16             # GPU: 2,000 steps, 3 seeds
     python -m fp16lab.bench.state16 --jobs 3    # the same, the three seeds at once
     python -m fp16lab.bench.state16 --quick     # CPU: a tiny model, 40 steps, 1 seed
+    python -m fp16lab.bench.state16 --seeds 1 --first-seed 2 --merge   # one more seed, kept
+                                                # beside the file's others
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch
 
 from fp16lab import measure, validate
 from fp16lab.bench import add_output_arguments, argument_parser, output_folder
-from fp16lab.state16 import (FIELD, AdamW16, bytes_per_parameter, field_optimizer,
+from fp16lab.state16 import (FIELD, METHODS, AdamW16, concat_flat, bytes_per_parameter, field_optimizer,
                              field_unavailable, state_bytes)
 
 #: How many successors each token has: the loss floor is ln(BRANCHES).
@@ -51,7 +53,7 @@ BRANCHES = 4
 OURS = {"fp32-master": "nearest", "bf16-nearest": "nearest", "bf16-stochastic": "stochastic",
         "bf16-kahan": "kahan"}
 SIZES = {  # (layers, width, heads, vocabulary, sequence, batch)
-    "gpu": (6, 384, 6, 8192, 256, 32),
+    "gpu": (4, 384, 6, 8192, 256, 32),
     "tiny": (2, 32, 2, 64, 16, 8),
 }
 
@@ -96,7 +98,7 @@ def train(method: str, source: str, data: torch.Tensor, size: str, seed: int, de
                       generator=torch.Generator(device).manual_seed(seed))
     else:
         opt = field_optimizer(method, params, lr)
-    losses, unchanged = [], []
+    losses, counts = [], []
     t0 = time.perf_counter()
     for batch in data:
         batch = batch.to(device, non_blocking=True)
@@ -105,17 +107,19 @@ def train(method: str, source: str, data: torch.Tensor, size: str, seed: int, de
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
                                                  batch[:, 1:].flatten())
         loss.backward()
-        # before the step: an optimizer may reuse the gradient's memory (torch-optimi does)
-        old = [p.detach().clone() for p in params]
-        live = [p.grad != 0 for p in params]
-        opt.step()
-        # counted on the device, read once a step (not two host syncs per parameter)
-        moved = int(torch.stack([m.sum() for m in live]).sum())
-        same = int(torch.stack([((p.detach() == o) & m).sum()
-                                for p, o, m in zip(params, old, live)]).sum())
+        with torch.no_grad():
+            # before the step: an optimizer may reuse the gradient's memory (torch-optimi does)
+            old = concat_flat(params)
+            live = concat_flat([p.grad for p in params]) != 0
+            opt.step()
+            # kept on the device and read after the run: a read per step would make the host
+            # wait for the GPU at every step
+            counts.append(torch.stack([((concat_flat(params) == old) & live).sum(), live.sum()]))
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        unchanged.append(same / moved if moved else 0.0)
+        losses.append(loss.detach())
+    losses = torch.stack(losses).tolist()
+    same, moved = torch.stack(counts).T.tolist()
+    unchanged = [s / m if m else 0.0 for s, m in zip(same, moved)]
     n = sum(p.numel() for p in params)
     row = {"method": method, "source": source, "seed": seed, "losses": losses,
            "unchanged": unchanged, "seconds": time.perf_counter() - t0, "parameters": n,
@@ -153,12 +157,30 @@ def summary(rows: list[dict[str, Any]], tail: int = 50) -> list[dict[str, Any]]:
     return out
 
 
-def _seeds_in_parallel(argv: list[str], seeds: int, jobs: int) -> list[dict[str, Any]]:
-    """Returns the rows of every seed, each seed trained by a child process (``jobs`` at once),
-    in seed order."""
+def _kept_rows(path: Path, meta: dict[str, Any], runs: list[tuple[str, str]],
+               seeds: list[int]) -> list[dict[str, Any]]:
+    """Returns the rows of the result file at ``path`` (none where there is no file) that this
+    run, training ``runs`` on ``seeds``, does not train again; raises ValueError, before any
+    training, where that file's runs are not comparable with this one's."""
+    try:
+        old = measure.read_result(path)
+    except FileNotFoundError:
+        return []
+    for key in ("size", "steps", "lr", "branches"):
+        if old["meta"].get(key) != meta[key]:
+            raise ValueError(f"--merge: {path} was trained with {key} {old['meta'].get(key)!r}, "
+                             f"this run with {meta[key]!r}; runs of different {key} cannot be "
+                             "summarised together (drop --merge, or use the same settings)")
+    again = {(source, method, seed) for source, method in runs for seed in seeds}
+    return [r for r in old["rows"] if (r["source"], r["method"], r["seed"]) not in again]
+
+
+def _seeds_in_parallel(argv: list[str], seeds: list[int], jobs: int) -> list[dict[str, Any]]:
+    """Returns the rows of every seed of ``seeds``, each seed trained by a child process
+    (``jobs`` at once), in seed order."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        pending = list(range(seeds))
+        pending = list(seeds)
         running: dict[int, subprocess.Popen] = {}
         while pending or running:
             while pending and len(running) < jobs:
@@ -172,7 +194,7 @@ def _seeds_in_parallel(argv: list[str], seeds: int, jobs: int) -> list[dict[str,
                     p.kill()
                 raise RuntimeError(f"seed {seed}'s run failed (exit status {proc.returncode})")
             del running[seed]
-        for seed in range(seeds):
+        for seed in seeds:
             rows += measure.read_result(Path(tmp) / f"seed{seed}.json")["rows"]
     return rows
 
@@ -185,10 +207,10 @@ def _without_output(argv: list[str]) -> list[str]:
             skip = False
             continue
         key = a.split("=", 1)[0]
-        if key in ("--out", "--name", "--jobs", "--seed-only"):
+        if key in ("--out", "--name", "--jobs", "--seed-only", "--first-seed"):
             skip = "=" not in a
             continue
-        if key == "--replace":
+        if key in ("--replace", "--merge"):
             continue
         out.append(a)
     return out
@@ -206,10 +228,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sources", default=["ours", "field"],
                     type=validate.argument(validate.choice, ["ours", "field"], many=True),
                     help="ours, field or both (comma-separated)")
+    ap.add_argument("--methods", default=list(METHODS),
+                    type=validate.argument(validate.choice, list(METHODS), many=True),
+                    help=f"the ways to train (comma-separated; default all: {', '.join(METHODS)})")
     ap.add_argument("--jobs", type=validate.argument(validate.count), default=1,
                     help="seeds trained at once, one process each, sharing the GPU (default 1; "
                          "the processes take turns on the GPU: on an H200, 3 at once ran each "
                          "step about 2.5x slower than one alone)")
+    ap.add_argument("--first-seed", type=validate.argument(validate.count, low=0), default=0,
+                    help="the first seed (default 0): the run trains seeds first-seed, "
+                         "first-seed + 1, ...")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of the existing result file that this run does not "
+                         "train again (the same steps, size and learning rate only): a run's "
+                         "seeds split over several invocations")
     ap.add_argument("--seed-only", type=validate.argument(validate.count, low=0), default=None,
                     help=argparse.SUPPRESS)  # one seed, in a child process of --jobs
     add_output_arguments(ap, "state16_h200 on a GPU, state16_quick on a CPU")
@@ -222,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     data = language(vocab, seq, batch, steps)
     rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    runs = [("ours", m) for m in OURS] if "ours" in args.sources else []
+    runs = [("ours", m) for m in OURS if m in args.methods] if "ours" in args.sources else []
     if "field" in args.sources:
-        for m in FIELD:
+        for m in (m for m in FIELD if m in args.methods):
             why = field_unavailable(m)
             if why:
                 skipped[f"field {m}"] = why
@@ -236,20 +268,34 @@ def main(argv: list[str] | None = None) -> int:
             "steps": steps, "seeds": seeds, "lr": args.lr, "branches": BRANCHES,
             "loss_floor": math.log(BRANCHES), "skipped": skipped,
             "field": {m: FIELD[m][1] for m in FIELD}}
+    seed_list = list(range(args.first_seed, args.first_seed + seeds))
+    try:
+        kept = _kept_rows(out / f"{name}.json", meta, runs, seed_list) if args.merge else []
+    except ValueError as exc:  # an unreadable file, or runs that cannot be merged
+        ap.error(str(exc))
     meta["jobs"] = min(args.jobs, seeds)
+
+    def write(rows: list[dict[str, Any]]) -> None:
+        every = kept + rows
+        measure.write_result(name, every, data_dir=out, meta={
+            **meta, "seeds": len({r["seed"] for r in every}), "summary": summary(every)})
+
     if meta["jobs"] > 1 and args.seed_only is None:
-        rows = _seeds_in_parallel(sys.argv[1:] if argv is None else argv, seeds, meta["jobs"])
-        measure.write_result(name, rows, meta={**meta, "summary": summary(rows)}, data_dir=out)
+        rows = _seeds_in_parallel(sys.argv[1:] if argv is None else argv, seed_list,
+                                  meta["jobs"])
+        write(rows)
     for seed in ([] if meta["jobs"] > 1 and args.seed_only is None else
-                 [args.seed_only] if args.seed_only is not None else range(seeds)):
+                 [args.seed_only] if args.seed_only is not None else seed_list):
         for source, method in runs:
             rows.append(train(method, source, data, size, seed, device, args.lr))
             r = rows[-1]
             print(f"{source:5s} {method:16s} seed {seed}: last loss "
                   f"{statistics.fmean(r['losses'][-10:]):.4f}, unchanged "
                   f"{statistics.fmean(r['unchanged'][-10:]):.1%}, {r['seconds']:.0f} s", flush=True)
-        measure.write_result(name, rows, meta={**meta, "summary": summary(rows)}, data_dir=out)
+            write(rows)  # after every run: a run cut short keeps what it trained
+    rows = kept + rows
     lines = summary(rows)
+    seeds = len({r["seed"] for r in rows})
     print(f"\nloss floor ln {BRANCHES} = {math.log(BRANCHES):.4f}; {steps} steps, {seeds} seed(s)")
     print(f"{'source':6s} {'method':16s} {'final loss':>18s} {'vs fp32-master':>15s} "
           f"{'unchanged':>9s} {'B/param':>8s} {'peak MiB':>9s}")
