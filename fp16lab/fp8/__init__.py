@@ -6,12 +6,13 @@ emulation elsewhere) and
 :class:`Float8Linear`; ``training`` a small GPT-style model and the training step per recipe.
 """
 
-from .linear import (BACKENDS, FALLBACKS, GEMM_MULTIPLE, RECIPES, Float8Linear, blockwise_support,
-                     convert_to_fp8, fp8_mm, grad_format, granularity, scaled_mm_available)
+from .linear import (BACKENDS, BLOCKWISE_K, FALLBACKS, GEMM_MULTIPLE, RECIPES, Float8Linear,
+                     blockwise_support, convert_to_fp8, fp8_mm, grad_format, granularity,
+                     scaled_mm_available)
 from .scales import (DTYPES, EPS, GRANULARITIES, DelayedScaling, Quantized, amax, compile_casts,
                      dequantize, fp8_max, quantize, scale_from_amax, tile_shape)
 
-__all__ = ["BACKENDS", "DTYPES", "EPS", "FALLBACKS", "GEMM_MULTIPLE", "GRANULARITIES", "RECIPES",
+__all__ = ["BACKENDS", "BLOCKWISE_K", "DTYPES", "EPS", "FALLBACKS", "GEMM_MULTIPLE", "GRANULARITIES", "RECIPES",
            "DelayedScaling", "Float8Linear", "Quantized", "amax", "blockwise_support",
            "compile_casts", "convert_to_fp8", "dequantize", "fp8_max", "fp8_mm", "grad_format",
            "granularity", "quantize", "scale_from_amax",

@@ -42,8 +42,9 @@ from .. import validate
 from ..recipes import FP8_RECIPES as RECIPES  # a precision fp8-<recipe> each: named there once
 from .scales import DelayedScaling, Quantized, _quantize, amax, dequantize
 
-__all__ = ["BACKENDS", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear", "blockwise_support",
-           "convert_to_fp8", "fp8_mm", "grad_format", "granularity", "scaled_mm_available"]
+__all__ = ["BACKENDS", "BLOCKWISE_K", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear",
+           "blockwise_support", "convert_to_fp8", "fp8_mm", "grad_format", "granularity",
+           "scaled_mm_available"]
 
 #: How an FP8 matmul is computed (see the module docstring).
 BACKENDS = ("auto", "scaled_mm", "emulate")
@@ -51,6 +52,12 @@ BACKENDS = ("auto", "scaled_mm", "emulate")
 GEMM_MULTIPLE = 16
 #: Blockwise tiles are this long, so blockwise layers need multiples of it.
 BLOCK = 128
+#: torch._scaled_mm's blockwise path is used only where K is a multiple of this. With torch
+#: 2.11 on an H200 (2026-12-02) it returned wrong values wherever K was 256 (off by 0.1 to
+#: 1e34 relative, at M and N of 256 and 512) and right ones at K = 512, 2048 and 4096, with
+#: no error raised. K = 512 is the smallest K measured right: K/128 scales per row, 16 bytes,
+#: the alignment cuBLAS asks of a matrix's leading dimension (which is plausibly the cause).
+BLOCKWISE_K = 4 * BLOCK
 #: Why ``auto`` emulated instead of calling torch._scaled_mm, one line per case met in this process.
 FALLBACKS: dict[str, str] = {}
 
@@ -100,11 +107,10 @@ def _scaled_mm_kind(qa: Quantized, qb: Quantized) -> str | None:
 
 def blockwise_support(device: torch.device | str) -> tuple[bool, str]:
     """Returns (whether ``torch._scaled_mm`` runs DeepSeek-style blockwise scales on ``device``,
-    why not): found by running it once on a 256 x 256 x 256 product and comparing with the
-    emulation (a torch or GPU without the kernel raises, and one that computes it wrongly is
-    refused too: torch 2.11 on an H200 took the scales and returned values off by 1e13,
-    relative, on 2026-12-02); cached per device, so later calls, and ``torch.compile``, read
-    the answer."""
+    why not): found by running it once on a 256 x 512 x 256 product (K = :data:`BLOCKWISE_K`,
+    the smallest K it is used at) and comparing with the emulation (a torch or GPU without the
+    kernel raises, and one that computes it wrongly is refused too); cached per device, so
+    later calls, and ``torch.compile``, read the answer."""
     device = torch.device(device)
     key = str(device)
     if key in _BLOCKWISE:
@@ -113,8 +119,8 @@ def blockwise_support(device: torch.device | str) -> tuple[bool, str]:
         result = (False, f"torch._scaled_mm needs a CUDA GPU of compute capability 8.9+, not {key}")
     else:
         gen = torch.Generator(device).manual_seed(0)
-        a = torch.randn(256, 256, device=device, generator=gen)
-        b = torch.randn(256, 256, device=device, generator=gen)
+        a = torch.randn(256, BLOCKWISE_K, device=device, generator=gen)
+        b = torch.randn(BLOCKWISE_K, 256, device=device, generator=gen)
         qa = _quantize(a, "e4m3", "1x128", contraction_dim=1)
         qb = _quantize(b, "e4m3", "128x128", contraction_dim=0)
         try:
@@ -197,12 +203,16 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
                              f"({qa.fmt} x {qb.fmt}); use backend='emulate'")
         if kind == "blockwise" and not blockwise_support(device)[0]:
             raise RuntimeError(blockwise_support(device)[1] + "; use backend='emulate'")
+        if kind == "blockwise" and shape[1] % BLOCKWISE_K:
+            raise ValueError(f"the blockwise torch._scaled_mm is used only where K is a multiple "
+                             f"of {BLOCKWISE_K} (see BLOCKWISE_K), not K={shape[1]}; use "
+                             "backend='emulate'")
         _check_multiples(shape)
         return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
     if backend == "auto" and torch.compiler.is_compiling():
         # no try/except or FALLBACKS inside a graph: the operands decide (see the module docstring)
-        supported = kind is not None and (kind != "blockwise"
-                                          or _BLOCKWISE.get(str(device), (False, ""))[0])
+        supported = kind is not None and (kind != "blockwise" or (
+            _BLOCKWISE.get(str(device), (False, ""))[0] and not shape[1] % BLOCKWISE_K))
         if supported and device.type == "cuda" and not any(n % GEMM_MULTIPLE for n in shape):
             return _run_scaled_mm(qa, qb, kind, out_dtype, fast_accum)
     elif backend == "auto" and scaled_mm_available(device):
@@ -211,6 +221,9 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
             FALLBACKS.setdefault(key, "emulated: torch._scaled_mm takes no such scale layout")
         elif kind == "blockwise" and not blockwise_support(device)[0]:
             FALLBACKS.setdefault(key, "emulated: " + blockwise_support(device)[1])
+        elif kind == "blockwise" and shape[1] % BLOCKWISE_K:
+            FALLBACKS.setdefault(f"{key}, K={shape[1]}", f"emulated: K={shape[1]} is not a "
+                                 f"multiple of {BLOCKWISE_K} (see BLOCKWISE_K)")
         elif any(n % GEMM_MULTIPLE for n in shape):
             FALLBACKS.setdefault(key, f"emulated: shape {shape} is not a multiple of {GEMM_MULTIPLE}")
         elif key not in FALLBACKS:

@@ -44,9 +44,16 @@ def _dtype(fmt: str) -> torch.dtype:
     return DTYPES[fmt]
 
 
+# Read once here: torch.finfo called inside an autograd.Function that torch.compile traces
+# with dynamic shapes fails (torch 2.11 and 2.14 raise an AssertionError inside dynamo), and the
+# compiled FP8 layers call fp8_max there.
+_FP8_MAX = {fmt: float(torch.finfo(dtype).max) for fmt, dtype in DTYPES.items()}
+
+
 def fp8_max(fmt: str) -> float:
     """Returns the largest finite value of an FP8 format (448 for e4m3, 57344 for e5m2)."""
-    return float(torch.finfo(_dtype(fmt)).max)
+    _dtype(fmt)  # the format's check
+    return _FP8_MAX[fmt]
 
 
 def tile_shape(granularity: str, shape: tuple[int, int], contraction_dim: int = 1) -> tuple[int, int]:

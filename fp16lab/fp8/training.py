@@ -117,7 +117,11 @@ def compile_blocks(model: nn.Module) -> int:
     """Compiles each block of ``model.blocks`` in place with ``torch.compile``; returns how many.
 
     One block at a time, not the whole model: identical blocks reuse one compiled graph, so the
-    compile time does not grow with the depth. Raises for a model without ``blocks`` and for the
+    compile time does not grow with the depth. Shapes are static (``dynamic=False``): a second
+    model of another size compiles a graph of its own. With dynamic shapes torch's dynamo fails
+    on the FP8 layers' autograd.Function (torch 2.11 on an H200, recompiling for a second size:
+    an AssertionError in ``overwrite_tensor_vt_proxy``; torch 2.14 with ``dynamic=True``: in
+    ``lift_tracked_freevar_to_input``). Raises for a model without ``blocks`` and for the
     delayed recipe, whose amax history lives in Python objects updated at every step.
     """
     blocks = getattr(model, "blocks", None)
@@ -128,7 +132,7 @@ def compile_blocks(model: nn.Module) -> int:
         raise ValueError("the delayed recipe keeps its amax history in Python state and runs "
                          "eagerly only; compile tensorwise, rowwise or blockwise")
     for block in blocks:
-        block.compile()
+        block.compile(dynamic=False)
     return len(blocks)
 
 
