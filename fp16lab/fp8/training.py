@@ -121,16 +121,23 @@ def compile_blocks(model: nn.Module) -> int:
     model of another size compiles a graph of its own. With dynamic shapes torch's dynamo fails
     on the FP8 layers' autograd.Function (torch 2.11 on an H200, recompiling for a second size:
     an AssertionError in ``overwrite_tensor_vt_proxy``; torch 2.14 with ``dynamic=True``: in
-    ``lift_tracked_freevar_to_input``). Raises for a model without ``blocks`` and for the
-    delayed recipe, whose amax history lives in Python objects updated at every step.
+    ``lift_tracked_freevar_to_input``). Raises for a model without ``blocks``, for the delayed
+    recipe, whose amax history lives in Python objects updated at every step, and for the
+    blockwise recipe, whose compiled blocks were measured wrong (see the message).
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList) or not len(blocks):
         raise ValueError(f"compile_blocks needs a model with a non-empty nn.ModuleList `blocks`, "
                          f"not {type(model).__name__}")
-    if any(getattr(m, "recipe", None) == "delayed" for m in model.modules()):
+    recipes = {getattr(m, "recipe", None) for m in model.modules()}
+    if "delayed" in recipes:
         raise ValueError("the delayed recipe keeps its amax history in Python state and runs "
-                         "eagerly only; compile tensorwise, rowwise or blockwise")
+                         "eagerly only; compile tensorwise or rowwise")
+    if "blockwise" in recipes:
+        raise ValueError("the blockwise recipe runs eagerly only: compiled, its blocks returned "
+                         "zero input gradients on an H200 (torch 2.11, inductor, 2026-12-02), "
+                         "and torch's CPU inductor fails on its tile reshapes; compile "
+                         "tensorwise or rowwise")
     for block in blocks:
         block.compile(dynamic=False)
     return len(blocks)
