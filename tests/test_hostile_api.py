@@ -417,6 +417,7 @@ CLI_VALID = {
     ("bench workloads --warmup", "0"): "no warm-up step is a valid protocol",
     ("bench counters --launch-count", "0"): "0 reads no kernel one by one, as its help says",
     ("bench state16 --seed-only", "0"): "0 is a seed like any other",
+    ("bench state16 --first-seed", "0"): "0 is a seed like any other (the default)",
 }
 
 
