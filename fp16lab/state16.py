@@ -112,6 +112,11 @@ class AdamW16(torch.optim.Optimizer):
         validate.choice("rounding", rounding, ROUNDINGS)
         validate.choice("state_dtype", state_dtype, (torch.float32, torch.bfloat16))
         super().__init__(params, hyper)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype not in (torch.float32, torch.bfloat16):
+                    raise TypeError(f"AdamW16 updates float32 or bfloat16 weights, got a {p.dtype} "
+                                    f"tensor of shape {tuple(p.shape)}")
         self.rounding, self.state_dtype, self.generator = rounding, state_dtype, generator
         self._counts: tuple[Any, Any] = (0, 0)  # (lost, moved) of the last step, on the device
 
@@ -171,7 +176,7 @@ class AdamW16(torch.optim.Optimizer):
         if dtype == torch.float32:
             new = concat_flat(exact)
         elif self.rounding == "stochastic":
-            new = stochastic_round_bf16(flat_w + flat_u, self.generator).to(dtype)
+            new = stochastic_round_bf16(flat_w + flat_u, self.generator)  # BF16, as the weights
         elif self.rounding == "kahan":
             c = [st["c"] for st in states]
             y = flat_u + concat_flat(c).float()

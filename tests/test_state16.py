@@ -269,3 +269,46 @@ def test_vanished_counts_only_the_updates_that_are_not_zero(lr, share):
     opt.step()
     assert opt.vanished == share
     assert torch.equal(p.detach()[4:], torch.ones(4, dtype=torch.bfloat16))
+
+
+def test_stochastic_rounding_draws_from_the_optimizers_generator():
+    """Two optimizers given generators of one seed round the same way; another seed does not
+    (the global generator, drawn from between the two runs, would make the first pair differ)."""
+    def run(seed):
+        p = torch.nn.Parameter(torch.ones(256, dtype=torch.bfloat16))
+        opt = AdamW16([p], lr=1e-3, weight_decay=0.0, rounding="stochastic",
+                      generator=torch.Generator().manual_seed(seed))
+        for _ in range(3):
+            p.grad = torch.ones_like(p)
+            opt.step()
+            torch.rand(1)  # draws from the global generator between steps
+        return p.detach().clone()
+    assert torch.equal(run(5), run(5))
+    assert not torch.equal(run(5), run(6))
+
+
+def test_bf16_moments_follow_torch_adamw_within_their_rounding():
+    """state_dtype=bfloat16 keeps the moments in BF16 (8 significant bits): each step's update
+    (lr x m / sqrt(v), about lr) is off by about 2^-8 of itself, so over 20 steps of lr 1e-2 the
+    weights stay within 20 x 1e-2 x 2^-7 = 1.6e-3 of torch's AdamW, whose random gradients move
+    them ~1e-2 x sqrt(20) = 0.045 on average."""
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(512))
+    b = torch.nn.Parameter(a.detach().clone())
+    ours = AdamW16([a], lr=1e-2, weight_decay=0.0, state_dtype=torch.bfloat16)
+    theirs = torch.optim.AdamW([b], lr=1e-2, weight_decay=0.0)
+    start = a.detach().clone()
+    for _ in range(20):
+        g = torch.randn_like(a)
+        a.grad, b.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+    assert ours.state[a]["m"].dtype == ours.state[a]["v"].dtype == torch.bfloat16
+    assert (b.detach() - start).abs().mean() > 0.02  # torch's AdamW moved the weights
+    assert (a - b).abs().max().item() < 1.6e-3
+    assert not torch.equal(a, b)  # BF16 moments do round: not bit for bit
+
+
+def test_adamw16_refuses_float16_weights():
+    with pytest.raises(TypeError, match="float32 or bfloat16.*float16"):
+        AdamW16([torch.nn.Parameter(torch.ones(3, dtype=torch.float16))])
