@@ -179,7 +179,7 @@ def plot_census_table(df, column: str = "underflow", ax=None, *, kinds: Iterable
     table.plot.bar(ax=ax, width=0.8)
     ax.set_ylabel(f"fraction {column}")
     ax.set_xlabel("parameter or layer" if split_tensors else "layer")
-    ax.tick_params(axis="x", labelrotation=60)
+    ax.tick_params(axis="x", labelrotation=90)  # one name per bar group, none overlapping
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return ax
 

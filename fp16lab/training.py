@@ -301,6 +301,9 @@ def plot_scale_history(history, ax=None, title: str = "dynamic loss scale"):
     ax.scatter(sk.step, np.log2(sk.scale), color="C3", s=14, zorder=3,
                label=f"skipped step ({len(sk)})")
     ax.set(xlabel="step", ylabel="log2 scale", title=title)
+    # steps and the scale's exponents are whole numbers: no 2.5th step, no 2^15.25
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True, min_n_ticks=1))
     ax.legend(fontsize=8)
     return ax
 

@@ -125,3 +125,22 @@ def test_methods_picks_the_ways_trained(tmp_path):
                        "--steps", "2", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "state16_quick.json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["fp32-master", "bf16-kahan"]  # the benchmark's order
+
+
+def test_a_child_of_jobs_never_starts_children(monkeypatch, tmp_path):
+    """Each seed's child process is told --jobs 1 last, whatever the parent's argv held: a child
+    that parsed --jobs 3 would start three more, and so on."""
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def popen(cmd):
+        started.append(cmd)
+        raise Stop
+
+    monkeypatch.setattr(bench.subprocess, "Popen", popen)
+    with pytest.raises(Stop):
+        bench._seeds_in_parallel(["--quick", "--jobs", "3", "--jobs=3"], [0, 1], 2)
+    cmd = started[0]
+    assert cmd[-2:] == ["--jobs", "1"] and cmd[cmd.index("--seed-only") + 1] == "0"

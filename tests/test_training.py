@@ -192,3 +192,14 @@ def test_plot_converging_draws_each_run_and_seed():
     fig = T.plot_converging(pd.concat([frame, frame2]))
     lines = fig.axes[0].get_lines()
     assert len(lines) == 2 and np.array_equal(lines[1].get_ydata(), frame2.loss.to_numpy())
+
+
+def test_scale_history_ticks_are_whole_steps_and_exponents():
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+    from fp16lab.training import plot_scale_history
+    history = pd.DataFrame({"step": range(20), "scale": [2.0**16] * 20, "skipped": [False] * 20})
+    ax = plot_scale_history(history)
+    for ticks in (ax.get_xticks(), ax.get_yticks()):
+        assert len(ticks) and all(float(t).is_integer() for t in ticks)

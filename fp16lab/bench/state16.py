@@ -185,8 +185,10 @@ def _seeds_in_parallel(argv: list[str], seeds: list[int], jobs: int) -> list[dic
         while pending or running:
             while pending and len(running) < jobs:
                 seed = pending.pop(0)
+                # --jobs 1 last (argparse keeps the last): a child never starts children
                 cmd = [sys.executable, "-m", "fp16lab.bench.state16", *_without_output(argv),
-                       "--seed-only", str(seed), "--out", tmp, "--name", f"seed{seed}"]
+                       "--seed-only", str(seed), "--out", tmp, "--name", f"seed{seed}",
+                       "--jobs", "1"]
                 running[seed] = subprocess.Popen(cmd)
             seed, proc = next(iter(running.items()))
             if proc.wait() != 0:

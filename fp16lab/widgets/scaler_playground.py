@@ -151,6 +151,7 @@ class ScalerPlayground(w.VBox):
 
     def _render(self) -> bytes:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
 
         fig = Figure(figsize=(8, 3.8), dpi=90)
         ax = fig.add_subplot()
@@ -164,6 +165,8 @@ class ScalerPlayground(w.VBox):
                    color="C3", s=12, zorder=3, label="skipped step")
         ax.set_xlabel("step")
         ax.set_ylabel("log2 scale")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole steps and exponents
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         lost = ax.twinx()
         lost.plot(steps, 100 * self.underflow, color="C2", lw=1.0,
                   label="% of gradient lost to underflow")
