@@ -43,8 +43,8 @@ import torch
 
 from fp16lab import measure, validate
 from fp16lab.bench import add_output_arguments, argument_parser, output_folder
-from fp16lab.state16 import (FIELD, METHODS, AdamW16, concat_flat, bytes_per_parameter, field_optimizer,
-                             field_unavailable, state_bytes)
+from fp16lab.state16 import (FIELD, METHODS, AdamW16, bytes_per_parameter, concat_flat,
+                             field_optimizer, field_unavailable, state_bytes)
 
 #: How many successors each token has: the loss floor is ln(BRANCHES).
 BRANCHES = 4

@@ -12,8 +12,8 @@ from .linear import (BACKENDS, BLOCKWISE_K, FALLBACKS, GEMM_MULTIPLE, RECIPES, F
 from .scales import (DTYPES, EPS, GRANULARITIES, DelayedScaling, Quantized, amax, compile_casts,
                      dequantize, fp8_max, quantize, scale_from_amax, tile_shape)
 
-__all__ = ["BACKENDS", "BLOCKWISE_K", "DTYPES", "EPS", "FALLBACKS", "GEMM_MULTIPLE", "GRANULARITIES", "RECIPES",
-           "DelayedScaling", "Float8Linear", "Quantized", "amax", "blockwise_support",
-           "compile_casts", "convert_to_fp8", "dequantize", "fp8_max", "fp8_mm", "grad_format",
-           "granularity", "quantize", "scale_from_amax",
+__all__ = ["BACKENDS", "BLOCKWISE_K", "DTYPES", "EPS", "FALLBACKS", "GEMM_MULTIPLE",
+           "GRANULARITIES", "RECIPES", "DelayedScaling", "Float8Linear", "Quantized", "amax",
+           "blockwise_support", "compile_casts", "convert_to_fp8", "dequantize", "fp8_max",
+           "fp8_mm", "grad_format", "granularity", "quantize", "scale_from_amax",
            "scaled_mm_available", "tile_shape"]
