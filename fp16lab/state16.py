@@ -112,13 +112,18 @@ class AdamW16(torch.optim.Optimizer):
         validate.choice("rounding", rounding, ROUNDINGS)
         validate.choice("state_dtype", state_dtype, (torch.float32, torch.bfloat16))
         super().__init__(params, hyper)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.dtype not in (torch.float32, torch.bfloat16):
-                    raise TypeError(f"AdamW16 updates float32 or bfloat16 weights, got a {p.dtype} "
-                                    f"tensor of shape {tuple(p.shape)}")
         self.rounding, self.state_dtype, self.generator = rounding, state_dtype, generator
         self._counts: tuple[Any, Any] = (0, 0)  # (lost, moved) of the last step, on the device
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's add_param_group (which the constructor calls for each group too), refusing
+        weights other than float32 and bfloat16: the class rounds to BF16."""
+        params = param_group["params"]
+        for p in [params] if isinstance(params, torch.Tensor) else list(params):
+            if p.dtype not in (torch.float32, torch.bfloat16):
+                raise TypeError(f"AdamW16 updates float32 or bfloat16 weights, got a {p.dtype} "
+                                f"tensor of shape {tuple(p.shape)}")
+        super().add_param_group(param_group)
 
     @property
     def vanished(self) -> float:

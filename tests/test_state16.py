@@ -312,3 +312,9 @@ def test_bf16_moments_follow_torch_adamw_within_their_rounding():
 def test_adamw16_refuses_float16_weights():
     with pytest.raises(TypeError, match="float32 or bfloat16.*float16"):
         AdamW16([torch.nn.Parameter(torch.ones(3, dtype=torch.float16))])
+    opt = AdamW16([torch.nn.Parameter(torch.ones(3))])
+    with pytest.raises(TypeError, match="float32 or bfloat16.*float16"):  # a group added later
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2, dtype=torch.float16))]})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": torch.nn.Parameter(torch.tensor(1.0))})  # a lone 0-d tensor
+    assert len(opt.param_groups) == 2
