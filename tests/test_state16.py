@@ -318,3 +318,71 @@ def test_adamw16_refuses_float16_weights():
     assert len(opt.param_groups) == 1
     opt.add_param_group({"params": torch.nn.Parameter(torch.tensor(1.0))})  # a lone 0-d tensor
     assert len(opt.param_groups) == 2
+
+
+# ------------------------------------------------------------------------------- on the GPU
+
+@pytest.mark.gpu
+def test_adamw16_on_the_gpu_follows_torch_adamw():
+    """FP32 weights of several shapes on the GPU: AdamW16's multi-tensor pass against torch's
+    own foreach AdamW on the same device (CUDA kernels may contract a multiply-add where the
+    CPU's do not, so within FP32's rounding, not bit for bit)."""
+    torch.manual_seed(0)
+    ours_p = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in [(64, 48), (48,), (3, 5, 7)]]
+    theirs_p = [torch.nn.Parameter(p.detach().clone()) for p in ours_p]
+    start = [p.detach().clone() for p in ours_p]
+    ours = AdamW16(ours_p, lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)
+    theirs = torch.optim.AdamW(theirs_p, lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05,
+                               foreach=True)
+    for _ in range(25):
+        for a, b in zip(ours_p, theirs_p):
+            g = torch.randn_like(a)
+            a.grad, b.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+    for a, b in zip(ours_p, theirs_p):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert all((a - s).abs().min() > 0 for a, s in zip(ours_p, start))  # every weight moved
+
+
+@pytest.mark.gpu
+def test_stochastic_rounding_on_the_gpu_goes_up_with_the_distance_as_probability():
+    """A value a quarter of the way from its lower BF16 neighbour to its upper one rounds up a
+    quarter of the time, drawn from a CUDA generator (the same count as the CPU test)."""
+    low, high = _neighbours(1.0 + 2 ** -9)
+    x = torch.full((200_000,), low + 0.25 * (high - low), device="cuda")
+    out = stochastic_round_bf16(x, torch.Generator("cuda").manual_seed(3))
+    assert out.dtype == torch.bfloat16 and out.device.type == "cuda"
+    values = set(out.float().unique().tolist())
+    assert values == {low, high}
+    up = float((out.float() == high).float().mean())
+    assert abs(up - 0.25) < 5 * math.sqrt(0.25 * 0.75 / x.numel())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("source", ["ours", "field"])
+@pytest.mark.parametrize("method", ["fp32-master", "bf16-nearest", "bf16-stochastic", "bf16-kahan"])
+def test_a_short_gpu_run_learns_and_counts_its_bytes(method, source):
+    """Thirty steps of the benchmark's training loop on the GPU at the tiny size, with AdamW16
+    and with the field's package for the way: the loss falls, the counted bytes per parameter
+    are the predicted ones (the packages' at most those), and the peak covers them."""
+    from fp16lab.bench import state16 as bench
+    from fp16lab.state16 import field_unavailable
+
+    if source == "field" and field_unavailable(method):
+        pytest.skip(field_unavailable(method))
+
+    _, _, _, vocab, seq, batch = bench.SIZES["tiny"]
+    data = bench.language(vocab, seq, batch, steps=30)
+    row = bench.train(method, source, data, "tiny", seed=0, device="cuda", lr=3e-3)
+    assert row["losses"][-1] < row["losses"][0] - 0.5
+    if source == "ours":
+        assert row["counted_bytes_per_parameter"] == bytes_per_parameter(method)
+    else:  # the packages may keep the moments in BF16, never more than AdamW16's FP32, and
+        # a step counter per tensor (torch's is a 4-byte tensor, allow 8)
+        steps = 8 * len(list(bench.build("tiny").parameters())) / row["parameters"]
+        assert 2 * row["weight_bytes"] / row["parameters"] < row["counted_bytes_per_parameter"]
+        assert row["counted_bytes_per_parameter"] <= bytes_per_parameter(method) + steps
+    assert row["peak_bytes"] >= 2 * row["weight_bytes"] + row["state_bytes"]
+    if method == "bf16-nearest":
+        assert max(row["unchanged"]) > 0.0  # some updates round away even at this rate
