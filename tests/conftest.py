@@ -102,3 +102,65 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def root() -> pathlib.Path:
     return ROOT
+
+
+# ------------------------------------------------------------ the exercises' feedback, word for word
+
+#: Every message an exercise's check gave in the exercise tests, per test, in order: what a
+#: learner reads, reviewed as text. A test of an exercise asserts the verdict and the words that
+#: matter; this transcript holds the rest of the message to what it was when last reviewed.
+FEEDBACK = ROOT / "tests" / "fixtures" / "exercise_feedback.json"
+#: ``FP16LAB_WRITE_FEEDBACK=1 pytest tests/test_exercises*.py`` rewrites the transcripts of the
+#: tests it runs (read the diff before you commit it).
+_WRITE_FEEDBACK = os.environ.get("FP16LAB_WRITE_FEEDBACK") == "1"
+_written_feedback: dict[str, list] = {}
+
+
+def _normal(message: str) -> str:
+    """The message less what changes from run to run: object addresses."""
+    import re
+    return re.sub(r" at 0x[0-9a-f]+", " at 0x…", message)
+
+
+@pytest.fixture(autouse=True)
+def _exercise_feedback(request, monkeypatch):
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    if not (name == "test_exercises" or name.startswith(("test_exercises_", "test_mutation_kills_exercises_"))):
+        yield
+        return
+    from fp16lab.exercises import core
+
+    seen: list[list[str]] = []
+    check = core.Exercise.check
+
+    def recording_check(self, *args, **kwargs):
+        feedback = check(self, *args, **kwargs)
+        seen.append([f"{self._checker.__module__.rsplit('.', 1)[-1]}.{self.name}", feedback.kind,
+                     _normal(feedback.message)])
+        return feedback
+
+    monkeypatch.setattr(core.Exercise, "check", recording_check)
+    yield
+    key = f"{name}::{request.node.name}"
+    if _WRITE_FEEDBACK:
+        _written_feedback[key] = seen
+        return
+    import json
+    expected = json.loads(FEEDBACK.read_text()).get(key) if FEEDBACK.exists() else None
+    if expected is None:
+        assert not seen, (f"{key} gave exercise feedback that {FEEDBACK.name} has no transcript "
+                          "for: run it with FP16LAB_WRITE_FEEDBACK=1 and review the diff")
+        return
+    assert len(seen) == len(expected), (f"{key}: {len(seen)} checks gave feedback, the "
+                                        f"transcript has {len(expected)}")
+    for got, want in zip(seen, expected):
+        assert got == want, f"{key}: the feedback changed\n got: {got}\nwant: {want}"
+
+
+def pytest_sessionfinish(session):
+    if _WRITE_FEEDBACK and _written_feedback:
+        import json
+        old = json.loads(FEEDBACK.read_text()) if FEEDBACK.exists() else {}
+        old.update(_written_feedback)
+        FEEDBACK.parent.mkdir(parents=True, exist_ok=True)
+        FEEDBACK.write_text(json.dumps(dict(sorted(old.items())), indent=1, ensure_ascii=False) + "\n")

@@ -56,7 +56,7 @@ def test_q2_names_what_came_back_and_what_is_not_a_neighbour():
     assert ch11.q2.check(lambda x: x).message.endswith("it returned torch.float32.")
     assert ch11.q2.check(lambda x: [1.0]).message.endswith("it returned list.")
     zeros = ch11.q2.check(lambda x: torch.zeros_like(x, dtype=torch.bfloat16)).message
-    assert zeros == "x = 1 should round only to its two BF16 neighbours [1.0]; got [0.0]."
+    assert zeros == "x = 1 should round only to its two BF16 neighbours [1]; got [0]."
     assert ch11.q2.check(3).message == ("give a function f(x) that returns x rounded to "
                                         "bfloat16, not int.")
 

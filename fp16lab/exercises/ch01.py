@@ -8,7 +8,7 @@ import re
 import ml_dtypes
 import numpy as np
 
-from .core import Exercise, Wrong, expect_power_of_two
+from .core import Exercise, Wrong, expect_power_of_two, shown
 
 __all__ = ["q1", "q2", "q3", "q4", "q5"]
 
@@ -95,7 +95,7 @@ def _check_q3(answer: object) -> str:
     if given - zero:
         kept = sorted(given - zero)
         raise Wrong(f"{kept} do not become zero: in FP16 they are "
-                    f"{[float(np.float16(v)) for v in kept]}. Subnormals reach down to 2^-24.")
+                    f"{shown(np.float16(v) for v in kept)}. Subnormals reach down to 2^-24.")
     raise Wrong(f"{sorted(zero - given)} also become zero: a value rounds to 0 when it is at or "
                 "below half the smallest subnormal.")
 
@@ -124,8 +124,8 @@ def _check_q4(answer: object) -> str:
         raise Wrong("2^-11 is exactly half the spacing at 1.0: 1 + 2^-11 is a tie, and a tie "
                     "rounds to the even code, which is 1.0. The weight does not change.")
     if value < right:
-        raise Wrong(f"1 + {value:g} rounds back to 1.0 in FP16: the update is lost.")
-    raise Wrong(f"{value:g} changes the weight, but a smaller power of two does too.")
+        raise Wrong(f"1 + 2^{math.log2(value):.0f} rounds back to 1.0 in FP16: the update is lost.")
+    raise Wrong(f"2^{math.log2(value):.0f} changes the weight, but a smaller power of two does too.")
 
 
 q4 = Exercise(

@@ -73,7 +73,9 @@ def _check_q2(answer: object) -> str:
     if value == right * 2:
         raise Wrong("a clean step does not double the scale by itself: it takes growth_interval "
                     "clean steps in a row, and the overflow reset the count.")
-    raise Wrong(f"{value:g} is not the scale GradScaler uses at step 5 (steps count from 0).")
+    raise Wrong(f"2^{math.log2(value):.0f} is not the scale GradScaler uses at step 5 (steps count "
+                "from 0): start at 2^16, halve at each overflow, double after growth_interval clean "
+                "steps in a row.")
 
 
 q2 = Exercise(

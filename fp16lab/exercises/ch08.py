@@ -121,7 +121,9 @@ def _check_q3(answer: object) -> str:
     if math.isclose(value, mean, rel_tol=1e-3):
         raise Wrong(f"{mean:g} is the fp32 average (or what dividing before the cast would give). "
                     "Follow the hook's order: cast to fp16, then divide, then sum.")
-    raise Wrong(f"{value:g} is not what the averaged gradient becomes.")
+    raise Wrong(f"{value:g} is not what the averaged gradient becomes: follow the hook's order "
+                "(cast each rank's gradient to fp16, divide by the number of ranks, sum) and ask "
+                f"what fp16 makes of {Q1_GRADS[0]:g}.")
 
 
 q1 = Exercise(
@@ -155,7 +157,8 @@ def _check_q4(answer: object) -> str:
                     "rank 0's before GradScaler looks. What is x + inf?")
     if not given:
         raise Wrong("an inf in any rank's gradient makes the step unusable; someone must skip.")
-    raise Wrong(f"{sorted(given)} is not it.")
+    raise Wrong(f"{sorted(given)} is not it: rank 0's own gradients are finite, but DDP sums the "
+                "ranks' gradients before GradScaler looks at them. What does each rank hold then?")
 
 
 q2 = Exercise(

@@ -7,7 +7,7 @@ import inspect
 import ml_dtypes
 import numpy as np
 
-from .core import Exercise, Wrong
+from .core import Exercise, Wrong, shown
 
 __all__ = ["delayed", "q1", "q2", "q3", "q4"]
 
@@ -222,7 +222,7 @@ def _check_delayed(answer: object) -> str:
         right = reference_delayed_scales(amaxes, n, margin)
         if _close(got, right):
             continue
-        case = f"on {what}, amaxes {list(amaxes)}, history {n}, margin {margin}: you gave {got}; "
+        case = f"on {what}, amaxes {list(amaxes)}, history {n}, margin {margin}: you gave {shown(got)}; "
         if len(got) != len(right):
             raise Wrong(case + f"return one scale per step ({len(right)} here), the one that step uses.")
         with np.errstate(divide="ignore"):

@@ -9,7 +9,7 @@ import math
 import torch
 
 from ..state16 import bytes_per_parameter, vanished_share
-from .core import Exercise, Wrong
+from .core import Exercise, Wrong, shown
 
 __all__ = ["Q1_WEIGHTS", "Q1_UPDATE", "Q3_PARAMETERS", "q1", "q2", "q3"]
 
@@ -81,7 +81,8 @@ def _check_q2(answer: object) -> str:
         allowed = {float(lows[j]), float(highs[j])}
         if not set(col.unique().tolist()) <= allowed:
             raise Wrong(f"x = {float(x[j]):.6g} should round only to its two BF16 neighbours "
-                        f"{sorted(allowed)}; got {sorted(set(col.unique().tolist()) - allowed)[:3]}.")
+                        f"{shown(sorted(allowed))}; got "
+                        f"{shown(sorted(set(col.unique().tolist()) - allowed)[:3])}.")
         if lows[j] == highs[j]:
             continue
         want = float((x[j].abs() - lows[j].abs()) / (highs[j].abs() - lows[j].abs()))

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from fp16lab import validate
 
-__all__ = ["TIME_LIMIT_S", "Exercise", "Feedback", "Wrong", "expect_close", "expect_equal",
+__all__ = ["TIME_LIMIT_S", "Exercise", "Feedback", "Wrong", "expect_close", "expect_equal", "shown",
            "expect_power_of_two"]
 
 _MISSING = object()
@@ -256,6 +256,11 @@ def expect_close(answer: Any, expected: float, what: str, *, rel: float = 0.01) 
         raise Wrong(f"{what}: give a number, not {type(answer).__name__} {answer!r}.") from None
     if not math.isfinite(value) or not math.isclose(value, expected, rel_tol=rel):
         raise Wrong(f"{what}: {value:g} is not it.")
+
+
+def shown(values: Any) -> str:
+    """A list of numbers as a learner reads it: each to six significant digits."""
+    return "[" + ", ".join(f"{float(v):.6g}" for v in values) + "]"
 
 
 def expect_power_of_two(answer: Any, what: str) -> float:
