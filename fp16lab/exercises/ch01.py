@@ -144,7 +144,6 @@ def _check_q5(answer: object) -> str:
     if not callable(answer):
         raise Wrong("give the function itself: q5.check(sgd_update), without calling it.")
     master = np.float32(Q5_W0)
-    weight = np.float16(Q5_W0)
     for _ in range(Q5_STEPS):
         out = answer(master, Q5_GRAD, Q5_LR)
         if out is None:
