@@ -58,7 +58,8 @@ def test_q2_clipping_before_unscale():
     assert not f and "after unscale_" in f.message
     f = ex.q2.check(1.0)
     assert not f and "divides them by the scale" in f.message
-    assert not ex.q2.check(0.5 / 65536)
+    f = ex.q2.check(0.5 / 65536)  # the true norm unscaled, as if nothing had been clipped
+    assert not f and "divides the true norm" in f.message and "cut them to 1" in f.message
     assert not ex.q2.check("small")
 
 

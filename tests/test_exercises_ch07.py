@@ -67,6 +67,8 @@ def test_q4_batch_bytes():
     assert not ch07.q4.check((elements * 4 / 1e6, elements * 4 / 1e6))
     assert "two numbers" in ch07.q4.check(154.1).message
     assert "must be numbers" in ch07.q4.check(("a", "b")).message
+    swapped = ch07.q4.check((elements / 1e6, elements * 4 / 1e6))
+    assert not swapped and "swapped" in swapped.message
 
 
 def test_solutions_and_hints_are_given_on_request():

@@ -155,9 +155,11 @@ def test_learner_minutes_counts_the_words_of_the_text_and_the_exercises(tmp_path
         {"cell_type": "code", "source": ["words = 'not counted in code'\n", "ex.q1.check(a)"]},
         {"cell_type": "code", "source": ["ex.q1.check(b)  # the same exercise again\n"]},
         {"cell_type": "code", "source": ["ex.q3.check(c)"]},
+        {"cell_type": "code", "source": ["ex.pipeline.check((A, b, c))  # a coding exercise\n",
+                                         "spec.check(x)  # not an exercise of the chapter"]},
         {"cell_type": "markdown", "source": ["six"]}]}
     path = tmp_path / "01_x.ipynb"
     path.write_text(json.dumps(nb))
     got = nt.learner_minutes(path)
-    assert got["words"] == 6 and got["exercises"] == 2
-    assert got["minutes"] == pytest.approx(6 / nt.READING_WPM + 2 * nt.EXERCISE_MIN)
+    assert got["words"] == 6 and got["exercises"] == 3
+    assert got["minutes"] == pytest.approx(6 / nt.READING_WPM + 3 * nt.EXERCISE_MIN)

@@ -182,8 +182,8 @@ READING_WPM, EXERCISE_MIN = 200, 5
 
 def learner_minutes(path: Path) -> dict[str, Any]:
     """Returns a learner's time in a notebook, estimated: its text's words (markdown cells) read
-    at :data:`READING_WPM` words a minute, and its exercises (the ``qN.check(...)`` calls in its
-    code cells) at :data:`EXERCISE_MIN` minutes each."""
+    at :data:`READING_WPM` words a minute, and its exercises (the ``ex.NAME.check(...)`` calls in its
+    code cells, the coding exercises among them) at :data:`EXERCISE_MIN` minutes each."""
     import json
     import re
 
@@ -191,7 +191,7 @@ def learner_minutes(path: Path) -> dict[str, Any]:
     text = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     code = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     words = len(re.findall(r"[A-Za-z0-9']+", text))
-    exercises = len(set(re.findall(r"\bq(\d+)\.check\(", code)))
+    exercises = len(set(re.findall(r"\bex\.(\w+)\.check\(", code)))
     return {"words": words, "exercises": exercises,
             "minutes": words / READING_WPM + EXERCISE_MIN * exercises}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..claims import recorded_gpu_result
 from ..measure import describe_source
 from .core import Exercise, Wrong, expect_close
@@ -91,6 +93,10 @@ def _check_q2(answer: object) -> str:
     if abs(value - Q2_MAX_NORM) < 1e-9:
         raise Wrong("1.0 is the threshold the scaled gradients were clipped to; unscale_ then "
                     "divides them by the scale.")
+    if math.isclose(value, Q2_GRAD_NORM / Q2_SCALE, rel_tol=0.03):
+        raise Wrong(f"{value:.3g} divides the true norm, {Q2_GRAD_NORM:g}, by the scale; but clipping "
+                    f"saw the scaled gradients, of norm {Q2_GRAD_NORM:g} x {Q2_SCALE:g}, and cut "
+                    f"them to {Q2_MAX_NORM:g} first. Then unscale_ divides what is left.")
     # rel 0.03: the answer written to two significant figures, 1.5e-5, is right too
     expect_close(value, right, "the gradient norm the optimizer sees", rel=0.03)
     return (f"{right:.3g}: clipping saw {Q2_GRAD_NORM * Q2_SCALE:g}, cut it to {Q2_MAX_NORM}, and "

@@ -152,6 +152,8 @@ def _check_q4(answer: object) -> str:
         raise Wrong(f"both must be numbers, got {answer!r}.") from None
     if math.isclose(given[0], f32 / 2**20 * 1e6, rel_tol=0.01):
         raise Wrong("that is in MiB (2^20 bytes); count megabytes of 10^6 bytes.")
+    if math.isclose(given[0], u8, rel_tol=0.01) and math.isclose(given[1], f32, rel_tol=0.01):
+        raise Wrong("the two are swapped: give (float32_mb, uint8_mb), the float32 batch first.")
     expect_close(given[0], f32, "the float32 batch in MB", rel=0.01)
     expect_close(given[1], u8, "the uint8 batch in MB", rel=0.01)
     return (f"{f32:.1f} MB as float32, {u8:.1f} MB as uint8: normalising on the GPU moves 4x fewer "

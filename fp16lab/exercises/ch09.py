@@ -79,7 +79,7 @@ def _check_q2(answer: object) -> str:
     spans = _SPANS
     if per_tensor == "e4m3":
         raise Wrong(f"with one scale per tensor the whole tensor must fit one range: its rows span "
-                    f"{Q2_ROWS_BINADES} binades of size and the values inside a row more, while e4m3 "
+                    f"{Q2_ROWS_BINADES} binades (factors of two) of size and the values inside a row more, while e4m3 "
                     f"spans {spans['e4m3']:.1f} from its smallest subnormal to its largest value "
                     f"(e5m2: {spans['e5m2']:.1f}). Section 2's table of `spread_rows` (tensorwise) shows what e4m3 loses to zero.")
     if per_row == "e5m2":
@@ -88,7 +88,7 @@ def _check_q2(answer: object) -> str:
                     "rowwise row of section 2's `spread_rows` table), and e4m3 keeps one more mantissa bit: the extra range of e5m2 buys "
                     "nothing there and costs precision.")
     return (f"('e5m2', 'e4m3'): one scale for the whole tensor needs e5m2's {spans['e5m2']:.1f} binades "
-            f"of range (e4m3 has {spans['e4m3']:.1f}); once every row has its own scale, e4m3's range "
+            f"(factors of two) of range (e4m3 has {spans['e4m3']:.1f}); once every row has its own scale, e4m3's range "
             "suffices and its extra mantissa bit wins. That is why the FP8 paper's recipe with one "
             "scale per tensor casts gradients to e5m2 (Micikevicius et al. 2022, arXiv 2209.05433), "
             "while DeepSeek-V3, with 1x128 and 128x128 scales, keeps every tensor, gradients "
