@@ -24,6 +24,11 @@ def _idle_fraction_by_bitmap(kernels, window) -> float:
     return 1.0 - busy.sum() / (hi - lo)
 
 
+def _near(value: float, target: float) -> bool:
+    """True when ``value`` is ``target`` written to two decimals (or closer): a learner's slip."""
+    return abs(value - target) <= 0.005 + 1e-12
+
+
 def _check_q1(answer: object) -> str:
     right = _idle_fraction_by_bitmap(Q1_KERNELS, Q1_WINDOW)
     span = Q1_WINDOW[1] - Q1_WINDOW[0]
@@ -32,15 +37,15 @@ def _check_q1(answer: object) -> str:
         value = float(answer)
     except (TypeError, ValueError):
         raise Wrong(f"give the idle fraction as a number between 0 and 1, not {answer!r}.") from None
-    if 1 < value <= 100 and abs(value / 100 - right) < 0.005:
+    if 1 < value <= 100 and _near(value / 100, right):
         raise Wrong(f"{value:g} looks like a percentage; give a fraction between 0 and 1.")
-    if abs(value - summed) < 0.005 and abs(summed - right) > 0.005:
+    if _near(value, summed) and not _near(summed, right):
         raise Wrong(f"{value:g} treats overlapping kernels (two streams) as if they ran one after "
                     "the other: time covered by two kernels at once counts once.")
-    if abs(value - (1 - right)) < 0.005:
+    if _near(value, 1 - right):
         raise Wrong(f"{value:g} is the share of the window the GPU is busy; the question asks for "
                     "the idle share, the time covered by no kernel.")
-    if abs(value - (1 - summed)) < 0.005:
+    if _near(value, 1 - summed):
         raise Wrong(f"{value:g} is the summed kernel durations over the window, a busy share that "
                     "also counts the overlaps twice; merge overlapping kernels, then take the rest.")
     if not 0 <= value <= 1:
