@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .distributed import CUDNN_BENCHMARK, NCCL_ENV, DistPoint, comm_overlap, point_fields
-from .distributed.sharded import loss_scaler, shard, sharded_found_inf
+from .distributed.sharded import loss_scaler, shard, sharded_found_inf, sharded_reduce
 from .measure import step_times_ms
 from .models import NUM_CLASSES, build_model, input_shape
 from .profile import gpu_kernels
@@ -190,7 +190,8 @@ def wrap(point: DistPoint, model: nn.Module, ctx: Context) -> nn.Module:
         if hook is not None:
             ddp.register_comm_hook(None, hook)  # None: the default (world) process group
         return ddp
-    return shard(model, point.precision, point.reduce_dtype)
+    return shard(model, point.precision, point.reduce_dtype,
+                 reshard_after_forward=point.reshard_after_forward)
 
 
 # --------------------------------------------------------------------------- tasks
@@ -406,7 +407,7 @@ def buffers(item: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 
 TASKS = {"train": train, "found_inf": found_inf, "allreduce": allreduce, "buffers": buffers,
-         "sharded_found_inf": sharded_found_inf}
+         "sharded_found_inf": sharded_found_inf, "sharded_reduce": sharded_reduce}
 
 
 def main(argv: list[str] | None = None) -> int:

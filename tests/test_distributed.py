@@ -37,7 +37,7 @@ def train_and_raise():
     points = [d.DistPoint(**CPU, precision="amp-fp16", comm_hook="fp16", optimizer="sgd-fused",
                           broadcast_buffers=False),
               d.DistPoint(**{**CPU, "model": "fp16lab.workloads.builtin:mlp"}, precision="fp32"),
-              d.DistPoint(**CPU, precision="amp-fp16", strategy="fsdp"),
+              d.DistPoint(**CPU, precision="amp-fp16", strategy="fsdp", reshard_after_forward=False),
               d.DistPoint(**CPU, precision="amp-bf16", fault="raise@1")]
     return points, d.measure_points(points, timeout_s=120)
 
@@ -91,6 +91,52 @@ def test_fsdp_with_amp_fp16_trains_under_the_sharded_grad_scaler(train_and_raise
     assert (point.strategy, point.precision) == ("fsdp", "amp-fp16")
     assert row["status"] == "ok", row["error"]
     assert (row["world_size"], row["wrapper"]) == (2, "fsdp")
+    assert row["reshard_after_forward"] is False  # the gathered weights kept to the backward
+    assert point.label() == "mlp b8 amp-fp16 x2 fsdp reduce=fp32 no_reshard"
+
+
+def test_reshard_after_forward_is_checked_and_fsdp_only():
+    assert d.DistPoint(**CPU, strategy="fsdp").reshard_after_forward is True
+    with pytest.raises(ValueError, match="reshard_after_forward applies to FSDP only"):
+        d.DistPoint(**CPU, reshard_after_forward=False)
+    with pytest.raises((TypeError, ValueError), match="reshard_after_forward"):
+        d.DistPoint(**CPU, strategy="fsdp", reshard_after_forward=0)
+
+
+@pytest.fixture(scope="module")
+def reduce_runs():
+    return d.run_checks([("sharded_reduce", {"steps": 3, "precision": "fp32"}),
+                         ("sharded_reduce", {"steps": 3, "precision": "amp-bf16"})], timeout_s=120)
+
+
+def test_an_fp32_reduce_is_the_exact_average_and_a_bf16_one_rounds_it(reduce_runs):
+    """The oracle: each rank's gradient on an unsharded copy of the model, gathered and
+    averaged in float64. An fp32 reduce of fp32 gradients is off by float32 rounding only; of
+    bf16 gradients (amp-bf16's parameters) not at all, a sum of two bf16 values being exact in
+    fp32. A bf16 reduce rounds the sum to 8 significant bits: off by about 2^-9 of the largest
+    gradient, never more than 2^-7, and not 0."""
+    fp32_params, bf16_params = ({r["reduce_dtype"]: r for r in row["runs"]} for row in reduce_runs)
+    assert fp32_params["fp32"]["grad_error"] <= 2 ** -23
+    assert bf16_params["fp32"]["grad_error"] == 0.0
+    for runs in (fp32_params, bf16_params):
+        assert 2 ** -12 < runs["bf16"]["grad_error"] <= 2 ** -7
+    for row in reduce_runs:
+        assert (row["world_size"], row["backend"], row["steps"]) == (2, "gloo", 3)
+        losses = [r["losses"] for r in row["runs"]]
+        assert [len(x) for x in losses] == [3, 3] and all(math.isfinite(v) for x in losses for v in x)
+        assert losses[0][0] == losses[1][0]  # the same weights and batch before any reduce
+        assert losses[0][2] < losses[0][0]  # it learns
+
+
+def test_sharded_reduce_refuses_what_it_cannot_run():
+    from fp16lab.distributed.sharded import sharded_reduce
+
+    with pytest.raises(ValueError, match="reduce_dtypes from fp32, bf16, fp16"):
+        sharded_reduce({"reduce_dtypes": ["fp8"]}, ctx=None)
+    with pytest.raises(ValueError, match="steps >= 1"):
+        sharded_reduce({"steps": 0}, ctx=None)
+    with pytest.raises(ValueError, match="precision one of"):
+        sharded_reduce({"precision": "fp64"}, ctx=None)
 
 
 def test_the_loss_scaler_is_sharded_only_for_fsdp_across_ranks_with_a_scaled_precision():

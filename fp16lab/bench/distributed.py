@@ -13,7 +13,7 @@ Measures, in one run, with torchrun launching the ranks (``fp16lab.distributed``
 - fp16lab points on 1 and 2 GPUs: ResNet-50 at batch 256 and 64 per GPU in each precision, and a
   parameter-heavy transformer stack (hidden 2048, ~300M parameters, batch 32 per GPU) with the
   settings that decide how gradients travel: comm hooks, bucket sizes, ``static_graph``,
-  ``gradient_as_bucket_view``, FSDP2's ``reduce_dtype``, and ResNet-50 with fused SGD (the
+  ``gradient_as_bucket_view``, FSDP2's ``reduce_dtype`` and ``reshard_after_forward``, and ResNet-50 with fused SGD (the
   engine's ``optimizer`` setting) and without DDP's buffer broadcast (``broadcast_buffers``,
   the bare loop's ``ddp-no-broadcast`` as an engine setting); what earlier runs measured and
   this one drops is in :data:`DROPPED` and the meta;
@@ -196,7 +196,8 @@ def plan(gpus: int, device: str) -> list[tuple[list[dist_lab.DistPoint], dict[st
          r50(64, "amp-fp16", **n), r50(64, "amp-fp16", comm_hook="fp16", **n),
          tx("amp-bf16", **n), tx("amp-bf16", comm_hook="bf16", **n), tx("amp-bf16", bucket_cap_mb=100, **n),
          tx("amp-bf16", static_graph=True, **n), tx("amp-bf16", bucket_cap_mb=400, **n)],
-        [tx("amp-bf16", strategy="fsdp", reduce_dtype=r, **n) for r in ("fp32", "bf16")],
+        [tx("amp-bf16", strategy="fsdp", reduce_dtype=r, **n) for r in ("fp32", "bf16")]
+        + [tx("amp-bf16", strategy="fsdp", reshard_after_forward=False, **n)],
         [r50(256, "amp-bf16", gpus=1), tx("amp-fp16", gpus=1), r50(256, "fp32", gpus=1), tx("fp32", gpus=1)],
         [r50(256, "amp-bf16", **n), r50(256, "amp-bf16", comm_hook="bf16", **n),
          tx("amp-fp16", **n), tx("amp-fp16", comm_hook="fp16", **n), r50(256, "fp32", **n), tx("fp32", **n),

@@ -218,6 +218,9 @@ CHECKS = {
     "buffers": "one batch per rank, values[r], through a BatchNorm under DDP with broadcast_buffers",
     "sharded_found_inf": "ShardedGradScaler under FSDP2 (amp-fp16) with an inf planted in rank "
                          "inf_rank's shard of a gradient",
+    "sharded_reduce": "a classifier trained under FSDP2 once per reduce_dtypes (default fp32, "
+                      "bf16) for steps steps in precision: losses and the first step's gradient "
+                      "error",
 }
 
 

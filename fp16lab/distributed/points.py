@@ -64,6 +64,10 @@ class DistPoint:
             running statistics) to every rank at the start of each forward; False lets each
             rank keep its own.
         reduce_dtype: FSDP only: the gradients' reduce-scatter dtype.
+        reshard_after_forward: FSDP only (``fully_shard``'s own argument): True frees each
+            unit's gathered parameters after its forward and gathers them again for its
+            backward (less memory, one more all-gather per unit); False keeps them to the
+            backward.
         layout: ``channels_last`` or ``nchw`` (image models); None picks channels_last for them.
         device: ``cuda`` (NCCL, one GPU per rank) or ``cpu`` (gloo).
         warmup, steps: untimed and timed steps.
@@ -86,6 +90,7 @@ class DistPoint:
     static_graph: bool = False
     broadcast_buffers: bool = True
     reduce_dtype: str = "fp32"
+    reshard_after_forward: bool = True
     layout: str | None = None
     device: str = "cuda"
     warmup: int = WARMUP
@@ -132,6 +137,10 @@ class DistPoint:
               "comm_hook applies to DDP only; FSDP sets its gradient precision with reduce_dtype")
         check(self.strategy == "fsdp" or self.reduce_dtype == "fp32",
               "reduce_dtype applies to FSDP only; DDP sets its gradient precision with comm_hook")
+        keep("reshard_after_forward",
+             validate.boolean("reshard_after_forward", self.reshard_after_forward))
+        check(self.strategy == "fsdp" or self.reshard_after_forward,
+              "reshard_after_forward applies to FSDP only; DDP keeps whole parameters on every rank")
         validate.number("bucket_cap_mb", self.bucket_cap_mb, low=0, low_open=True)
         for name in ("gradient_as_bucket_view", "static_graph", "broadcast_buffers"):
             keep(name, validate.boolean(name, getattr(self, name)))
@@ -172,6 +181,8 @@ class DistPoint:
                     parts.append("no_broadcast")
             else:
                 parts.append(f"reduce={self.reduce_dtype}")
+                if not self.reshard_after_forward:
+                    parts.append("no_reshard")
         if self.optimizer != "sgd":
             parts.append(f"opt={self.optimizer}")
         return " ".join(parts)
