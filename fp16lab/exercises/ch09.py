@@ -242,7 +242,7 @@ def _check_delayed(answer: object) -> str:
         if any(not np.isfinite(g) or g == 0 for g in got):
             raise Wrong(case + "a scale became 0 or inf: when the history's maximum is 0 or not "
                         "finite, keep the previous scale.")
-        raise Wrong(case + f"the scales are {right}.")
+        raise Wrong(case + f"the scales are {shown(right)}.")
     return ("right on four histories: the scale lags one step behind the amaxes, a spike lowers it "
             "for history_len steps and then leaves, and a history of zeros or an inf changes nothing.")
 
