@@ -63,6 +63,9 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
     "alignment": ("tests/test_claims.py", "tests/test_exercises_ch03.py"),
     "bench.census": ("tests/test_bench.py",),  # test_census.py tests fp16lab.census
     "exercises.ch01": ("tests/test_exercises_ch01.py", "tests/test_exercises.py"),  # q1, q2 there
+    # RecordingScaler is the scaler notebook 02's q3 check drives
+    "exercises.recording": ("tests/test_exercises.py", "tests/test_exercises_ch02.py",
+                            "tests/test_mutation_kills_exercises_ch02.py"),
     # the two end-to-end --tiny runs take 40 s each: the kills file checks main() on stand-ins
     "bench.workloads": ("tests/test_bench_workloads.py::test_summary_ratios_by_hand",),
     "bench.distributed_report": ("tests/test_bench_distributed.py",),
