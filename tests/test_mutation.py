@@ -162,3 +162,44 @@ def test_unknown_modules_are_refused(capsys):
     with pytest.raises(SystemExit):
         mutation.main(["nope"])
     assert "unknown module(s) ['nope']; choose from alignment, autocast_ops, bench" in capsys.readouterr().err
+
+
+def _row(source, counts, seconds):
+    return (f"| `{source}` | `test_x.py` | {sum(counts)} | " + " | ".join(map(str, counts))
+            + f" | {counts[1]} | 100.0% | {seconds} | 1.00 |")
+
+
+def test_a_module_without_results_here_keeps_its_row_and_survivors(tmp_path, monkeypatch):
+    """The cache is per checkout, the report is committed: a report written where only some
+    modules have results keeps the others' rows and survivor blocks, saying so."""
+    n = len(mutation_scores.COLUMNS)
+    a = [10, 2] + [0] * (n - 2)
+    b = [5, 1, 1] + [0] * (n - 3)
+    earlier = "\n".join([
+        "# Mutation testing report", "", "| module | ... |", "| --- |",
+        _row("fp16lab/bits/patterns.py", a, 42), _row("fp16lab/widgets/__init__.py", b, 7),
+        "| **all** | |", "", "## Survivors", "",
+        "### `fp16lab.bits.patterns.x_f__mutmut_1` (bits.patterns)", "", "equivalent: same", "",
+        "```diff", "-a", "+b", "```", "",
+        "### `fp16lab.widgets.x_g__mutmut_3` (widgets)", "", "**survived, not explained**", ""])
+    path = tmp_path / "report.md"
+    path.write_text(earlier + "\n")
+    got = mutation.earlier_report(path)
+    assert set(got) == {"bits.patterns", "widgets"}
+    assert got["bits.patterns"][2]["killed"] == 10 and got["widgets"][2]["no tests"] == 1
+    assert got["widgets"][1] == ["### `fp16lab.widgets.x_g__mutmut_3` (widgets)\n\n"
+                                 "**survived, not explained**"]
+
+    targets = {name: mutation_targets.Target(name, f"fp16lab/{p}", ("tests/test_x.py",))
+               for name, p in (("bits.patterns", "bits/patterns.py"), ("widgets", "widgets/__init__.py"),
+                               ("waves", "waves.py"))}
+    monkeypatch.setattr(mutation, "TARGETS", targets)
+    monkeypatch.setattr(mutation, "load_results", lambda target: {})
+    monkeypatch.setattr(mutation, "_git_commit", lambda: "abc1234")
+    mutation.write_report(path)
+    text = path.read_text()
+    assert f"| 12 | 10 | 2 |" in text and f"| {mutation.CARRIED} | |" in text
+    assert text.count(mutation.CARRIED) == 2
+    assert "Modules not run yet (1): `waves`." in text
+    assert "(bits.patterns)" in text and "(widgets)" in text  # their survivors kept
+    assert "| **all** | | 19 | 15 | 3 | 1 |" in text

@@ -37,6 +37,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -231,13 +232,53 @@ def _git_commit() -> str:
         return "unknown"
 
 
+#: What the seconds column of a row taken over from an earlier report says.
+CARRIED = "carried over: not run on this checkout"
+
+
+def earlier_report(path: pathlib.Path) -> dict[str, tuple[str, list[str], dict[str, int]]]:
+    """Returns, per module name (``bits.patterns``), the table row, the survivor blocks and the
+    counts of the report at ``path`` ({} where there is none): what a report written where
+    that module has no results of its own takes over (the cache is per checkout; the report
+    is committed)."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    table, _, rest = text.partition("\n## Survivors\n")
+    out: dict[str, tuple[str, list[str], dict[str, int]]] = {}
+    for line in table.splitlines():
+        m = re.match(r"\| `fp16lab/(.+?)\.py` \|", line)
+        if not m:
+            continue
+        name = m.group(1).removesuffix("/__init__").replace("/", ".")
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        counts = dict(zip((*COLUMNS, "equivalent"), map(int, cells[3:4 + len(COLUMNS)])))
+        out[name] = (line, [], counts)
+    for block in re.split(r"\n(?=### `)", rest):
+        m = re.match(r"### `.+?` \((.+?)\)", block)
+        if m and m.group(1) in out:
+            out[m.group(1)][1].append(block.strip())
+    return out
+
+
 def write_report(path: pathlib.Path = REPORT) -> float:
-    """Writes the report from every target that has results; returns the overall score."""
+    """Writes the report from every target that has results; returns the overall score.
+
+    A module with no results on this checkout keeps its row and survivors from the report
+    already at ``path`` (its seconds column says so, :data:`CARRIED`)."""
     equivalents = load_equivalents(EQUIVALENT)
+    earlier = earlier_report(path)
     rows, survivors, totals = [], [], {c: 0 for c in (*COLUMNS, "equivalent")}
+    carried: list[str] = []
     for target in TARGETS.values():
         statuses = load_results(target)
         if not statuses:
+            if target.name in earlier:
+                line, blocks, counts = earlier[target.name]
+                rows.append((target, line, CARRIED))
+                carried += blocks
+                for c in totals:
+                    totals[c] += counts.get(c, 0)
             continue
         equivalent = set()
         missed = sorted(n for n, s in statuses.items() if s in ("survived", "no tests"))
@@ -278,6 +319,10 @@ def write_report(path: pathlib.Path = REPORT) -> float:
         "| --- " * (len(COLUMNS) + 7) + "|",
     ]
     for target, counts, seconds in rows:
+        if seconds == CARRIED:  # counts is the earlier report's line
+            cells = counts.strip().strip("|").split("|")
+            lines.append("|" + "|".join(cells[:-2]) + f"| {CARRIED} | |")
+            continue
         tests = ", ".join(f"`{pathlib.Path(t).name}`" for t in target.tests)
         n = sum(counts[c] for c in COLUMNS)
         rate = f"{n / float(seconds):.2f}" if seconds.isdigit() and float(seconds) > 0 else ""
@@ -287,23 +332,25 @@ def write_report(path: pathlib.Path = REPORT) -> float:
     n = sum(totals[c] for c in COLUMNS)
     lines.append("| **all** | | " + f"{n} | " + " | ".join(str(totals[c]) for c in COLUMNS)
                  + f" | {totals['equivalent']} | **{overall:.1%}** | | |")
-    untested = [name for name, t in TARGETS.items() if not load_results(t)]
+    untested = [name for name, t in TARGETS.items() if not load_results(t) and name not in earlier]
     lines += ["", f"Modules not run yet ({len(untested)}): " + (", ".join(f"`{n}`" for n in untested) or "none") + ".",
               "", "Modules left out, and why:", "",
               *(f"- `{name}`: {why}" for name, why in LEFT_OUT.items())]
     notes = [f"- `{t.source}`: {(BUILD / t.name / 'note').read_text().strip()}"
-             for t, _, _ in rows if (BUILD / t.name / "note").exists()]
+             for t, _, s in rows if s != CARRIED and (BUILD / t.name / "note").exists()]
     if notes:
         lines += ["", "Notes on these runs:", "", *notes]
     if DESELECTED:
         lines += ["", "Tests left out (they fail on the unchanged code):", "",
                   *(f"- `{t}`" for t in DESELECTED)]
     lines += ["", "## Survivors", ""]
-    if not survivors:
+    if not survivors and not carried:
         lines.append("None.")
     for module, name, status, diff, reason in survivors:
         verdict = f"equivalent: {reason}" if reason else f"**{status}, not explained**"
         lines += [f"### `{name}` ({module})", "", verdict, "", "```diff", diff, "```", ""]
+    for block in carried:  # as the earlier report gave them
+        lines += [block, ""]
     path.write_text("\n".join(lines).rstrip() + "\n")
     return overall
 
