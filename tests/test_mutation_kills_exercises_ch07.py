@@ -151,3 +151,68 @@ def test_q4_rounded_mib_and_swapped():
 def test_q1_a_harmonic_mean_a_hair_off_is_still_named():
     fb = ex.q1.check(lambda a, b: 1 / (1 / a + 1 / b) * (1 + 1e-7))
     assert not fb and fb.message.startswith("you added the time per image of both sides")
+
+
+def _copy_with(move):
+    """to_model with the copy written by ``move`` (images and labels), the rest the reference's."""
+    def to_model_(images, labels, device):
+        images, labels = move(images, device), move(labels, device)
+        return ex.normalize(images).contiguous(memory_format=torch.channels_last), labels
+    return to_model_
+
+
+@pytest.mark.parametrize("move", [
+    lambda t, d: t.to(d, t.dtype, True),             # non_blocking given by position
+    lambda t, d: t.to(device=d, non_blocking=True),  # the device by keyword
+])
+def test_to_model_copies_written_other_ways_pass(move):
+    fb = ex.pipeline.check((Ref, loader, _copy_with(move)))
+    assert fb, fb.message
+
+
+@pytest.mark.parametrize("move, message", [
+    (lambda t, d: t.cpu(), "a copy to the device is blocking"),
+    (lambda t, d: t.to(d, t.dtype, False), "a copy to the device is blocking"),
+    (lambda t, d: t.to(dtype=torch.float32).to(d, non_blocking=True) if t.dim() == 4 else
+     t.to(d, non_blocking=True), "the images reached the device as torch.float32"),
+])
+def test_to_model_copies_that_are_wrong(move, message):
+    fb = ex.pipeline.check((Ref, loader, _copy_with(move)))
+    assert not fb and fb.message.startswith(message), fb.message
+
+
+def test_to_model_what_comes_out():
+    def three(images, labels, device):
+        return (*to_model(images, labels, device), None)
+
+    def as_list(images, labels, device):
+        x, y = to_model(images, labels, device)
+        return x.tolist(), y
+
+    def a_hair_off(images, labels, device):
+        x, y = to_model(images, labels, device)
+        return x + 5e-5, y
+
+    def only_scaled(images, labels, device):
+        images = images.to(device, non_blocking=True)
+        return (images.float() / 255).contiguous(memory_format=torch.channels_last), \
+            labels.to(device, non_blocking=True)
+    assert ex.pipeline.check((Ref, loader, three)).message == \
+        "to_model returned tuple; return (images, labels)."
+    assert ex.pipeline.check((Ref, loader, as_list)).message.startswith(
+        "the images leave to_model as list; give the model float32")
+    assert ex.pipeline.check((Ref, loader, a_hair_off))  # within 1e-4 of the normalised values
+    assert ex.pipeline.check((Ref, loader, only_scaled)).message.startswith(
+        "the images are not normalised")
+
+
+def test_non_blocking_read_where_each_signature_puts_it():
+    t, other = torch.ones(2), torch.zeros(1)
+    assert ex._non_blocking("to", (t, "cpu", torch.float32, True), {})
+    assert not ex._non_blocking("to", (t, "cpu", torch.float32, False), {})
+    assert not ex._non_blocking("to", (t, "cpu", torch.float32), {})
+    assert ex._non_blocking("to", (t, other, True), {})
+    assert ex._non_blocking("cuda", (t, 0, True), {}) and not ex._non_blocking("cuda", (t, 0), {})
+    assert not ex._non_blocking("cpu", (t, None, True), {})
+    assert ex._non_blocking("to", (t,), {"device": "cpu", "non_blocking": True})
+    assert not ex._non_blocking("to", (t, "cpu"), {"non_blocking": False})

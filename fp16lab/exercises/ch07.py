@@ -230,9 +230,21 @@ class _Recorded(torch.Tensor):
         if name in ("to", "cuda", "cpu") and args and isinstance(args[0], torch.Tensor):
             targets = [a for a in args[1:] if isinstance(a, (str, torch.device))]
             if name != "to" or targets or "device" in kwargs:
-                cls.moves.append({"dtype": args[0].dtype, "non_blocking": bool(kwargs.get(
-                    "non_blocking", len(args) > 2 and args[2] is True and name == "to"))})
+                cls.moves.append({"dtype": args[0].dtype,
+                                  "non_blocking": _non_blocking(name, args, kwargs)})
         return super().__torch_function__(func, types, args, kwargs)
+
+
+def _non_blocking(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a copy to a device (``t.to(...)``, ``t.cuda(...)``, ``t.cpu()``; ``args[0]`` is
+    ``t``) was asked not to block: by keyword, or by position where the signature has it,
+    ``to(device, dtype, non_blocking)``, ``to(other, non_blocking)``, ``cuda(device,
+    non_blocking)``. ``cpu()`` has no such argument: it always waits."""
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    position = {"cuda": 2, "to": 2 if len(args) > 1 and isinstance(args[1], torch.Tensor) else 3}
+    at = position.get(name)
+    return at is not None and len(args) > at and args[at] is True
 
 
 def _check_dataset(make_dataset) -> object:
