@@ -12,6 +12,7 @@ whose skip decision is the same on every rank, though an inf may sit in one rank
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -121,10 +122,6 @@ def sharded_reduce(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     averaged in float64: an fp32 reduce should leave only float32 rounding, a bf16 reduce
     about 2^-9 of the largest gradient.
     """
-    import copy
-
-    from ..recipes import PRECISIONS
-
     steps = int(item.get("steps", 200))
     precision = str(item.get("precision", "amp-bf16"))
     reduce_dtypes = list(item.get("reduce_dtypes", ["fp32", "bf16"]))
