@@ -9,8 +9,11 @@ the skip reasons are listed, grouped, the most frequent first.
 from __future__ import annotations
 
 import collections
+import functools
+import json
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -118,14 +121,23 @@ _written_feedback: dict[str, list] = {}
 
 def _normal(message: str) -> str:
     """The message less what changes from run to run: object addresses."""
-    import re
     return re.sub(r" at 0x[0-9a-f]+", " at 0x…", message)
+
+
+@functools.lru_cache(maxsize=1)
+def _transcripts() -> dict[str, list]:
+    return json.loads(FEEDBACK.read_text()) if FEEDBACK.exists() else {}
+
+
+def _is_exercise_test(module: str) -> bool:
+    return module == "test_exercises" or module.startswith(("test_exercises_",
+                                                            "test_mutation_kills_exercises_"))
 
 
 @pytest.fixture(autouse=True)
 def _exercise_feedback(request, monkeypatch):
     name = request.module.__name__.rsplit(".", 1)[-1]
-    if not (name == "test_exercises" or name.startswith(("test_exercises_", "test_mutation_kills_exercises_"))):
+    if not _is_exercise_test(name):
         yield
         return
     from fp16lab.exercises import core
@@ -145,8 +157,7 @@ def _exercise_feedback(request, monkeypatch):
     if _WRITE_FEEDBACK:
         _written_feedback[key] = seen
         return
-    import json
-    expected = json.loads(FEEDBACK.read_text()).get(key) if FEEDBACK.exists() else None
+    expected = _transcripts().get(key)
     if expected is None:
         assert not seen, (f"{key} gave exercise feedback that {FEEDBACK.name} has no transcript "
                           "for: run it with FP16LAB_WRITE_FEEDBACK=1 and review the diff")
@@ -159,8 +170,7 @@ def _exercise_feedback(request, monkeypatch):
 
 def pytest_sessionfinish(session):
     if _WRITE_FEEDBACK and _written_feedback:
-        import json
-        old = json.loads(FEEDBACK.read_text()) if FEEDBACK.exists() else {}
+        old = dict(_transcripts())
         old.update(_written_feedback)
         FEEDBACK.parent.mkdir(parents=True, exist_ok=True)
         FEEDBACK.write_text(json.dumps(dict(sorted(old.items())), indent=1, ensure_ascii=False) + "\n")
