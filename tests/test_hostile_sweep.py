@@ -205,6 +205,43 @@ def test_a_claim_of_a_dead_process_is_taken_over_and_a_live_one_is_not(tmp_path)
     assert not f.parent.exists()
 
 
+def _claim_all(out, n, start, done, won):
+    from fp16lab.sweep import results
+
+    start.wait()  # every process claims at once
+    won.put([i for i in range(n) if results.claim(out, (f"k{i}", 0, 1, 2))])
+    done.wait()  # alive until all have claimed: a live claim is not stale
+
+
+def test_sweeps_claiming_at_once_never_win_one_measurement_twice(tmp_path):
+    """Six processes claim the same 40 measurements at once (none released, all alive): each
+    is won by exactly one. A claim file once existed empty for an instant, and another sweep
+    took it for a dead claim, deleted it and measured the point too."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    start, done, won = ctx.Barrier(6), ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_claim_all, args=(tmp_path / "r.parquet", 40, start, done, won))
+             for _ in range(6)]
+    for p in procs:
+        p.start()
+    got = [won.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert sorted(i for w in got for i in w) == list(range(40))
+    assert not list((tmp_path / ".r.claims").glob("*.new"))  # no working files left
+
+
+def test_an_empty_claim_file_of_an_older_version_is_taken_over(tmp_path):
+    from fp16lab.sweep import results
+
+    f = tmp_path / ".r.claims" / "abc.r0.w1s2"
+    f.parent.mkdir()
+    f.write_text("")
+    assert results.claim(tmp_path / "r.parquet", ("abc", 0, 1, 2))
+    assert f.read_text() == str(os.getpid())
+
+
 def test_report_counts_a_repeat_measured_twice_once_and_says_so(tmp_path):
     out = tmp_path / "r.parquet"
     spec = sweep.SweepSpec(models=("small_cnn",), batches=(4,), device="cpu", warmup=0, steps=1,

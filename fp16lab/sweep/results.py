@@ -275,31 +275,50 @@ def claim(path: str | Path, measurement: tuple[Any, ...]) -> bool:
 
     Two sweeps of one grid on one file share it this way: each claims a measurement before
     measuring it, by creating a claim file in the hidden folder ``.<stem>.claims`` beside the
-    results (``O_CREAT | O_EXCL``: exactly one creator wins) that holds the claimer's pid. A
-    claim whose process has died (a killed sweep) is stale and taken over. False: another
-    live sweep is measuring it. Release with :func:`release` once its row is written.
+    results that holds the claimer's pid. The file appears with the pid already in it (written
+    to a file of this process's own, then hard-linked into place: exactly one link wins), so no
+    sweep reads a claim half made and takes it for a dead one. A claim whose process has died
+    (a killed sweep) is stale and taken over: moved aside, then deleted, or put back where
+    what was moved turns out to be another live sweep's. False: another live sweep is
+    measuring it. Release with :func:`release` once its row is written.
     """
     f = _claim_path(Path(path), measurement)
     f.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):  # a second try after removing a stale claim
-        try:
-            fd = os.open(f, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+    mine = f.with_name(f"{f.name}.{os.getpid()}.new")
+    mine.write_text(str(os.getpid()))
+    try:
+        for _ in range(3):  # tries after a claim released or taken over meanwhile
             try:
-                pid = int(f.read_text() or "0")
-            except (FileNotFoundError, ValueError):  # just released, or being written: retry
+                os.link(mine, f)
+                return True
+            except FileExistsError:
+                pass
+            try:
+                pid = int(f.read_text())
+            except FileNotFoundError:  # released meanwhile: try again
+                continue
+            except ValueError:  # not a pid: a claim file of an older fp16lab, stale
                 pid = 0
             if pid == os.getpid():
                 return True
             if pid and _alive(pid):
                 return False
-            with contextlib.suppress(FileNotFoundError):
-                f.unlink()
-            continue
-        with os.fdopen(fd, "w") as out:
-            out.write(str(os.getpid()))
-        return True
-    return False
+            aside = f.with_name(f"{f.name}.{os.getpid()}.stale")
+            try:
+                os.rename(f, aside)
+            except FileNotFoundError:
+                continue
+            try:
+                moved = int(aside.read_text())
+            except ValueError:
+                moved = 0
+            if moved and moved != pid and _alive(moved):  # another sweep's fresh claim: back
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, f)
+            aside.unlink()
+        return False
+    finally:
+        mine.unlink()
 
 
 def release(path: str | Path, measurement: tuple[Any, ...]) -> None:
