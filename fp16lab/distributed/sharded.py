@@ -42,6 +42,15 @@ def shard(model: nn.Module, precision: str, reduce_dtype: str = "fp32", *,
     return model
 
 
+def _shard_linears(model: nn.Sequential, precision: str, reduce_dtype: str = "fp32") -> nn.Module:
+    """The checks' small MLPs sharded as :func:`shard` shards a real model: each Linear layer
+    its own unit, then the whole model."""
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            shard(layer, precision, reduce_dtype)
+    return shard(model, precision, reduce_dtype)
+
+
 def loss_scaler(precision: str, device: str, strategy: str, world: int) -> Any:
     """Returns what scales a distributed point's loss: ``"recipe"`` (the precision's own, a
     GradScaler for amp-fp16) except for FSDP across ranks with a scaled precision, which gets
@@ -70,11 +79,8 @@ def sharded_found_inf(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
     inf_rank, init_scale = int(item.get("inf_rank", 1)), float(item.get("init_scale", 2.0 ** 10))
     dev = ctx.device
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).to(dev)
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            shard(layer, "amp-fp16")
-    shard(model, "amp-fp16")
+    model = _shard_linears(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).to(dev),
+                           "amp-fp16")
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     scaler = ShardedGradScaler(dev.type, init_scale=init_scale)
     torch.manual_seed(100 + ctx.rank)
@@ -136,10 +142,7 @@ def sharded_reduce(item: dict[str, Any], ctx: Any) -> dict[str, Any]:
         torch.manual_seed(0)  # the same initial weights on every rank and in every run
         model = _classifier().to(dev)
         exact_model = copy.deepcopy(model).to(dtype)
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                shard(layer, precision, reduce_dtype)
-        shard(model, precision, reduce_dtype)
+        _shard_linears(model, precision, reduce_dtype)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         data = torch.Generator().manual_seed(100 + ctx.rank)  # each rank its own batches
         losses, grad_error = [], None
