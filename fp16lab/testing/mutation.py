@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 
 from .mutation_scores import COLUMNS, changed_lines, function_of, load_equivalents, summarize
@@ -261,6 +262,15 @@ def earlier_report(path: pathlib.Path) -> dict[str, tuple[str, list[str], dict[s
     return out
 
 
+def _table_line(target: Target, counts: dict[str, Any], seconds: str) -> str:
+    """The report's table row of a module run in this checkout."""
+    tests = ", ".join(f"`{pathlib.Path(t).name}`" for t in target.tests)
+    n = sum(counts[c] for c in COLUMNS)
+    rate = f"{n / float(seconds):.2f}" if seconds.isdigit() and float(seconds) > 0 else ""
+    return (f"| `{target.source}` | {tests} | {n} | " + " | ".join(str(counts[c]) for c in COLUMNS)
+            + f" | {counts['equivalent']} | {counts['score']:.1%} | {seconds} | {rate} |")
+
+
 def write_report(path: pathlib.Path = REPORT) -> float:
     """Writes the report from every target that has results; returns the overall score.
 
@@ -269,13 +279,17 @@ def write_report(path: pathlib.Path = REPORT) -> float:
     equivalents = load_equivalents(EQUIVALENT)
     earlier = earlier_report(path)
     rows, survivors, totals = [], [], {c: 0 for c in (*COLUMNS, "equivalent")}
+    run_here: list[Target] = []  # the modules with results in this checkout
+    listed: set[str] = set()  # ... and those the earlier report gave
     carried: list[str] = []
     for target in TARGETS.values():
         statuses = load_results(target)
         if not statuses:
             if target.name in earlier:
                 line, blocks, counts = earlier[target.name]
-                rows.append((target, line, CARRIED))
+                cells = line.strip().strip("|").split("|")
+                rows.append("|" + "|".join(cells[:-2]) + f"| {CARRIED} | |")
+                listed.add(target.name)
                 carried += blocks
                 for c in totals:
                     totals[c] += counts.get(c, 0)
@@ -297,7 +311,9 @@ def write_report(path: pathlib.Path = REPORT) -> float:
             seconds = "unfinished"
         elif now == "stale":
             seconds = f"{seconds} (stale: the module or its tests changed since)"
-        rows.append((target, counts, seconds))
+        rows.append(_table_line(target, counts, seconds))
+        run_here.append(target)
+        listed.add(target.name)
         for c in totals:
             totals[c] += counts[c]
     caught = totals["killed"] + totals["timeout"] + totals["segfault"]
@@ -318,26 +334,16 @@ def write_report(path: pathlib.Path = REPORT) -> float:
         "| module | tests | mutants | " + " | ".join(COLUMNS) + " | equivalent | score | seconds | mutants/s |",
         "| --- " * (len(COLUMNS) + 7) + "|",
     ]
-    for target, counts, seconds in rows:
-        if seconds == CARRIED:  # counts is the earlier report's line
-            cells = counts.strip().strip("|").split("|")
-            lines.append("|" + "|".join(cells[:-2]) + f"| {CARRIED} | |")
-            continue
-        tests = ", ".join(f"`{pathlib.Path(t).name}`" for t in target.tests)
-        n = sum(counts[c] for c in COLUMNS)
-        rate = f"{n / float(seconds):.2f}" if seconds.isdigit() and float(seconds) > 0 else ""
-        lines.append(f"| `{target.source}` | {tests} | {n} | "
-                     + " | ".join(str(counts[c]) for c in COLUMNS)
-                     + f" | {counts['equivalent']} | {counts['score']:.1%} | {seconds} | {rate} |")
+    lines += rows
     n = sum(totals[c] for c in COLUMNS)
     lines.append("| **all** | | " + f"{n} | " + " | ".join(str(totals[c]) for c in COLUMNS)
                  + f" | {totals['equivalent']} | **{overall:.1%}** | | |")
-    untested = [name for name, t in TARGETS.items() if not load_results(t) and name not in earlier]
+    untested = [name for name in TARGETS if name not in listed]
     lines += ["", f"Modules not run yet ({len(untested)}): " + (", ".join(f"`{n}`" for n in untested) or "none") + ".",
               "", "Modules left out, and why:", "",
               *(f"- `{name}`: {why}" for name, why in LEFT_OUT.items())]
     notes = [f"- `{t.source}`: {(BUILD / t.name / 'note').read_text().strip()}"
-             for t, _, s in rows if s != CARRIED and (BUILD / t.name / "note").exists()]
+             for t in run_here if (BUILD / t.name / "note").exists()]
     if notes:
         lines += ["", "Notes on these runs:", "", *notes]
     if DESELECTED:
