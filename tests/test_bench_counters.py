@@ -4,6 +4,7 @@ verdicts from hand-made figures, and the refusal where ncu cannot run."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,14 @@ def test_step_figures_prefer_the_whole_step_and_else_weigh_the_kernels():
             _kernel_row("w", "amp-fp16", 3, tensor=80, sm=60, dram=20, issue=10),
             _kernel_row("w", "amp-fp16", 1, tensor=0, sm=20, dram=60, issue=30)]
     got = bench.step_figures(rows)
-    assert got[("w", "fp32")] == {**pct, "scope": "whole step"}
+    # a range not set against the step's own time: its figures, said to be diluted
+    assert got[("w", "fp32")] == {**pct, "scope": "whole step as ncu's range (the profiler's "
+                                                   "gaps dilute SM and DRAM)"}
+    # set against it: SM and DRAM as shares of the step's time, tensor and issue as read
+    rows[0].update(step_ms=5.0, sm_step=45.0, dram_step=55.0)
+    got = bench.step_figures(rows)
+    assert got[("w", "fp32")] == {"tensor": 10.0, "sm": 45.0, "dram": 55.0, "issue": 40.0,
+                                  "scope": "whole step"}
     amp = got[("w", "amp-fp16")]
     assert (amp["tensor"], amp["sm"], amp["dram"], amp["issue"]) == (60, 50, 30, 15)
     assert amp["scope"] == "the step's first 2 matrix kernels, duration-weighted"
@@ -137,6 +145,12 @@ def test_merge_keeps_what_was_not_measured_again(tmp_path):
     assert meta["skipped"] == {}  # w fp32 was read again: its old refusal is gone
     assert bench._previous(tmp_path / "none.json") is None
     assert bench._merged(None, new, {}) == (new, {})
+    # the file says when this run measured (its rows carry no time): not the old file's time
+    measure_time = old["meta"]["measured_at"]
+    old["meta"]["measured_at"] = "2000-01-01T00:00:00+00:00"
+    rows, meta = bench._merged(old, new, {"seconds": {}, "skipped": {}})
+    assert rows[0]["measured_at"] == "2000-01-01T00:00:00+00:00"
+    assert meta["measured_at"] >= measure_time and "read_from" not in meta
 
 
 def test_claims_only_recomputes_claims_from_the_rows_and_keeps_the_provenance(tmp_path):
@@ -171,6 +185,21 @@ def test_top_kernels_are_each_steps_longest_with_their_share():
     assert bench.top_kernels([]).empty
 
 
+def test_range_check_sets_the_range_against_the_step_timed_without_ncu(tmp_path):
+    # a 30 ms range over steps whose median is 24.5 ms: SM and DRAM are shares of more time
+    whole = ncu.KernelCounters(0, "range", values={"duration_ns": 30e6, "sm": 49.0,
+                                                    "dram": 24.5, "tensor": 7.0})
+    check = bench.range_check(whole, [20.0, 25.0, 50.0, 24.0])
+    assert check == {"step_ms": 24.5, "timed_steps": 4,
+                     "range_over_step": pytest.approx(30 / 24.5),
+                     "sm_step": pytest.approx(60.0), "dram_step": pytest.approx(30.0)}
+    assert bench.range_check(whole, []) == {}
+    times = tmp_path / "t"
+    assert bench._read_times(str(times)) == []  # the program wrote nothing
+    times.write_text("12.5\n\n7\n")
+    assert bench._read_times(str(times)) == [12.5, 7.0]
+
+
 def _stub_gpu(monkeypatch, calls, refuse=()):
     """main() with ncu stubbed: the recorded ladder, a range and two kernels per step, each
     call recorded; ``refuse`` lists (workload, replay) pairs whose ncu run fails."""
@@ -198,6 +227,14 @@ def _stub_gpu(monkeypatch, calls, refuse=()):
 
     monkeypatch.setattr(ncu, "profile", profile)
 
+    def time_steps(child, n, timeout):
+        calls.append({"argv": list(child), "timed": n, "timeout": timeout})
+        if (child[5], "timing") in refuse:
+            raise ncu.NcuUnavailable(f"the step's timing run failed (1): {child[5]}")
+        return [2.0, 2.5, 1.8] if child[6] == "amp-fp16" else [4.0]
+
+    monkeypatch.setattr(bench, "_time_steps", time_steps)
+
 
 def test_main_writes_the_ladder_the_steps_and_the_claims(monkeypatch, tmp_path, capsys):
     calls = []
@@ -223,8 +260,18 @@ def test_main_writes_the_ladder_the_steps_and_the_claims(monkeypatch, tmp_path, 
     kernel = next(r for r in rows if r.get("what") == "kernel")
     assert (kernel["kernel"], kernel["block"], kernel["grid"]) == ("gemm0", "(1, 1, 1)",
                                                                   "(2, 1, 1)")
-    step_calls = [c for c in calls if c["argv"][4] == "step"]
+    step_calls = [c for c in calls if c["argv"][4] == "step" and "timed" not in c]
     assert step_calls[0]["argv"][-4:] == ["step", "torchvision-resnet50", "fp32", "64"]
+    # each range read is set against its step timed without ncu, after the read
+    timings = [c for c in calls if "timed" in c]
+    assert [(c["argv"][5:8], c["timed"], c["timeout"]) for c in timings] == [
+        (["torchvision-resnet50", "fp32", "64"], bench.TIMED_STEPS, 9),
+        (["torchvision-resnet50", "amp-fp16", "64"], bench.TIMED_STEPS, 9)]
+    assert calls.index(timings[0]) == calls.index(step_calls[0]) + 1
+    # fp32: the 2 ms range over a 4 ms step: SM 75% and DRAM 82% of the range are half that
+    assert (ranged["step_ms"], ranged["timed_steps"]) == (4.0, 1)
+    assert ranged["range_over_step"] == 0.5
+    assert (ranged["sm_step"], ranged["dram_step"]) == (37.5, 41.0)
     assert step_calls[0]["replay"] == "app-range" and step_calls[0]["timeout"] == 9
     assert step_calls[1]["kernel_regex"] == bench.MATRIX_KERNELS
     assert step_calls[1]["launch_count"] == 7
@@ -241,8 +288,9 @@ def test_main_writes_the_ladder_the_steps_and_the_claims(monkeypatch, tmp_path, 
     assert picture["measured"]["torchvision-resnet50"]["scope"] == "whole step"
     out = capsys.readouterr().out
     assert "ladder at 4096^3 profiled in" in out and "moved: long_scoreboard" in out
-    assert "torchvision-resnet50 amp-fp16: step 2.0 ms  tensor 50%  SM 51%  DRAM 95%  issue 20%" \
-        in out
+    assert ("torchvision-resnet50 amp-fp16: range 2.0 ms, the step without ncu 2.0 ms (median "
+            "of 3); over the step: SM 51%  DRAM 95%; tensor 50%  issue 20%  DRAM read nan GB, "
+            "written nan GB") in out
     assert "gpt2-small fp32: whole step not read: refused gpt2-small app-range" in out
     assert "gpt2-small amp-fp16: 2 matrix kernels;" in out
     assert f"wrote {tmp_path / 'counters_h200.json'}" in out
@@ -256,7 +304,9 @@ def test_main_reads_only_the_parts_asked_for(monkeypatch, tmp_path):
     assert calls == []  # no ladder, no range, no kernels: nothing to read
     assert bench.main(["--out", str(tmp_path), "--parts", "step", "--workloads", "gpt2-small",
                        "--whole-step", "range", "--launch-count", "0", "--merge"]) == 0
-    assert [(c["argv"][5], c["replay"]) for c in calls] == [("gpt2-small", "range")] * 2
+    reads = [c for c in calls if "timed" not in c]
+    assert [(c["argv"][5], c["replay"]) for c in reads] == [("gpt2-small", "range")] * 2
+    assert len(calls) == 4  # each read, then its step timed
     rows = json.loads((tmp_path / "counters_h200.json").read_text())["rows"]
     assert [(r["precision"], r["what"], r["replay"]) for r in rows] == [
         ("fp32", "range", "range"), ("amp-fp16", "range", "range")]
@@ -264,3 +314,42 @@ def test_main_reads_only_the_parts_asked_for(monkeypatch, tmp_path):
                        "--name", "counters_h200"]) == 0
     rows = json.loads((tmp_path / "counters_h200.json").read_text())["rows"]
     assert [r["part"] for r in rows] == ["step", "step"] + ["ladder"] * 7  # the steps kept
+
+
+def test_precisions_narrow_the_steps_and_retime_sets_old_ranges_against_new_times(
+        monkeypatch, tmp_path, capsys):
+    calls = []
+    _stub_gpu(monkeypatch, calls, refuse={("gpt2-small", "timing")})
+    assert bench.main(["--out", str(tmp_path), "--parts", "step", "--precisions", "amp-fp16",
+                       "--launch-count", "0"]) == 0
+    rows = json.loads((tmp_path / "counters_h200.json").read_text())["rows"]
+    assert [(r["workload"], r["precision"]) for r in rows] == [
+        ("torchvision-resnet50", "amp-fp16"), ("gpt2-small", "amp-fp16")]
+    assert "step_ms" in rows[0] and "step_ms" not in rows[1]  # gpt2's timing run failed
+    meta = json.loads((tmp_path / "counters_h200.json").read_text())["meta"]
+    assert meta["skipped"] == {"gpt2-small amp-fp16, step timing":
+                               "the step's timing run failed (1): gpt2-small"}
+    assert "gpt2-small amp-fp16: the step not timed without ncu" in capsys.readouterr().out
+    # --retime reads no counters: it times the file's range steps again, without ncu
+    calls.clear()
+    for r in rows:
+        r.update(step_ms=99.0, sm_step=1.0, dram_step=1.0, sm=40.0, dram=30.0)
+    from fp16lab import measure
+    measure.write_result("c", rows, meta={**meta, "gpu_name": "NVIDIA H200"}, data_dir=tmp_path)
+    monkeypatch.setattr(bench, "_time_steps", lambda child, n, timeout: (
+        calls.append((child[5:8], n, timeout)) or [1.0, 4.0, 5.0]))
+    assert bench.main(["--retime", "--name", "c", "--out", str(tmp_path), "--timeout", "7"]) == 0
+    assert calls == [(["torchvision-resnet50", "amp-fp16", "64"], bench.TIMED_STEPS, 7),
+                     (["gpt2-small", "amp-fp16", "8"], bench.TIMED_STEPS, 7)]
+    result = measure.read_result(tmp_path / "c.json")
+    # the 2 ms ranges over the 4 ms median: their SM 40% and DRAM 30% halve
+    for r in result["rows"]:
+        assert (r["step_ms"], r["timed_steps"], r["sm_step"], r["dram_step"]) == (4.0, 3, 20.0,
+                                                                                  15.0)
+    assert result["meta"]["gpu_name"] == "NVIDIA H200"
+    (issue,) = result["meta"]["claims"]  # AMP steps only: the first claim alone
+    assert issue["measured"]["scope"] == {"torchvision-resnet50": "whole step",
+                                          "gpt2-small": "whole step"}
+    assert "gpt2-small amp-fp16: range 2.0 ms, the step without ncu 4.0 ms" in \
+        capsys.readouterr().out
+    assert bench.main(["--retime", "--out", str(tmp_path)]) == 2  # which file?

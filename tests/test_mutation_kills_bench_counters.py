@@ -40,20 +40,21 @@ def test_claims_in_full_words():
                                 "whole step)")
 
 
-def test_merged_meta_takes_the_new_values_and_joins_the_timings():
+def test_merged_meta_takes_the_new_values_and_joins_the_timings(monkeypatch):
+    monkeypatch.setattr(bench.device, "metadata", lambda: {"measured_at": "now"})
     old = {"meta": {"measured_at": "then", "ladder_size": 4096, "seconds": {"x": 1, "y": 2},
                     "skipped": {"x, whole step": "old reason", "z, kernels": "kept"}},
            "rows": []}
     new_meta = {"ladder_size": 8192, "seconds": {"x": 5},
                 "skipped": {"x, whole step": "new reason"}}
     _, meta = bench._merged(old, [], new_meta)
-    assert meta["measured_at"] == "then" and meta["ladder_size"] == 8192
+    assert meta["measured_at"] == "now" and meta["ladder_size"] == 8192
     assert meta["seconds"] == {"x": 5, "y": 2}
     assert meta["skipped"] == {"x, whole step": "new reason", "z, kernels": "kept"}
     _, meta = bench._merged({"meta": {}, "rows": []}, [], {"seconds": {"x": 1}})
-    assert meta == {"seconds": {"x": 1}, "skipped": {}}
+    assert meta == {"measured_at": "now", "seconds": {"x": 1}, "skipped": {}}
     _, meta = bench._merged({"meta": {"seconds": {"x": 1}}, "rows": []}, [], {})
-    assert meta == {"seconds": {"x": 1}, "skipped": {}}
+    assert meta == {"measured_at": "now", "seconds": {"x": 1}, "skipped": {}}
 
 
 def test_ladder_rows_derived_columns_by_hand():

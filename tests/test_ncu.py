@@ -277,3 +277,37 @@ def test_counters_of_a_cublas_gemm_on_the_gpu():
     assert k["tensor"] > 50 and ncu.bottleneck(k)[0] == "tensor pipes"
     assert 0 < k.seconds < 0.01 and 0 < k["issued"]
     assert not any(math.isnan(k[f"stall_{r}"]) for r in ncu.STALLS)
+
+
+_BUFFERS: list = []
+
+
+def copy_512_mib_twice():
+    """Copies a 512 MiB buffer into another and back (the buffers made on the first call, the
+    warm-up: only the copies are in the profiled range)."""
+    import torch
+
+    if not _BUFFERS:
+        _BUFFERS.extend(torch.ones(2**27, device="cuda") for _ in range(2))
+    a, b = _BUFFERS
+    b.copy_(a)
+    a.copy_(b)
+
+
+@pytest.mark.gpu
+def test_an_app_range_read_counts_the_bytes_of_the_range():
+    """A range read (the whole range as one result, the program run once per pass) reads and
+    writes the bytes its kernels move: two 512 MiB copies read 1 GiB and write 1 GiB (the L2
+    holds under 64 MiB, so every byte goes to DRAM), and no more: the range is not summed over
+    the passes. This is what the whole training steps of bench.counters rest on."""
+    why = ncu.unavailable()
+    if why:
+        pytest.skip(why)
+    (r,) = ncu.profile_callable(copy_512_mib_twice, ncu.STEP_METRICS, replay="app-range",
+                                timeout=300)
+    print(f"range: {r['duration_ns'] / 1e3:.0f} us, read {r['dram_read'] / 2**30:.3f} GiB, "
+          f"written {r['dram_write'] / 2**30:.3f} GiB, DRAM {r['dram']:.0f}%")
+    assert 2**30 <= r["dram_read"] <= 1.05 * 2**30
+    assert 0.95 * 2**30 <= r["dram_write"] <= 1.05 * 2**30
+    # two copies of 1 GiB of traffic each at an HBM's few TB/s: 0.3 to 5 ms
+    assert 0.3e6 < r["duration_ns"] < 5e6 and r["dram"] > 30

@@ -27,12 +27,16 @@ per pass instead.
 from __future__ import annotations
 
 import math
+import os
 import re
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Iterable
 
-from fp16lab import measure, ncu, validate
+from fp16lab import device, measure, ncu, validate
 from fp16lab.bench import add_output_arguments, argument_parser, output_folder
 from fp16lab.kernels import KERNELS, gemm
 from fp16lab.kernels.measure import runnable
@@ -46,6 +50,8 @@ PRECISIONS = ("fp32", "amp-fp16")
 #: implicit-GEMM convolutions), attention.
 MATRIX_KERNELS = r"[Gg]emm|nvjet|cutlass|xmma|[Cc]onv|fprop|dgrad|wgrad|fmha|flash|[Aa]ttention"
 WARMUP_STEPS = 3
+#: Steps timed without ncu, per workload and precision, to set the range's counters against.
+TIMED_STEPS = 10
 #: The source's figures, as it states them.
 SOURCE = {"issue_below": 70.0, "fp32": {"dram": 82.0, "sm": 75.0},
           "fp16": {"dram": 95.0, "sm": 51.0}}
@@ -76,13 +82,29 @@ def _child_ladder(size: int) -> None:
     print("profiled:", " ".join(names + ["cupy.matmul"]))
 
 
-def _child_step(workload: str, precision: str, batch: int) -> None:
-    """Builds the workload's step, trains WARMUP_STEPS steps, then one inside the profiler range."""
+def _child_step(workload: str, precision: str, batch: int, times: str | None = None,
+                timed: int = 0) -> None:
+    """Builds the workload's step, trains WARMUP_STEPS steps, then one inside the profiler range.
+
+    With ``times`` (a file path), ``timed`` more steps are first timed one by one with CUDA
+    events and their milliseconds written to that file: the step as it runs without the
+    profiler, which the range's counters are set against (:func:`range_check`)."""
     import torch
 
     step = train_step(load_workload(workload), precision, "cuda", batch)
     for _ in range(WARMUP_STEPS):
         step()
+    if times:
+        ms = []
+        for _ in range(timed):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            ms.append(start.elapsed_time(end))
+        with open(times, "w") as f:
+            f.write("".join(f"{t}\n" for t in ms))
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     step()
@@ -94,7 +116,7 @@ def _child(argv: list[str]) -> int:
     if argv[0] == "ladder":
         _child_ladder(int(argv[1]))
     else:
-        _child_step(argv[1], argv[2], int(argv[3]))
+        _child_step(argv[1], argv[2], int(argv[3]), *argv[4:5], *map(int, argv[5:6]))
     return 0
 
 
@@ -103,6 +125,51 @@ def _me(*args: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the rows
+
+def _time_steps(child: list[str], n: int, timeout: float) -> list[float]:
+    """Returns the milliseconds of ``n`` steps the child times in a run without ncu.
+
+    Raises:
+        ncu.NcuUnavailable: the run failed (its last lines say why).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        times = os.path.join(tmp, "step_ms")
+        res = subprocess.run(child + [times, str(n)], capture_output=True, text=True,
+                             timeout=timeout)
+        if res.returncode != 0:
+            tail = " | ".join(res.stderr.strip().splitlines()[-3:])
+            raise ncu.NcuUnavailable(f"the step's timing run failed ({res.returncode}): {tail}")
+        return _read_times(times)
+
+
+def _read_times(path: str) -> list[float]:
+    """Returns the step times (ms) the child programs appended to ``path`` (none if it wrote
+    nothing)."""
+    try:
+        with open(path) as f:
+            return [float(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def range_check(whole: ncu.KernelCounters, step_ms: list[float]) -> dict[str, Any]:
+    """Returns the range's figures set against the step as it runs without the profiler.
+
+    Under ncu every CUDA call of the program is intercepted, so the range (from
+    ``cudaProfilerStart`` to ``cudaProfilerStop``) lasts longer than the step does, and the
+    counters that are shares of the range's elapsed time (SM and DRAM throughput) are diluted
+    by the gaps it adds. The work they count is the same, so each is rescaled by the range's
+    duration over the step's (``sm_step``, ``dram_step``: shares of the step's own time).
+    The tensor and issue figures are shares of the SMs' active cycles, which the gaps do not
+    change. ``step_ms``: the steps timed with CUDA events in a run without ncu (their median
+    is ``step_ms``)."""
+    if not step_ms:
+        return {}
+    step = statistics.median(step_ms)
+    stretch = whole["duration_ns"] / 1e6 / step
+    return {"step_ms": step, "timed_steps": len(step_ms), "range_over_step": stretch,
+            **{f"{k}_step": whole[k] * stretch for k in ("sm", "dram")}}
+
 
 def _counters(k: ncu.KernelCounters) -> dict[str, Any]:
     return {"kernel": k.name, "block": k.block, "grid": k.grid,
@@ -141,8 +208,14 @@ def step_figures(rows: list[dict]) -> dict[tuple[str, str], dict[str, Any]]:
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         if r.get("what") == "range":
-            out[(r["workload"], r["precision"])] = {
-                **{k: r[k] for k in ("tensor", "sm", "dram", "issue")}, "scope": "whole step"}
+            if "step_ms" in r:  # shares of the step's own time (range_check)
+                out[(r["workload"], r["precision"])] = {
+                    "tensor": r["tensor"], "sm": r["sm_step"], "dram": r["dram_step"],
+                    "issue": r["issue"], "scope": "whole step"}
+            else:
+                out[(r["workload"], r["precision"])] = {
+                    **{k: r[k] for k in ("tensor", "sm", "dram", "issue")},
+                    "scope": "whole step as ncu's range (the profiler's gaps dilute SM and DRAM)"}
     kernels: dict[tuple[str, str], list[ncu.KernelCounters]] = {}
     for r in rows:
         if r.get("what") == "kernel" and (r["workload"], r["precision"]) not in out:
@@ -256,7 +329,9 @@ def _merged(old: dict[str, Any] | None, rows: list[dict], meta: dict) -> tuple[l
     now = {_key(r) for r in rows}
     then = old["meta"].get("measured_at")
     kept = [{"measured_at": then, **r} for r in old["rows"] if _key(r) not in now]
-    merged = {**old["meta"], **{k: v for k, v in meta.items() if k not in ("seconds", "skipped")}}
+    # the provenance is this run's (its rows carry none of their own; the kept ones say when)
+    merged = {**{k: v for k, v in old["meta"].items() if k != "read_from"}, **device.metadata(),
+              **{k: v for k, v in meta.items() if k not in ("seconds", "skipped")}}
     for part in ("seconds", "skipped"):
         merged[part] = {**old["meta"].get(part, {}), **meta.get(part, {})}
     for k in meta.get("seconds", {}):  # measured again now: an earlier refusal no longer holds
@@ -273,6 +348,39 @@ def _claims_only(args: Any) -> int:
     folder = output_folder(args)
     result = measure.read_result(folder / f"{args.name}.json")
     rows, meta = result["rows"], result["meta"]
+    meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
+    # the file's own meta wins over this machine's: its provenance stays the measurement's
+    measure.write_result(args.name, rows, meta=meta, data_dir=folder)
+    for c in meta["claims"]:
+        print(f"claim: {c['claim']}\n  {c['verdict']}")
+    return 0
+
+
+def _retime(args: Any) -> int:
+    if not args.name:
+        print("--retime needs --name: the result file whose steps to time", file=sys.stderr)
+        return 2
+    folder = output_folder(args)
+    result = measure.read_result(folder / f"{args.name}.json")
+    rows, meta = result["rows"], result["meta"]
+    for r in rows:
+        if r.get("what") != "range":
+            continue
+        child = _me("step", r["workload"], r["precision"], r["batch"])
+        key = f"{r['workload']} {r['precision']}"
+        try:
+            timed = _time_steps(child, TIMED_STEPS, args.timeout)
+        except (ncu.NcuUnavailable, subprocess.TimeoutExpired) as e:
+            meta["skipped"][f"{key}, step timing"] = str(e)
+            print(f"{key}: the step not timed without ncu: {e}", flush=True)
+            continue
+        counters = ncu.KernelCounters(0, r.get("kernel", ""), values={
+            k: r[k] for k in ("duration_ns", "sm", "dram") if k in r})
+        r.update(range_check(counters, timed), timed_at=time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                      time.gmtime()))
+        print(f"{key}: range {r['duration_ns'] / 1e6:.1f} ms, the step without ncu "
+              f"{r['step_ms']:.1f} ms; over the step: SM {r['sm_step']:.0f}%  DRAM "
+              f"{r['dram_step']:.0f}%", flush=True)
     meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
     # the file's own meta wins over this machine's: its provenance stays the measurement's
     measure.write_result(args.name, rows, meta=meta, data_dir=folder)
@@ -302,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=[w for w, _ in MODELS],
                     type=validate.argument(validate.choice, [w for w, _ in MODELS], many=True),
                     help="the step part's workloads (comma-separated; default both)")
+    ap.add_argument("--precisions", default=list(PRECISIONS),
+                    type=validate.argument(validate.choice, PRECISIONS, many=True),
+                    help="the step part's precisions (comma-separated; default both)")
+    ap.add_argument("--retime", action="store_true",
+                    help="read no counters: time each step of the result file named by --name "
+                         "that was read as a range, without ncu, and set its counters against "
+                         "that time again")
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows of the existing result file that this run does not "
                          "measure again")
@@ -314,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.claims_only:
         return _claims_only(args)
+    if args.retime:
+        return _retime(args)
     why = ncu.unavailable()
     if why:
         print(f"fp16lab.bench.counters needs Nsight Compute and a GPU: {why}", file=sys.stderr)
@@ -349,11 +466,11 @@ def main(argv: list[str] | None = None) -> int:
         saved = save()
     if "step" in args.parts:
         for workload, batch in [(w, b) for w, b in MODELS if w in args.workloads]:
-            for precision in PRECISIONS:
+            for precision in [p for p in PRECISIONS if p in args.precisions]:
                 t0 = time.perf_counter()
                 key = f"{workload} {precision}"
                 child = _me("step", workload, precision, batch)
-                whole, kernels = None, []
+                whole, kernels, timed = None, [], []
                 try:
                     if args.whole_step != "none":
                         (whole,) = ncu.profile(child, ncu.STEP_METRICS, replay=args.whole_step,
@@ -361,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
                 except ncu.NcuUnavailable as e:
                     meta["skipped"][f"{key}, whole step"] = str(e)
                     print(f"{key}: whole step not read: {e}", flush=True)
+                try:
+                    if whole is not None:
+                        timed = _time_steps(child, TIMED_STEPS, args.timeout)
+                except (ncu.NcuUnavailable, subprocess.TimeoutExpired) as e:
+                    meta["skipped"][f"{key}, step timing"] = str(e)
+                    print(f"{key}: the step not timed without ncu: {e}", flush=True)
                 try:
                     if args.launch_count:
                         kernels = ncu.profile(child, ncu.STEP_METRICS,
@@ -374,12 +497,16 @@ def main(argv: list[str] | None = None) -> int:
                           "batch": batch}
                 if whole is not None:
                     r = {**common, "what": "range", "replay": args.whole_step,
-                         **_counters(whole)}
+                         **_counters(whole), **range_check(whole, timed)}
                     rows.append(r)
-                    print(f"{key}: step {r['duration_ns'] / 1e6:.1f} ms  tensor "
-                          f"{r.get('tensor', math.nan):.0f}%  SM {r.get('sm', math.nan):.0f}%  "
-                          f"DRAM {r.get('dram', math.nan):.0f}%  issue "
-                          f"{r.get('issue', math.nan):.0f}%", flush=True)
+                    print(f"{key}: range {r['duration_ns'] / 1e6:.1f} ms, the step without "
+                          f"ncu {r.get('step_ms', math.nan):.1f} ms (median of {len(timed)}); "
+                          f"over the step: SM {r.get('sm_step', math.nan):.0f}%  DRAM "
+                          f"{r.get('dram_step', math.nan):.0f}%; tensor "
+                          f"{r.get('tensor', math.nan):.0f}%  issue "
+                          f"{r.get('issue', math.nan):.0f}%  DRAM read "
+                          f"{r.get('dram_read', math.nan) / 1e9:.1f} GB, written "
+                          f"{r.get('dram_write', math.nan) / 1e9:.1f} GB", flush=True)
                 rows += [{**common, "what": "kernel", **_counters(k)} for k in kernels]
                 meta["seconds"][key] = time.perf_counter() - t0
                 print(f"{key}: {len(kernels)} matrix kernels; {meta['seconds'][key]:.0f} s",
