@@ -50,5 +50,5 @@ def test_a_full_size_run_does_not_keep_quick_rows(tmp_path, monkeypatch):
 def test_bad_parts_are_refused_before_any_work(capsys):
     with pytest.raises(SystemExit):
         bf.main(["--parts", "gemm,tensorcores"])
-    assert ("argument --parts: must be one of 'gemm', 'accumulation', 'speed', 'recipes'; "
+    assert ("argument --parts: must be one of 'gemm', 'accumulation', 'speed', 'recipes', 'blockwise'; "
             "got 'tensorcores'") in capsys.readouterr().err

@@ -530,6 +530,75 @@ def test_blockwise_support_agrees_with_an_independent_product():
             fp8.fp8_mm(qa, qb, backend="scaled_mm")
 
 
+def test_step7_refuses_what_it_cannot_multiply_before_any_gpu_work():
+    a, b = torch.randn(4, 256), torch.randn(256, 128)
+    blockwise = (fp8.quantize(a, "e4m3", "1x128"),
+                 fp8.quantize(b, "e4m3", "128x128", contraction_dim=0))
+    with pytest.raises(ValueError, match=r"1x128 by 128x128 e4m3 tiles, not tiles of \(4, 256\)"):
+        fp8.wgmma_blockwise_mm(fp8.quantize(a, "e4m3"), blockwise[1])
+    with pytest.raises(ValueError, match="e5m2"):
+        fp8.wgmma_blockwise_mm(fp8.quantize(a, "e5m2", "1x128"), blockwise[1])
+    with pytest.raises(ValueError, match="writes torch.bfloat16 or torch.float32, not torch.float16"):
+        fp8.wgmma_blockwise_mm(*blockwise, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        fp8.wgmma_blockwise_mm(blockwise[0], fp8.quantize(torch.randn(128, 128), "e4m3", "128x128",
+                                                          contraction_dim=0))
+
+
+def test_step7_operand_checks_name_each_problem():
+    from fp16lab.kernels import wgmma
+
+    wgmma.check_fp8_operands(200, 256, 640, (5, 200), (2, 5))  # K/128 and N/128 rounded up
+    wgmma.check_fp8_operands(1, 8, 16, (1, 1), (1, 1))
+    with pytest.raises(ValueError) as e:
+        wgmma.check_fp8_operands(200, 260, 650, (5, 200), (3, 6))
+    msg = str(e.value)
+    assert "K=650 is not a multiple of 16" in msg and "N=260 is not a multiple of 8" in msg
+    assert "sa must be (ceil(K/128), M) = (6, 200), got (5, 200)" in msg
+    assert "sb must be" not in msg  # (3, 6) is right for N=260, K=650
+    with pytest.raises(ValueError, match=r"sb must be \(ceil\(N/128\), ceil\(K/128\)\) = \(2, 5\)"):
+        wgmma.check_fp8_operands(200, 256, 640, (5, 200), (5, 2))
+    with pytest.raises(ValueError, match="at least 1"):
+        wgmma.check_fp8_operands(0, 256, 640, (5, 0), (2, 5))
+    # one block per 128 x 128 tile of C; six stages of two 16 KB tiles and the 1 KB alignment
+    assert wgmma.fp8_grid(200, 256) == 4 and wgmma.fp8_grid(128, 128) == 1
+    assert wgmma.fp8_dynamic_smem() == 6 * 2 * 128 * 128 + 1024 == 197_632
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(200, 640, 256), (1024, 4096, 2048), (256, 384, 128)])
+def test_step7_matches_the_fp8_product_within_the_accumulator_bound(shape, out_dtype, overlap):
+    """Step 7 against the float64 product of the same FP8 values: within the bound of a 13-bit
+    accumulator promoted every 128 products (what the kernel does), plus bf16's rounding where
+    it writes bf16. 200 rows leave the last tile partly outside A; K = 640 is 5 blocks, 4096 32,
+    384 three: the overlapped loop's odd and even endings."""
+    from fp16lab.kernels import KernelUnavailable
+
+    m, k, n = shape
+    torch.manual_seed(m + k)
+    a = torch.randn(m, k, device="cuda") * torch.logspace(-2, 2, m, device="cuda")[:, None]
+    b = torch.randn(k, n, device="cuda") * torch.logspace(1, -1, n, device="cuda")
+    qa = fp8.quantize(a, "e4m3", "1x128")
+    qb = fp8.quantize(b, "e4m3", "128x128", contraction_dim=0)
+    try:
+        got = fp8.wgmma_blockwise_mm(qa, qb, out_dtype=out_dtype, overlap=overlap)
+    except KernelUnavailable as e:
+        pytest.skip(str(e))
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    exact = fp8.dequantize(qa).double() @ fp8.dequantize(qb).double()
+    tol = hopper_accumulation_bound(fp8.dequantize(qa), fp8.dequantize(qb))
+    if out_dtype == torch.bfloat16:
+        tol += 2.0 ** -8
+    err = ((got.double() - exact).norm() / exact.norm()).item()
+    worst_row = ((got.double() - exact).norm(dim=1) / exact.norm(dim=1)).max().item()
+    print(f"step 7 {shape} {out_dtype} overlap={overlap}: relative error {err:.3e} (worst row {worst_row:.3e}), "
+          f"bound {tol:.3e}")
+    assert err < tol
+    assert worst_row < 4 * tol  # every row's factors applied: a wrong factor moves its row by far more
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "delayed", "blockwise"])
 def test_float8_linear_on_gpu_matches_the_emulation(recipe):

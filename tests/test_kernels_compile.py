@@ -1,6 +1,6 @@
 """Compile-checks every .cu file of fp16lab.kernels (GEMM ladder, census, gradient monitor) with nvcc
-(no GPU needed): sm_80 and sm_90, and sm_90a for step 6 (wgmma and setmaxnreg exist only there);
-the fast kernels, the ladder's built with their own -D flags, must not spill."""
+(no GPU needed): sm_80 and sm_90, and sm_90a for steps 6 and 7 (wgmma and setmaxnreg exist only
+there); the fast kernels, the ladder's built with their own -D flags, must not spill."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fp16lab.kernels.compiler import SOURCE_DIR
 pytestmark = pytest.mark.nvcc
 
 SOURCES = sorted(p.name for p in SOURCE_DIR.glob("*.cu"))
-HOPPER_ONLY = {"wgmma.cu"}
+HOPPER_ONLY = {"wgmma.cu", "wgmma_fp8.cu"}
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: install the CUDA "
                                 "toolkit to compile-check the kernels")
@@ -43,6 +43,7 @@ def _arch_cases():
 
 #: The kernels that are not GEMM ladder steps, with the entry points their launchers use.
 OTHER_KERNELS = {"debug_bits.cu": (), "mma_peak.cu": (),
+                 "wgmma_fp8.cu": ("wgmma_fp8_f32", "wgmma_fp8_bf16"),  # step 7: FP8 operands
                  "census.cu": ("census_f32", "census_f16", "census_bf16"),
                  "grad_stats.cu": ("grad_stats",)}
 
@@ -71,9 +72,10 @@ def test_cu_file_compiles(src, arch):
 
 
 @needs_nvcc
-def test_wgmma_needs_the_hopper_specific_target():
+@pytest.mark.parametrize("src", sorted(HOPPER_ONLY))
+def test_wgmma_needs_the_hopper_specific_target(src):
     # plain sm_90 has no wgmma: the error is the reason the cubin is built for sm_90a
-    res = _compile("wgmma.cu", "sm_90")
+    res = _compile(src, "sm_90")
     assert res.returncode != 0
     assert re.search(r"'wgmma\.mma_async.*' not supported on \.target 'sm_90'", res.stderr), res.stderr
 
@@ -84,7 +86,7 @@ def _fast_kernels():
     specs = [s for s in LADDER.values() if s.step >= 4] + [s for s in VARIANTS.values() if s.step == 6]
     for s in specs:
         yield pytest.param(s.name, s.source, s.defines, id=s.name)
-    for src in ("census.cu", "grad_stats.cu"):
+    for src in ("census.cu", "grad_stats.cu", "wgmma_fp8.cu"):
         yield pytest.param(src, src, (), id=src)
 
 
@@ -100,3 +102,5 @@ def test_fast_kernels_do_not_spill(name, source, defines):
     assert frames and not any(frames), f"{name} uses a stack frame:\n{res.stderr}"
     # setmaxnreg is honoured only with a register cap at entry; ptxas says when it ignores it
     assert "C7508" not in res.stderr, res.stderr
+    # nor may ptxas serialise the asynchronous multiplies (accumulators read while in flight)
+    assert "C7514" not in res.stderr, res.stderr

@@ -43,9 +43,18 @@ def test_cache_key_changes_with_defines_and_source(monkeypatch, tmp_path):
     assert base == cubin.cubin_path("wgmma.cu", dict(reversed(list(WGMMA.items()))))
     assert base != cubin.cubin_path("wgmma.cu", {**WGMMA, "STAGES": 3})
     edited = tmp_path / "wgmma.cu"
-    edited.write_text(cubin.source_path("wgmma.cu").read_text() + "\n// edited\n")
-    monkeypatch.setattr(cubin, "source_path", lambda name: edited)
+    header = tmp_path / "hopper.cuh"
+    header.write_text(cubin.source_path("hopper.cuh").read_text())
+    edited.write_text(cubin.source_path("wgmma.cu").read_text())
+    monkeypatch.setattr(cubin, "source_path", lambda name: tmp_path / name)
+    assert cubin.cubin_path("wgmma.cu", WGMMA) == base  # the same texts, the same key
+    edited.write_text(edited.read_text() + "\n// edited\n")
     assert cubin.cubin_path("wgmma.cu", WGMMA) != base
+    edited.write_text(cubin.source_path("wgmma.cu").read_text().replace("\n// edited\n", ""))
+    assert cubin.cubin_path("wgmma.cu", WGMMA) == base
+    header.write_text(header.read_text() + "\n// edited\n")  # the header it includes
+    assert cubin.cubin_path("wgmma.cu", WGMMA) != base
+    assert cubin.local_includes(edited) == [header]
 
 
 @needs_nvcc
@@ -106,7 +115,7 @@ def test_wgmma_names_every_missing_piece(monkeypatch):
         with pytest.raises(KernelUnavailable) as e:
             gemm(np.zeros((8, 8), np.float16), np.zeros((8, 8), np.float16), kernel=name)
         msg = str(e.value)
-        assert "step 6" in msg and "CuPy" in msg and "nvcc" in msg and "cuda-bindings" in msg
+        assert "steps 6 and 7" in msg and "CuPy" in msg and "nvcc" in msg and "cuda-bindings" in msg
 
 
 def test_wgmma_needs_a_hopper_gpu(monkeypatch):

@@ -79,7 +79,10 @@ STEPS, QUICK_STEPS, WARMUP_STEPS = 50, 8, 10
 # sees too few examples. On a CPU, d_model 128 at 1e-3 for 200 steps stayed at 5.55 with 8 x 1024
 # tokens a step and fell from 5.67 to 1.02 with 64 x 128 (the same tokens): the GPU run uses 64 x 128.
 GPU_RECIPE_STEPS, GPU_RECIPE_LR = 200, 1e-3
-PARTS = ("gemm", "accumulation", "speed", "recipes")
+PARTS = ("gemm", "accumulation", "speed", "recipes", "blockwise")
+#: (M, N, K) of the blockwise part: DeepSeek-style scales at the issue's two shapes.
+BLOCKWISE_SHAPES = ((8192, 8192, 8192), (16384, 12288, 4096))
+QUICK_BLOCKWISE_SHAPES = ((256, 256, 512),)
 LAST = 10  # the final loss is the mean of the last LAST steps
 
 
@@ -114,6 +117,52 @@ def gemm_rows(sizes: tuple[int, ...], device: str) -> list[dict[str, Any]]:
                          "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms,
                          "tflops": 2 * n ** 3 / (t.median_ms * 1e-3) / 1e12,
                          "speedup_vs_fp16": base / t.median_ms})
+    return rows
+
+
+def blockwise_rows(shapes: tuple[tuple[int, int, int], ...]) -> list[dict[str, Any]]:
+    """Returns, per (M, N, K), the blockwise GEMM (1 x 128 scales on A, 128 x 128 on B, e4m3, bf16
+    out) through step 7 of the kernel ladder (``fp8.wgmma_blockwise_mm``) and through
+    ``torch._scaled_mm`` where :func:`fp8.blockwise_support` finds it right, beside tensorwise
+    ``_scaled_mm`` and bf16 cuBLAS on the same values, timed interleaved: median ms, TFLOP/s,
+    the rate against ``_scaled_mm``'s blockwise one, and each FP8 result's normwise error
+    against the float64 product of the same FP8 values."""
+    rows = []
+    ok, why = fp8.blockwise_support("cuda")
+    for m, n, k in shapes:
+        torch.manual_seed(m + n + k)
+        a = torch.randn(m, k, device="cuda") * torch.logspace(-2, 2, m, device="cuda")[:, None]
+        b = torch.randn(k, n, device="cuda")
+        qa = fp8.quantize(a, "e4m3", "1x128")
+        qb = fp8.quantize(b.t().contiguous().t(), "e4m3", "128x128", contraction_dim=0)
+        ta = fp8.quantize(a, "e4m3")
+        tb = fp8.quantize(b.t().contiguous().t(), "e4m3", contraction_dim=0)
+        abf, bbf = a.bfloat16(), b.bfloat16()
+        fns = {"bf16 matmul": lambda: abf @ bbf,
+               "scaled_mm tensorwise": lambda: fp8.fp8_mm(ta, tb, out_dtype=torch.bfloat16,
+                                                          backend="scaled_mm"),
+               "step 7 (wgmma_fp8)": lambda: fp8.wgmma_blockwise_mm(qa, qb),
+               "step 7, promotion not overlapped": lambda: fp8.wgmma_blockwise_mm(
+                   qa, qb, overlap=False)}
+        if ok and not k % fp8.BLOCKWISE_K:
+            fns["scaled_mm blockwise"] = lambda: fp8.fp8_mm(qa, qb, out_dtype=torch.bfloat16,
+                                                            backend="scaled_mm")
+        timings = measure.time_cuda_interleaved(fns, rounds=ROUNDS, warmup=WARMUP, repeat=REPEAT)
+        exact = fp8.dequantize(qa).double() @ fp8.dequantize(qb).double()
+        base = timings.get("scaled_mm blockwise")
+        for name, t in timings.items():
+            row = {"part": "blockwise", "m": m, "n": n, "k": k, "variant": name,
+                   "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms,
+                   "tflops": 2 * m * n * k / (t.median_ms * 1e-3) / 1e12,
+                   "vs_scaled_mm_blockwise": base.median_ms / t.median_ms if base else None}
+            if "blockwise" in name or "step 7" in name:
+                got = fns[name]().double()
+                row["relative_error"] = ((got - exact).norm() / exact.norm()).item()
+            rows.append(row)
+        del exact
+        if base is None:
+            rows[-1]["note"] = ("torch._scaled_mm's blockwise GEMM not timed: "
+                                + (why or f"K={k} is not a multiple of {fp8.BLOCKWISE_K}"))
     return rows
 
 
@@ -217,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows += training_rows(model, SPEED_STEPS, device, speed_lr(model), part="speed",
                                       runs=(("amp-bf16", mode), ("fp8-tensorwise", mode)))
                 path = _write(name, rows, args)
+    if "blockwise" in parts and device == "cuda" and fp8.scaled_mm_available(device):
+        rows += blockwise_rows(QUICK_BLOCKWISE_SHAPES if args.quick else BLOCKWISE_SHAPES)
+        path = _write(name, rows, args)
     if "recipes" in parts:
         cfg = GPU_MODEL if device == "cuda" and not args.quick else CPU_MODEL
         steps = QUICK_STEPS if args.quick else GPU_RECIPE_STEPS if cfg is GPU_MODEL else STEPS
@@ -231,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["part"] == "gemm":
             print(f"{r['n']:>7} {r['variant']:<22} {r['tflops']:>9.1f} {r['speedup_vs_fp16']:>7.2f}")
+    for r in rows:
+        if r["part"] == "blockwise":
+            ratio = r["vs_scaled_mm_blockwise"]
+            print(f"blockwise {r['m']}x{r['n']}x{r['k']} {r['variant']:<33} {r['tflops']:>7.0f} "
+                  f"TFLOP/s" + (f"  {ratio:.2f}x _scaled_mm blockwise" if ratio else "")
+                  + (f"  error {r['relative_error']:.2e}" if "relative_error" in r else "")
+                  + (f"  ({r['note']})" if "note" in r else ""))
     for r in rows:
         if r["part"] == "accumulation":
             print(f"accumulation K={r['k']:>5} fast_accum={r['fast_accum']!s:<5} "

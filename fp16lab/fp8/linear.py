@@ -39,12 +39,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import validate
+from ..kernels import wgmma as _wgmma
+from ..kernels.compiler import require_cupy
 from ..recipes import FP8_RECIPES as RECIPES  # a precision fp8-<recipe> each: named there once
 from .scales import DelayedScaling, Quantized, _quantize, amax, dequantize
 
 __all__ = ["BACKENDS", "BLOCKWISE_K", "FALLBACKS", "GEMM_MULTIPLE", "RECIPES", "Float8Linear",
            "blockwise_support", "convert_to_fp8", "fp8_mm", "grad_format", "granularity",
-           "scaled_mm_available"]
+           "scaled_mm_available", "wgmma_blockwise_mm"]
 
 #: How an FP8 matmul is computed (see the module docstring).
 BACKENDS = ("auto", "scaled_mm", "emulate")
@@ -232,6 +234,46 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
             except (RuntimeError, ValueError, TypeError) as exc:  # e.g. a format pair it lacks
                 FALLBACKS[key] = f"emulated: torch._scaled_mm raised {str(exc).splitlines()[0]}"
     return (dequantize(qa) @ dequantize(qb)).to(out_dtype)
+
+
+def wgmma_blockwise_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.bfloat16,
+                       overlap: bool = True) -> torch.Tensor:
+    """Returns ``dequantize(qa) @ dequantize(qb)`` computed by step 7 of notebook 03's kernel
+    ladder (``fp16lab/kernels/wgmma_fp8.cu``): e4m3 codes on Hopper's FP8 tensor cores, each K
+    block of 128 promoted to fp32 with its two factors, as DeepGEMM does.
+
+    Args:
+        qa: (M, K) with 1 x 128 e4m3 tiles (``quantize(a, "e4m3", "1x128")``).
+        qb: (K, N) with 128 x 128 e4m3 tiles (``contraction_dim=0``).
+        out_dtype: torch.bfloat16 or torch.float32.
+        overlap: multiply K block k + 1 while block k is promoted (False: one after the other,
+            the kernel before that change, for comparison).
+
+    Raises:
+        ValueError: other tiles, formats or output dtypes.
+        fp16lab.kernels.KernelUnavailable: no Hopper GPU, nvcc or cuda-bindings here (says which).
+    """
+    _check_operands(qa, qb)
+    if qa.tile != (1, BLOCK) or qb.tile != (BLOCK, BLOCK) or not qa.fmt == qb.fmt == "e4m3":
+        raise ValueError(f"step 7 multiplies 1x{BLOCK} by {BLOCK}x{BLOCK} e4m3 tiles, not tiles "
+                         f"of {qa.tile} and {qb.tile} ({qa.fmt} x {qb.fmt})")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"step 7 writes torch.bfloat16 or torch.float32, not {out_dtype}")
+    _wgmma.require()
+    cupy = require_cupy()
+    (m, _), n = qa.data.shape, qb.data.shape[1]
+    a = qa.data.contiguous().view(torch.uint8)        # (M, K), K contiguous
+    b = qb.data.t().contiguous().view(torch.uint8)    # (N, K), K contiguous
+    # the kernel multiplies the codes by factors: the inverses of the scales they were made with
+    sa = qa.scale.reciprocal().t().contiguous()       # (K/128, M)
+    sb = qb.scale.reciprocal().t().contiguous()       # (N/128, K/128)
+    out = torch.empty(m, n, dtype=out_dtype, device=qa.data.device)
+    bits = out if out_dtype == torch.float32 else out.view(torch.int16)
+    stream = torch.cuda.current_stream(out.device)  # CuPy launches on torch's stream
+    with (cupy.cuda.Stream.from_external(stream) if hasattr(stream, "__cuda_stream__")
+          else cupy.cuda.ExternalStream(stream.cuda_stream)):
+        _wgmma.launch_fp8(*(cupy.asarray(t) for t in (a, b, sa, sb, bits)), overlap=overlap)
+    return out
 
 
 class _Fp8Matmul(torch.autograd.Function):

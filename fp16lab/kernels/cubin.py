@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -82,6 +83,13 @@ def _nvcc_version(nvcc: str) -> str:
     return subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
 
 
+def local_includes(source: Path) -> list[Path]:
+    """Returns the headers ``source`` includes by quoted name (``#include "hopper.cuh"``) from its
+    own folder, in the order included."""
+    names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', source.read_text(), flags=re.M)
+    return [source.parent / n for n in names]
+
+
 def cubin_path(filename: str, defines: dict[str, int] | None = None, arch: str = HOPPER_ARCH,
                nvcc: Path | None = None) -> Path:
     """Returns where the cubin of ``filename`` built with these defines lives in the cache.
@@ -90,7 +98,10 @@ def cubin_path(filename: str, defines: dict[str, int] | None = None, arch: str =
     """
     nvcc = require_nvcc() if nvcc is None else validate.existing_file("nvcc", nvcc, executable=True)
     h = hashlib.sha256()
-    h.update(source_path(filename).read_bytes())
+    source = source_path(filename)
+    h.update(source.read_bytes())
+    for header in local_includes(source):  # an edited header gives another cubin too
+        h.update(header.read_bytes())
     h.update("\0".join(nvcc_flags(arch, defines)).encode())
     h.update(_nvcc_version(str(nvcc)).encode())
     return cache_dir() / f"{Path(filename).stem}-{arch}-{h.hexdigest()[:20]}.cubin"

@@ -34,6 +34,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "hopper.cuh"
+
 #ifndef BM
 #define BM 128        // rows of C per block: 2 consumer warpgroups x 64
 #endif
@@ -84,33 +86,6 @@ constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // what the full barrier waits f
 constexpr bool MULTICAST = CLUSTER_M > 1 && CLUSTER_MULTICAST;
 constexpr int RELEASE_CTAS = CLUSTER_M > 1 && CLUSTER_LOCKSTEP ? CLUSTER_M : 1;  // blocks a stage is freed in
 
-// The 128-byte CUtensorMap made by cuTensorMapEncodeTiled on the host (opaque to the kernel).
-struct alignas(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// ---- mbarriers -------------------------------------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-// One arrival that also announces how many bytes the copies will deliver in this phase.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
-}
-// Spins until the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-    unsigned done = 0;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(smem_u32(bar)), "r"(parity)
-            : "memory");
-    } while (!done);
-}
 // Arrives on the barrier at the same shared-memory offset in block `cta` of the cluster.
 __device__ __forceinline__ void mbar_arrive_in(uint64_t* bar, unsigned cta) {
     if (RELEASE_CTAS == 1) {  // this block's own barrier
@@ -142,16 +117,9 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// ---- TMA ---------------------------------------------------------------------------------------
-// Copies the box at coordinates (c0 = column, c1 = row) of the tensor map into shared memory and
-// completes its bytes on `bar`. With a multicast mask the box lands at the same offset in every
-// block of the cluster named by the mask, counted on each block's own barrier at `bar`'s offset.
-__device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
-        ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-        : "memory");
-}
+// ---- TMA, multicast -----------------------------------------------------------------------------
+// The box lands at the same offset in every block of the cluster named by the mask, counted on
+// each block's own barrier at `bar`'s offset (tma_load in hopper.cuh is the one-block copy).
 __device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1,
                                                    uint16_t mask) {
     asm volatile(
@@ -161,30 +129,12 @@ __device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap* m
         : "memory");
 }
 
-// ---- wgmma -------------------------------------------------------------------------------------
-// Shared-memory matrix descriptor: start address, leading and stride byte offsets (all in
-// 16-byte units) and the swizzle mode (1 << 62: 128-byte swizzle, the layout TMA wrote).
-__device__ __forceinline__ uint64_t smem_desc(const void* p, unsigned lead_bytes, unsigned stride_bytes) {
-    return static_cast<uint64_t>((smem_u32(p) & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lead_bytes >> 4) << 16) |
-           (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
-}
-// A (K-major, 128-byte rows): 8-row groups of 1024 bytes; the leading offset is unused.
-__device__ __forceinline__ uint64_t desc_a(const void* p) { return smem_desc(p, 16, 1024); }
+// ---- wgmma ----------------------------------------------------------------------------------
+// A: K-major (desc_k_major in hopper.cuh).
+__device__ __forceinline__ uint64_t desc_a(const void* p) { return desc_k_major(p); }
 // B (N-major): 64-column boxes of BK rows x 128 bytes, BK * 128 bytes apart (leading offset, along
 // N); 8-row groups of K 1024 bytes apart (stride offset).
 __device__ __forceinline__ uint64_t desc_b(const void* p) { return smem_desc(p, B_BOX_BYTES, 1024); }
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-// Tells the compiler the accumulators may change here, so that it reads none of them before the
-// asynchronous multiplies that write them have been waited for.
-template <int R>
-__device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // d (64 x 128, fp32, 64 per thread) += A (64 x 16, K-major) * B (16 x 128, N-major), both read
 // from shared memory through their descriptors; the last four immediates: scale A by 1, scale B

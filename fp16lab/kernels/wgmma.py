@@ -1,4 +1,5 @@
-"""Launching step 6 (``wgmma.cu``): what it needs, its TMA tensor maps and its grid.
+"""Launching steps 6 and 7 (``wgmma.cu``, ``wgmma_fp8.cu``): what they need, their TMA tensor
+maps and their grids.
 
 The kernel reads A and B through tensor maps: 128-byte descriptors that the driver builds on the
 host (``cuTensorMapEncodeTiled``, called through NVIDIA's ``cuda-bindings``) from a base pointer,
@@ -14,6 +15,8 @@ import functools
 from typing import Any
 
 import numpy as np
+
+from .. import validate
 
 from .compiler import KernelUnavailable, require_cupy
 from .cubin import HOPPER_ARCH, find_nvcc, load_cubin
@@ -61,7 +64,7 @@ def require() -> None:
         pass
     problems = missing()
     if problems:
-        raise KernelUnavailable("the wgmma kernels (step 6) cannot run here; missing:\n  - "
+        raise KernelUnavailable("the wgmma kernels (steps 6 and 7) cannot run here; missing:\n  - "
                                 + "\n  - ".join(problems))
     _READY.add(require_cupy().cuda.Device().id)
 
@@ -83,16 +86,20 @@ def tensor_map(x: Any, box_rows: int, box_cols: int = BOX_COLS) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def encode_tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> np.ndarray:
-    """Returns the tensor map of a rows x cols fp16 row-major matrix at device address ``ptr``:
-    boxes of box_rows x box_cols, 128-byte swizzle, zeros outside the matrix."""
+def encode_tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int,
+                      element_bytes: int = 2) -> np.ndarray:
+    """Returns the tensor map of a rows x cols row-major matrix at device address ``ptr`` of
+    fp16 (``element_bytes`` 2) or one-byte codes (1: FP8, read as bytes): boxes of box_rows x
+    box_cols, 128-byte swizzle, zeros outside the matrix."""
     from cuda.bindings import driver
 
+    kind = {2: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            1: driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8}[element_bytes]
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     err, tmap = driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, ptr,
+        kind, 2, ptr,
         [u64(cols), u64(rows)],            # sizes, innermost first
-        [u64(cols * 2)],                   # byte pitch of each row
+        [u64(cols * element_bytes)],       # byte pitch of each row
         [u32(box_cols), u32(box_rows)],
         [u32(1), u32(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -101,7 +108,7 @@ def encode_tensor_map(ptr: int, rows: int, cols: int, box_rows: int, box_cols: i
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)  # NONE: zeros
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with {err!r} for a {rows} x {cols} "
-                           f"fp16 array, box {box_rows} x {box_cols}")
+                           f"array of {element_bytes}-byte elements, box {box_rows} x {box_cols}")
     out = np.frombuffer(ctypes.string_at(tmap.getPtr(), _TENSOR_MAP.itemsize), dtype=_TENSOR_MAP).copy()
     out.flags.writeable = False  # shared by every call with the same five numbers
     return out
@@ -147,3 +154,88 @@ def launch(a: Any, b: Any, c: Any, *, defines: dict[str, int], function: str) ->
                   _sm_count(device) if defines.get("PERSISTENT") else 0)
     fn((blocks,), (THREADS,), (map_a, map_b, c, np.int32(m), np.int32(n), np.int32(k)),
        shared_mem=smem)
+
+
+#: Step 7 (``wgmma_fp8.cu``): its tile (rows, columns, K per stage; fixed in the kernel) and stages.
+FP8_TILE = (128, 128, 128)
+FP8_STAGES = 6
+#: K of one block scale: the rows of A's 1 x 128 tiles, and B's 128 x 128 tiles.
+FP8_BLOCK = 128
+
+
+def fp8_dynamic_smem(stages: int = FP8_STAGES) -> int:
+    """Returns step 7's dynamic shared memory: the stages (a 128 x 128 byte tile each of A and
+    B), plus 1 KB to align them to 1024."""
+    bm, bn, bk = FP8_TILE
+    return stages * (bm * bk + bn * bk) + 1024
+
+
+def fp8_grid(m: int, n: int) -> int:
+    """Returns step 7's number of blocks: one per 128 x 128 tile of C."""
+    bm, bn, _ = FP8_TILE
+    return -(-m // bm) * -(-n // bn)
+
+
+def check_fp8_operands(m: int, n: int, k: int, sa_shape: tuple[int, ...],
+                       sb_shape: tuple[int, ...]) -> None:
+    """Raises ValueError where step 7 cannot multiply these shapes: K must be a multiple of 16
+    (a TMA row pitch of 16 bytes) and N of 8 (paired stores); sa must be (ceil(K/128), M) and sb
+    (ceil(N/128), ceil(K/128))."""
+    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+    problems = []
+    if min(m, n, k) < 1:
+        problems.append(f"M, N and K must be at least 1 (got {m}, {n}, {k})")
+    if k % 16:
+        problems.append(f"K={k} is not a multiple of 16 (TMA reads rows of 16-byte multiples)")
+    if n % 8:
+        problems.append(f"N={n} is not a multiple of 8 (the results are stored in pairs)")
+    if tuple(sa_shape) != (kb, m):
+        problems.append(f"sa must be (ceil(K/128), M) = {(kb, m)}, got {tuple(sa_shape)}")
+    if tuple(sb_shape) != (nb, kb):
+        problems.append(f"sb must be (ceil(N/128), ceil(K/128)) = {(nb, kb)}, "
+                        f"got {tuple(sb_shape)}")
+    if problems:
+        raise ValueError("step 7 cannot multiply these operands: " + "; ".join(problems))
+
+
+def launch_fp8(a: Any, b: Any, sa: Any, sb: Any, c: Any, *, stages: int = FP8_STAGES,
+               overlap: bool = True) -> None:
+    """Runs step 7 (``wgmma_fp8.cu``): ``c = (a * sa) @ (b * sb).T`` with block factors.
+
+    Args:
+        a: (M, K) e4m3 codes as a C-contiguous uint8 cupy array (K contiguous).
+        b: (N, K) e4m3 codes, uint8, K contiguous (the right operand transposed).
+        sa: (ceil(K/128), M) float32: the factor of each row of A in each K block of 128.
+        sb: (ceil(N/128), ceil(K/128)) float32: the factor of each 128 x 128 tile of B.
+        c: (M, N) float32, or int16 / uint16 holding bfloat16 bits (CuPy has no bfloat16).
+        overlap: multiply the next K block while this one is promoted (the kernel's OVERLAP).
+    """
+    require()
+    (m, k), n = a.shape, b.shape[0]
+    if b.shape[1] != k or c.shape != (m, n):
+        raise ValueError(f"step 7 multiplies (M, K) by (N, K) into (M, N): got a {a.shape}, "
+                         f"b {b.shape}, c {c.shape}")
+    check_fp8_operands(m, n, k, sa.shape, sb.shape)
+    kinds = {"float32": "wgmma_fp8_f32", "int16": "wgmma_fp8_bf16", "uint16": "wgmma_fp8_bf16"}
+    if c.dtype.name not in kinds or a.dtype.itemsize != 1 or b.dtype.itemsize != 1:
+        raise ValueError(f"step 7 takes one-byte codes and writes float32 or bfloat16 bits "
+                         f"(int16/uint16), got a {a.dtype}, b {b.dtype}, c {c.dtype}")
+    for name, x in (("a", a), ("b", b), ("sa", sa), ("sb", sb), ("c", c)):
+        if not x.flags.c_contiguous:
+            raise ValueError(f"step 7 needs C-contiguous arrays; {name} is not")
+    smem = fp8_dynamic_smem(stages)
+    device = require_cupy().cuda.Device().id
+    fn = _function_fp8(stages, int(validate.boolean("overlap", overlap)), kinds[c.dtype.name],
+                       device, smem)
+    bm, bn, bk = FP8_TILE
+    map_a = encode_tensor_map(a.data.ptr, m, k, bm, bk, element_bytes=1)
+    map_b = encode_tensor_map(b.data.ptr, n, k, bn, bk, element_bytes=1)
+    fn((fp8_grid(m, n),), (THREADS,), (map_a, map_b, sa, sb, c, np.int32(m), np.int32(n),
+                                        np.int32(k)), shared_mem=smem)
+
+
+@functools.lru_cache(maxsize=None)
+def _function_fp8(stages: int, overlap: int, function: str, device_id: int, smem: int) -> Any:
+    fn = load_cubin("wgmma_fp8.cu", {"STAGES": stages, "OVERLAP": overlap}).get_function(function)
+    fn.max_dynamic_shared_size_bytes = smem
+    return fn

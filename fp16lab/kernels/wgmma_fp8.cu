@@ -1,0 +1,237 @@
+// Step 7 of the GEMM ladder: step 6's warp-specialised wgmma kernel in FP8, with the block scales
+// of DeepSeek-V3's recipe applied as DeepGEMM applies them.
+//
+// C (M x N) = (A * sa) @ (B * sb)^T; A (M x K) and B (N x K) are e4m3 codes, both K-major (row-major
+// with K contiguous: FP8 wgmma reads both operands K-major, it has no transposed form); sa holds
+// one fp32 factor per row of A and K block of 128 (A's 1 x 128 tiles), stored K block by K block
+// (sa[kb * M + row]); sb one per 128 x 128 tile of B (sb[nb * ceil(K/128) + kb]). The factors
+// multiply: they are the inverses of the scales the codes were made with.
+//
+// Changes from step 6:
+// - the multiply is wgmma.mma_async.m64n128k32.f32.e4m3.e4m3: 32 K per instruction (fp8 is one
+//   byte), so a 128-byte swizzled row holds 128 K and one stage is one K block of the scales;
+// - B is K-major like A: its tile is 128 rows of N, each 128 bytes of K, read by the same
+//   descriptor as A's;
+// - promotion: each K block is multiplied into fresh fp32 accumulators (the first instruction of
+//   the block overwrites them), and once those multiplies are done the block's result is added
+//   into the running sum times its two factors, in ordinary fp32 registers. The tensor cores add
+//   FP8 products in a narrower accumulator than fp32 (about 14 bits of mantissa on Hopper,
+//   DeepSeek-V3 section 3.3.2), so a sum over all of K inside them loses precision as K grows;
+//   over 128 it does not, and the block factors must be applied per block anyway;
+// - tiles of 128 x 128 (BN 128): two sets of accumulators (the block's and the sum) would not fit
+//   a thread's registers at BN 256.
+// - promotion overlapped (OVERLAP 1, the default): two sets of block accumulators, so that block
+//   k + 1 is multiplying into one while block k, in the other, is waited for and added. With one
+//   set (OVERLAP 0) a warpgroup's tensor work stops at every promotion, and only the other
+//   consumer warpgroup's multiplies fill that time. The loop is peeled so that ptxas can see
+//   which group each wait retires; where it cannot, it serialises the multiplies (warning C7514).
+//
+// Any shape: TMA zero-fills rows and K beyond the matrices, the factors of rows beyond M are
+// never read, and the stores are bounds-checked. TMA needs 16-byte row pitches: K a multiple of
+// 16; the launcher checks. N a multiple of 8 (the paired stores).
+//
+// Build: nvcc -gencode=arch=compute_90a,code=sm_90a -cubin, as step 6.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "hopper.cuh"
+
+#ifndef STAGES
+#define STAGES 6      // 6 x (128 x 128 + 128 x 128) B = 192 KB of shared memory
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8     // block-rows swept together for L2 reuse
+#endif
+#ifndef OVERLAP
+#define OVERLAP 1     // 1: the next K block multiplies while this one is promoted (0: one after the other)
+#endif
+
+constexpr int BM = 128, BN = 128, BK = 128;     // BK: K per stage = one scale block = 128 bytes
+constexpr int THREADS = 384;                    // producer warpgroup + 2 consumer warpgroups
+constexpr int CONSUMER_WARPS = 8;
+constexpr int A_BYTES = BM * BK;                // one stage of A: 128 rows of 128 bytes
+constexpr int B_BYTES = BN * BK;                // one stage of B: 128 rows (of N) of 128 bytes
+constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+
+// d (64 x 128, fp32, 64 per thread) = A (64 x 32) * B (32 x 128) (+ d where accumulate is set),
+// both e4m3, both K-major, read from shared memory through their descriptors; scale A and B by 1.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                                      int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The tile's first row and column, from the block index: GROUP_M block-rows swept together.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& row0, int& col0) {
+    const int grid_m = (M + BM - 1) / BM, grid_n = (N + BN - 1) / BN;
+    const int width = GROUP_M * grid_n;
+    const int first_m = (tile / width) * GROUP_M;
+    const int group = min(grid_m - first_m, GROUP_M);
+    row0 = (first_m + (tile % width) % group) * BM;
+    col0 = ((tile % width) / group) * BN;
+}
+
+__device__ __forceinline__ void store2(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+
+// Waits for K block kt's stage and issues its four multiplies into d (the first overwrites d).
+__device__ __forceinline__ void issue_block(float (&d)[64], const unsigned char* smem, uint64_t* full, int half,
+                                            int kt) {
+    const int s = kt % STAGES;
+    mbar_wait(&full[s], (kt / STAGES) & 1);
+    const unsigned char* a = smem + s * STAGE_BYTES + half * 64 * 128;
+    const unsigned char* b = smem + s * STAGE_BYTES + A_BYTES;
+    fence_accumulators(d);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 32; ++kk)  // 32 bytes of K per instruction
+        wgmma_m64n128k32_e4m3(d, desc_k_major(a + kk * 32), desc_k_major(b + kk * 32), kk > 0);
+    wgmma_commit();
+}
+
+// Adds K block kt's result (`done`, its multiplies waited for) times the block's factors into
+// sum, having first freed kt's stage for the producer.
+__device__ __forceinline__ void promote(float (&sum)[64], float (&done)[64], uint64_t* empty, float f0, float f8,
+                                        int kt) {
+    fence_accumulators(done);
+    if (threadIdx.x % 32 == 0)
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[kt % STAGES])) : "memory");
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        sum[4 * j] += f0 * done[4 * j];
+        sum[4 * j + 1] += f0 * done[4 * j + 1];
+        sum[4 * j + 2] += f8 * done[4 * j + 2];
+        sum[4 * j + 3] += f8 * done[4 * j + 3];
+    }
+}
+
+template <typename OutT>
+__device__ __forceinline__ void gemm_fp8(const TensorMap& map_a, const TensorMap& map_b, const float* __restrict__ sa,
+                                         const float* __restrict__ sb, OutT* __restrict__ C, int M, int N, int K) {
+    extern __shared__ unsigned char smem_raw[];
+    // the 128-byte swizzle repeats every 1024 bytes: every tile must start on such a boundary
+    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+
+    const int warpgroup = threadIdx.x / 128;
+    const int k_tiles = (K + BK - 1) / BK;
+    int row0, col0;
+    tile_origin(blockIdx.x, M, N, row0, col0);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);                // the producer's expect_tx
+            mbar_init(&empty[s], CONSUMER_WARPS);  // every consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 0) {
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(&empty[s], (kt / STAGES + 1) & 1);  // its previous use is done
+                unsigned char* a = smem + s * STAGE_BYTES;
+                mbar_expect_tx(&full[s], STAGE_BYTES);
+                tma_load(a, &map_a, &full[s], kt * BK, row0);
+                tma_load(a + A_BYTES, &map_b, &full[s], kt * BK, col0);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int half = warpgroup - 1;  // warpgroup 1: rows 0-63 of the tile; warpgroup 2: rows 64-127
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
+    const int r = row0 + half * 64 + warp * 16 + lane / 4;  // this thread's rows: r and r + 8
+    const float* sa0 = sa + r;
+    const float* sbt = sb + static_cast<size_t>(col0 / BN) * k_tiles;
+    const bool row_in = r < M, row8_in = r + 8 < M;
+    float sum[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sum[i] = 0.f;
+    // the factors of K block kt for this thread's two rows (sa times sb)
+    auto factors = [&](int kt, float& f0, float& f8) {
+        const float fb = sbt[kt];
+        f0 = row_in ? sa0[static_cast<size_t>(kt) * M] * fb : 0.f;
+        f8 = row8_in ? sa0[static_cast<size_t>(kt) * M + 8] * fb : 0.f;
+    };
+    float f0, f8;
+#if OVERLAP
+    // two sets of block accumulators: block kt + 1 multiplies into one while block kt, in the
+    // other, is waited for and promoted, so the tensor cores have work during the promotion
+    float even[64], odd[64];
+    issue_block(even, smem, full, half, 0);
+    int kt = 0;
+    for (; kt + 2 < k_tiles; kt += 2) {  // blocks kt + 1 and kt + 2 exist
+        factors(kt, f0, f8);
+        issue_block(odd, smem, full, half, kt + 1);
+        wgmma_wait<1>();  // block kt is done; kt + 1 may still run
+        promote(sum, even, empty, f0, f8, kt);
+        factors(kt + 1, f0, f8);
+        issue_block(even, smem, full, half, kt + 2);
+        wgmma_wait<1>();
+        promote(sum, odd, empty, f0, f8, kt + 1);
+    }
+    // block kt is in flight in `even`, and one more block may follow
+    factors(kt, f0, f8);
+    if (kt + 1 < k_tiles) {
+        issue_block(odd, smem, full, half, kt + 1);
+        wgmma_wait<1>();
+        promote(sum, even, empty, f0, f8, kt);
+        factors(kt + 1, f0, f8);
+        wgmma_wait<0>();
+        promote(sum, odd, empty, f0, f8, kt + 1);
+    } else {
+        wgmma_wait<0>();
+        promote(sum, even, empty, f0, f8, kt);
+    }
+#else
+    float block[64];
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        factors(kt, f0, f8);  // read while the block's multiplies run
+        issue_block(block, smem, full, half, kt);
+        wgmma_wait<0>();
+        promote(sum, block, empty, f0, f8, kt);
+    }
+#endif
+    // layout of m64n128: warp w holds rows 16w..16w+15; per 8 columns j, a lane holds (row lane/4,
+    // columns 2*(lane%4) + {0, 1}) and the same columns 8 rows further down
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int c = col0 + j * 8 + (lane % 4) * 2;  // N is a multiple of 8: c < N covers c + 1
+        if (c < N) {
+            if (row_in) store2(C + static_cast<size_t>(r) * N + c, sum[4 * j], sum[4 * j + 1]);
+            if (row8_in) store2(C + static_cast<size_t>(r + 8) * N + c, sum[4 * j + 2], sum[4 * j + 3]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+wgmma_fp8_f32(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, const float* sa,
+              const float* sb, float* C, int M, int N, int K) {
+    gemm_fp8<float>(map_a, map_b, sa, sb, C, M, N, K);
+}
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+wgmma_fp8_bf16(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b, const float* sa,
+               const float* sb, __nv_bfloat16* C, int M, int N, int K) {
+    gemm_fp8<__nv_bfloat16>(map_a, map_b, sa, sb, C, M, N, K);
+}
