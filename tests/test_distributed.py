@@ -139,6 +139,35 @@ def test_sharded_reduce_refuses_what_it_cannot_run():
         sharded_reduce({"precision": "fp64"}, ctx=None)
 
 
+_SHARD_ON_A_GPU_MACHINE = """
+import socket, sys, torch, torch.distributed as dist
+from torch import nn
+from fp16lab.distributed.sharded import shard
+
+# what a machine with a GPU reports; fully_shard would make its mesh there by itself
+torch._C._get_accelerator = lambda: torch.device("cuda")
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+model = shard(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), "amp-bf16")
+print(model[0].weight.device_mesh.device_type, model[0].weight.device.type)
+dist.destroy_process_group()
+"""
+
+
+def test_shard_makes_its_mesh_on_the_models_device_not_the_machines_accelerator():
+    # a CPU (gloo) run on a one-GPU machine sent rank 1 to cuda:1 ("invalid device ordinal",
+    # notebook 08 on the H200): the mesh must follow the parameters
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _SHARD_ON_A_GPU_MACHINE], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["cpu", "cpu"]
+
+
 def test_the_loss_scaler_is_sharded_only_for_fsdp_across_ranks_with_a_scaled_precision():
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

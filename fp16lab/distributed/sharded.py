@@ -29,16 +29,24 @@ def shard(model: nn.Module, precision: str, reduce_dtype: str = "fp32", *,
           reshard_after_forward: bool = True) -> nn.Module:
     """Returns ``model`` sharded in place with FSDP2: each transformer layer or ResNet block
     its own unit, then the whole model, under the policy of ``precision`` and ``reduce_dtype``
-    (``reshard_after_forward`` is ``fully_shard``'s own argument)."""
+    (``reshard_after_forward`` is ``fully_shard``'s own argument).
+
+    The ranks' mesh is made on the device the model's parameters are on: left to itself,
+    ``fully_shard`` makes it on the machine's accelerator, so that a CPU (gloo) run on a
+    one-GPU machine sent rank 1 to a ``cuda:1`` that does not exist."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=autocast_dtype(precision),
                                   reduce_dtype=DTYPES[reduce_dtype])
+    mesh = init_device_mesh(next(model.parameters()).device.type,
+                            (torch.distributed.get_world_size(),))
     for module in model.modules():
         if isinstance(module, nn.TransformerEncoderLayer) or \
                 type(module).__name__ in ("Bottleneck", "BasicBlock"):
-            fully_shard(module, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+            fully_shard(module, mesh=mesh, mp_policy=policy,
+                        reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
 
 
