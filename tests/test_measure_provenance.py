@@ -19,6 +19,10 @@ def test_result_roundtrip(tmp_path):
     assert back["meta"]["note"] == "x" and "torch" in back["meta"]
     assert measure.read_result(path)["rows"] == back["rows"]
     assert "measured on" in measure.describe_source(back["meta"])
+    # written back (a benchmark merging a file it read), the reader's note stays out of it
+    assert back["meta"]["read_from"] == str(path)
+    measure.write_result("demo", back["rows"], meta=back["meta"], data_dir=tmp_path)
+    assert "read_from" not in json.loads(path.read_text())["meta"]
 
 
 def test_result_errors(tmp_path):

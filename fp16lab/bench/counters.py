@@ -330,7 +330,7 @@ def _merged(old: dict[str, Any] | None, rows: list[dict], meta: dict) -> tuple[l
     then = old["meta"].get("measured_at")
     kept = [{"measured_at": then, **r} for r in old["rows"] if _key(r) not in now]
     # the provenance is this run's (its rows carry none of their own; the kept ones say when)
-    merged = {**{k: v for k, v in old["meta"].items() if k != "read_from"}, **device.metadata(),
+    merged = {**old["meta"], **device.metadata(),
               **{k: v for k, v in meta.items() if k not in ("seconds", "skipped")}}
     for part in ("seconds", "skipped"):
         merged[part] = {**old["meta"].get(part, {}), **meta.get(part, {})}

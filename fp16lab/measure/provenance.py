@@ -110,13 +110,16 @@ def write_result(name: str, rows: list[dict[str, Any]], *, meta: dict[str, Any] 
     """Writes measured rows with their provenance to ``<folder>/<name>.json`` and returns the path.
 
     The folder is ``data_dir`` when given, else the committed data folder when ``replace``,
-    else this machine's :func:`local_dir`.
+    else this machine's :func:`local_dir`. A ``read_from`` in ``meta`` (set by
+    :func:`read_result`) is not written.
     """
     _check_name(name)
     folder = Path(data_dir) if data_dir is not None else (_data_dir() if replace else local_dir())
     path = folder / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": {**device.metadata(), **(meta or {})}, "rows": rows}
+    # read_result's note of where a file was read is this machine's, not the measurement's
+    meta = {k: v for k, v in (meta or {}).items() if k != "read_from"}
+    payload = {"meta": {**device.metadata(), **meta}, "rows": rows}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
     tmp.replace(path)  # atomic: a reader never sees half a file
