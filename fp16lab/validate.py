@@ -85,9 +85,9 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and (value >= high if high_open else value > high)
     if below or above:
-        left = "any" if low is None else f"{'>' if low_open else '>='} {low:g}"
+        left = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
         right = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
-        allowed = " and ".join(s for s in (left if low is not None else "", right) if s)
+        allowed = " and ".join(s for s in (left, right) if s)
         raise ValueError(f"{name} must be {allowed}, got {value:g}")
     return value
 

@@ -558,8 +558,10 @@ def test_step7_operand_checks_name_each_problem():
     assert "sb must be" not in msg  # (3, 6) is right for N=260, K=650
     with pytest.raises(ValueError, match=r"sb must be \(ceil\(N/128\), ceil\(K/128\)\) = \(2, 5\)"):
         wgmma.check_fp8_operands(200, 256, 640, (5, 200), (5, 2))
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match="^M must be >= 1, got 0$"):
         wgmma.check_fp8_operands(0, 256, 640, (5, 0), (2, 5))
+    with pytest.raises(TypeError, match="^K must be a whole number"):
+        wgmma.check_fp8_operands(200, 256, "640", (5, 200), (2, 5))
     # one block per 128 x 128 tile of C; six stages of two 16 KB tiles and the 1 KB alignment
     assert wgmma.fp8_grid(200, 256) == 4 and wgmma.fp8_grid(128, 128) == 1
     assert wgmma.fp8_dynamic_smem() == 6 * 2 * 128 * 128 + 1024 == 197_632

@@ -113,3 +113,13 @@ def test_a_benchmark_reader_names_the_file_and_the_missing_field(tmp_path, monke
     measure.write_result("nb_times", [{"minutes": 1.0}], data_dir=tmp_path / "local")
     with pytest.raises(ValueError, match=r"nb_times\.json: row 0 lacks the field 'notebook'"):
         notebook_times.section_minutes("06")
+
+
+def test_the_source_of_some_rows_is_said_at_their_own_time():
+    meta = {"gpu_name": "NVIDIA H200", "measured_at": "T2", "torch": "2.11"}
+    assert measure.describe_source(meta, with_file=False).endswith("at T2")
+    kept = [{"measured_at": "T1"}, {"measured_at": "T1"}]  # merged in from an older run
+    assert measure.describe_source(meta, with_file=False, rows=kept).endswith(") at T1")
+    mixed = kept + [{"x": 1}]  # a row without a time is of the file's
+    assert measure.describe_source(meta, with_file=False, rows=mixed).endswith("at T1 and T2")
+    assert measure.describe_source(meta, with_file=False, rows=[]).endswith("at T2")

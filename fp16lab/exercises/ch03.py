@@ -190,7 +190,8 @@ q3 = Exercise(
 def _step2_cut() -> tuple[str, dict[str, Any], str]:
     payload = read_result("counters_h200")
     rows = {r["impl"]: r for r in payload["rows"] if r.get("part") == "ladder"}
-    return rows["wmma_smem"]["moved"], rows, describe_source(payload["meta"], with_file=False)
+    return rows["wmma_smem"]["moved"], rows, describe_source(payload["meta"], with_file=False,
+                                                            rows=list(rows.values()))
 
 
 def _check_q4(answer: object) -> str:

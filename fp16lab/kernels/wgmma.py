@@ -166,12 +166,14 @@ FP8_BLOCK = 128
 def fp8_dynamic_smem(stages: int = FP8_STAGES) -> int:
     """Returns step 7's dynamic shared memory: the stages (a 128 x 128 byte tile each of A and
     B), plus 1 KB to align them to 1024."""
+    stages = validate.count("stages", stages)
     bm, bn, bk = FP8_TILE
     return stages * (bm * bk + bn * bk) + 1024
 
 
 def fp8_grid(m: int, n: int) -> int:
     """Returns step 7's number of blocks: one per 128 x 128 tile of C."""
+    m, n = validate.count("m", m), validate.count("n", n)
     bm, bn, _ = FP8_TILE
     return -(-m // bm) * -(-n // bn)
 
@@ -181,10 +183,9 @@ def check_fp8_operands(m: int, n: int, k: int, sa_shape: tuple[int, ...],
     """Raises ValueError where step 7 cannot multiply these shapes: K must be a multiple of 16
     (a TMA row pitch of 16 bytes) and N of 8 (paired stores); sa must be (ceil(K/128), M) and sb
     (ceil(N/128), ceil(K/128))."""
+    m, n, k = (validate.count(name, v) for name, v in (("M", m), ("N", n), ("K", k)))
     kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
     problems = []
-    if min(m, n, k) < 1:
-        problems.append(f"M, N and K must be at least 1 (got {m}, {n}, {k})")
     if k % 16:
         problems.append(f"K={k} is not a multiple of 16 (TMA reads rows of 16-byte multiples)")
     if n % 8:

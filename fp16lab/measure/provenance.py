@@ -219,14 +219,21 @@ def merge_with_previous(name: str, rows: list[dict[str, Any]], *, key: str = "de
     return kept + rows
 
 
-def describe_source(meta: dict[str, Any], *, with_file: bool = True) -> str:
-    """Returns one line saying which device, driver and versions produced a result (and its file)."""
+def describe_source(meta: dict[str, Any], *, with_file: bool = True,
+                    rows: list[dict[str, Any]] | None = None) -> str:
+    """Returns one line saying which device, driver and versions produced a result (and its file).
+
+    With ``rows`` (some of the file's rows), the time is theirs: a merged file's rows may carry
+    their own ``measured_at``, older than the file's; a row without one is of the file's time.
+    """
     # a missing gpu_name is an unknown device, not a CPU (whose gpu_name is recorded as None)
     gpu = (meta["gpu_name"] or "CPU") if "gpu_name" in meta else "an unrecorded device"
+    when = meta.get("measured_at") or "an unrecorded time"
+    if rows:
+        when = " and ".join(sorted({r.get("measured_at") or when for r in rows}))
     line = (f"measured on {gpu} (driver {meta.get('driver_version') or 'n/a'}, "
             f"torch {meta.get('torch') or 'unrecorded'}, "
-            f"CuPy {meta.get('cupy_version') or 'n/a'}) "
-            f"at {meta.get('measured_at') or 'an unrecorded time'}")
+            f"CuPy {meta.get('cupy_version') or 'n/a'}) at {when}")
     src = meta.get("read_from")
     if with_file and src:
         mine = Path(src).resolve().parent == local_dir().resolve()
