@@ -1,5 +1,5 @@
-"""fp16lab.recipes, beyond tests/test_recipes.py: each precision's settings and defaults, asserted
-against what its description promises (and torch's own defaults for the GradScaler)."""
+"""fp16lab.recipes: each precision's definition against the recipe it names, and each check's
+words. Written against the survivors of a mutation run of recipes.py (69.3%)."""
 
 from __future__ import annotations
 
@@ -7,74 +7,67 @@ import pytest
 import torch
 
 from fp16lab import recipes
-from fp16lab.models import build_model, input_shape
+from fp16lab.recipes import PRECISIONS
 
-#: name -> (autocast dtype, scaled, tf32, master weights), as each description says.
-PROMISED = {
-    "fp32": (None, False, False, False),
-    "tf32": (None, False, True, False),
-    "amp-fp16": ("float16", True, False, False),
-    "amp-bf16": ("bfloat16", False, False, False),
-    "fp16-o2": (None, True, False, True),
+# What each precision is, written from the recipes themselves (torch.autocast's dtypes, Apex O2's
+# master weights, GradScaler for fp16 only): (autocast dtype, scaled, tf32, master weights, FP8)
+EXPECTED = {
+    "fp32": (None, False, False, False, None),
+    "tf32": (None, False, True, False, None),
+    "amp-fp16": ("float16", True, False, False, None),
+    "amp-bf16": ("bfloat16", False, False, False, None),
+    "fp16-o2": (None, True, False, True, None),
 }
 
 
-@pytest.mark.parametrize("name", list(PROMISED))
-def test_each_recipe_precision_has_the_settings_its_description_promises(name):
-    p = recipes.PRECISIONS[name]
-    assert (p.autocast_dtype, p.scaled, p.tf32, p.master_weights) == PROMISED[name]
-    assert p.fp8_recipe is None and not p.fp8 and str(p) == p.description
-    assert p.converts_model == (name == "fp16-o2")
-    assert p.autocast_recipe == (name in ("fp32", "amp-fp16", "amp-bf16"))
+def test_each_precision_is_the_recipe_it_names():
+    fp8 = {f"fp8-{r}": ("bfloat16", False, False, False, r) for r in recipes.FP8_RECIPES}
+    want = {**EXPECTED, **fp8}
+    assert list(PRECISIONS) == list(want)  # the order every table and sweep uses
+    for name, (dtype, scaled, tf32, master, recipe) in want.items():
+        p = PRECISIONS[name]
+        assert (p.name, p.autocast_dtype, p.scaled, p.tf32, p.master_weights, p.fp8_recipe) == (
+            name, dtype, scaled, tf32, master, recipe), name
 
 
-def test_fp8_precisions_autocast_to_bf16_and_convert_the_model():
-    fp8 = [n for n in recipes.PRECISIONS if n.startswith("fp8-")]
-    assert fp8 and recipes.precisions(fp8=True) == tuple(fp8)
-    for n in fp8:
-        p = recipes.PRECISIONS[n]
-        assert p.fp8 and p.converts_model and not p.autocast_recipe and not p.scaled
-        assert p.autocast_dtype == "bfloat16" and p.fp8_recipe == n.removeprefix("fp8-")
-    assert recipes.RECIPE_PRECISIONS == tuple(PROMISED)
-    assert recipes.SCALED_PRECISIONS == ("amp-fp16", "fp16-o2")
+def test_each_precision_says_what_it_does():
+    words = {"fp32": ("fp32", "TF32 off"), "tf32": ("TF32 tensor cores", "no effect on a CPU"),
+             "amp-fp16": ("fp16", "GradScaler"), "amp-bf16": ("bf16", "no scaler"),
+             "fp16-o2": ("master weights", "BatchNorm kept in fp32", "Apex O2")}
+    for name, needed in words.items():
+        text = str(PRECISIONS[name])
+        assert text == PRECISIONS[name].description and all(w in text for w in needed), text
+    for r, what in recipes.FP8_RECIPES.items():
+        assert str(PRECISIONS[f"fp8-{r}"]) == f"FP8 linear layers: {what}; the rest as amp-bf16"
 
 
-def _step(precision, **kw):
-    torch.manual_seed(0)
-    model = build_model("mlp")
-    x = torch.randn(input_shape("mlp", 4))
-    y = torch.randint(0, 10, (4,))
-    return model, recipes.make_train_step(precision, model, x, y, device="cpu", **kw)
+@pytest.mark.parametrize("call, name", [
+    (lambda: recipes.sgd([torch.zeros(1, requires_grad=True)], lr=0), "lr"),
+    (lambda: recipes.sgd([torch.zeros(1, requires_grad=True)], momentum=-0.1), "momentum"),
+    (lambda: recipes.autocast("amp-fp16", "cpu", cache_enabled=1), "cache_enabled"),
+    (lambda: recipes.autocast("amp-fp16", "gpu0"), "device"),
+    (lambda: recipes.grad_scaler("amp-fp16", 7), "device"),
+    (lambda: recipes.set_tf32(1), "matmul"),
+    (lambda: recipes.set_tf32(True, conv="on"), "conv"),
+    (lambda: recipes.sgd([torch.zeros(1, requires_grad=True)], fused=1), "fused"),
+])
+def test_each_check_names_its_parameter(call, name):
+    with pytest.raises((TypeError, ValueError)) as e:
+        call()
+    assert str(e.value).startswith(f"{name} must be"), str(e.value)
 
 
-@pytest.mark.parametrize("name", list(PROMISED))
-def test_every_recipe_trains_with_the_default_sgd(name):
-    model, (step, scaler) = _step(name)
-    opt = step.optimizer
-    g = opt.param_groups[0]
-    assert type(opt) is torch.optim.SGD
-    assert (g["lr"], g["momentum"], g["fused"]) == (0.01, 0.9, None)
-    assert (scaler is not None) == PROMISED[name][1]
-    if name == "fp16-o2":  # the optimizer steps fp32 master copies of the fp16 weights
-        assert all(p.dtype == torch.float32 for p in g["params"])
-        assert all(p.dtype == torch.float16 for p in model.parameters())
-    else:
-        assert [id(p) for p in g["params"]] == [id(p) for p in model.parameters()]
+def test_sgd_takes_what_its_bounds_allow():
+    p = [torch.zeros(1, requires_grad=True)]
+    assert recipes.sgd(p, lr=1e-9, momentum=0).param_groups[0]["momentum"] == 0
+    with pytest.raises(ValueError, match="^lr must be > 0, got 0$"):
+        recipes.sgd(p, lr=0.0)
+    with pytest.raises(ValueError, match="^momentum must be >= 0, got -0.1$"):
+        recipes.sgd(p, momentum=-0.1)
 
 
-def test_the_default_grad_scaler_has_torchs_defaults():
-    _, (step, scaler) = _step("amp-fp16")
-    ref = torch.amp.GradScaler("cpu")
-    assert type(scaler) is torch.amp.GradScaler
-    assert scaler.get_scale() == ref.get_scale() == 65536.0
-    assert scaler.get_growth_factor() == ref.get_growth_factor() == 2.0
-    assert scaler.get_backoff_factor() == ref.get_backoff_factor() == 0.5
-    assert scaler.get_growth_interval() == ref.get_growth_interval() == 2000
-
-
-def test_loss_scaler_none_trains_without_one_and_a_bad_string_is_refused():
-    _, (step, scaler) = _step("amp-fp16", loss_scaler=None)
-    assert scaler is None
-    assert torch.isfinite(step())
-    with pytest.raises(ValueError, match="loss_scaler"):
-        _step("amp-fp16", loss_scaler="static")
+def test_autocast_keeps_its_cache_setting():
+    with recipes.autocast("amp-bf16", "cpu", cache_enabled=False):
+        assert not torch.is_autocast_cache_enabled()
+    with recipes.autocast("amp-bf16", "cpu", cache_enabled=True):
+        assert torch.is_autocast_cache_enabled()
