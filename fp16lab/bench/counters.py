@@ -278,10 +278,10 @@ def claims(figures: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -
             "verdict": ("the figure holds: issue slots are busy under 70% of the cycles in "
                         f"every AMP step read ({', '.join(f'{m} {v:.0f}%' for m, v in issue.items())})"
                         if below else "the figure does not hold: an AMP step keeps issue slots "
-                        "busy 70% or more") + (
-                f"; but cuBLAS's fastest GEMM issues in {cublas['issue']:.0f}% of cycles with its "
-                f"tensor pipes {cublas['tensor']:.0f}% busy: a low issue rate is no sign of waste"
-                if cublas else "") + _scopes(amp.values())})
+                        "busy 70% or more") + _scopes(amp.values()) + (
+                f"; but cuBLAS's fastest GEMM (the ladder's, alone) issues in "
+                f"{cublas['issue']:.0f}% of cycles with its tensor pipes {cublas['tensor']:.0f}% "
+                "busy: a low issue rate is no sign of waste" if cublas else "")})
     if amp and fp32:
         pairs = {m: {"fp32": {"dram": fp32[m]["dram"], "sm": fp32[m]["sm"]},
                      "amp-fp16": {"dram": amp[m]["dram"], "sm": amp[m]["sm"]},
