@@ -233,7 +233,7 @@ def output_file(name: str, value: Any) -> Path:
         if not os.access(path, os.W_OK):
             raise NotPermitted(f"{name}: the file {path} is not writable")
         return path
-    output_dir(f"{name}'s folder", path.parent if str(path.parent) else Path("."))
+    output_dir(f"{name}'s folder", path.parent)  # a bare name's parent is Path(".")
     return path
 
 

@@ -114,6 +114,21 @@ def test_a_count_keeps_its_upper_bound():
         validate.number("x", 5, high=3)
 
 
+def test_text_messages_show_the_value_and_its_type():
+    with pytest.raises(TypeError, match=r"^arch must be a string like 'sm_90a', got 90 \(int\)$"):
+        validate.text("arch", 90, pattern="sm_[0-9]+a?", like="'sm_90a'")
+
+
+def test_a_bare_file_name_is_checked_in_the_current_folder(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert validate.output_file("--save", "new.json") == Path("new.json")
+    asked = []
+    _deny(monkeypatch, asked)
+    with pytest.raises(validate.NotPermitted, match=r"^--save's folder: the folder \. is not writable$"):
+        validate.output_file("--save", "new.json")
+    assert asked == [(Path("."), os.W_OK | os.X_OK)]
+
+
 def test_device_messages_show_the_value_and_its_type():
     with pytest.raises(TypeError, match=r"such as 'cpu' or 'cuda', got 3 \(int\)$"):
         validate.device("device", 3)
