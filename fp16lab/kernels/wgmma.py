@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from .. import validate
-
 from .compiler import KernelUnavailable, require_cupy
 from .cubin import HOPPER_ARCH, find_nvcc, load_cubin
 
@@ -211,19 +210,25 @@ def launch_fp8(a: Any, b: Any, sa: Any, sb: Any, c: Any, *, stages: int = FP8_ST
         c: (M, N) float32, or int16 / uint16 holding bfloat16 bits (CuPy has no bfloat16).
         overlap: multiply the next K block while this one is promoted (the kernel's OVERLAP).
     """
-    require()
     (m, k), n = a.shape, b.shape[0]
     if b.shape[1] != k or c.shape != (m, n):
         raise ValueError(f"step 7 multiplies (M, K) by (N, K) into (M, N): got a {a.shape}, "
                          f"b {b.shape}, c {c.shape}")
     check_fp8_operands(m, n, k, sa.shape, sb.shape)
     kinds = {"float32": "wgmma_fp8_f32", "int16": "wgmma_fp8_bf16", "uint16": "wgmma_fp8_bf16"}
-    if c.dtype.name not in kinds or a.dtype.itemsize != 1 or b.dtype.itemsize != 1:
-        raise ValueError(f"step 7 takes one-byte codes and writes float32 or bfloat16 bits "
-                         f"(int16/uint16), got a {a.dtype}, b {b.dtype}, c {c.dtype}")
+    if (c.dtype.name not in kinds or a.dtype.itemsize != 1 or b.dtype.itemsize != 1
+            or sa.dtype.name != "float32" or sb.dtype.name != "float32"):
+        raise ValueError(f"step 7 takes one-byte codes and float32 factors, and writes float32 or "
+                         f"bfloat16 bits (int16/uint16); got a {a.dtype}, b {b.dtype}, sa "
+                         f"{sa.dtype}, sb {sb.dtype}, c {c.dtype}")
     for name, x in (("a", a), ("b", b), ("sa", sa), ("sb", sb), ("c", c)):
         if not x.flags.c_contiguous:
             raise ValueError(f"step 7 needs C-contiguous arrays; {name} is not")
+    for name, x in (("a", a), ("b", b)):
+        if x.data.ptr % 16:
+            raise ValueError(f"step 7 reads {name} through TMA, which needs a 16-byte aligned "
+                             f"base; {name} starts at {x.data.ptr:#x}")
+    require()
     smem = fp8_dynamic_smem(stages)
     device = require_cupy().cuda.Device().id
     fn = _function_fp8(stages, int(validate.boolean("overlap", overlap)), kinds[c.dtype.name],
