@@ -9,10 +9,11 @@ costs as much as a full one (tile quantization). Both waste the same thing, SM t
 
     efficiency = M * N / (waves * sms * tile_m * tile_n)
 
-When every tile fits in one wave, the call takes about one tile's time whatever M is, so a
-larger batch is nearly free: for a ``Linear(4096, 4096)`` on an H200 (132 SMs) with 256x128
-tiles, batch 256 makes 32 tiles and batch 320 makes 64, both one wave, and 320 samples cost the
-time of 256.
+By this count, while every tile fits in one wave the call takes about one tile's time whatever
+M is: for a ``Linear(4096, 4096)`` on an H200 (132 SMs) with 256x128 tiles, batch 256 makes 32
+tiles and batch 320 makes 64, both one wave. That is the model's prediction, not a measurement:
+a GEMM that is not compute-bound at these sizes (a batch-256 Linear sits near the roofline's
+ridge) follows it only partly, and notebook 03 sets it against measured rates.
 """
 
 from __future__ import annotations

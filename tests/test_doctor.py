@@ -147,6 +147,32 @@ def test_batch_check_measures_larger_batches(monkeypatch):
     (f,) = r.findings
     assert f.group == "changes" and f.change["batch_size"] in (4, 8)
     assert [row["batch"] for row in f.table] == [4, 8]
+    # the largest GEMM's waves, by hand: the tiny planted MLP's 128x128 layers, one row per
+    # sample, 256x128 tiles on an H200's 132 SMs (no GPU here): one tile, one wave, at every batch
+    assert [(row["waves"], row["wave_efficiency"]) for row in f.table] == [
+        (1, pytest.approx(b * 128 / (132 * 256 * 128))) for b in (4, 8)]
+    (key,) = [k for k in f.evidence if k.startswith("largest GEMM")]
+    assert key == "largest GEMM, '0' (rows x 128 x 128)"
+    assert f.evidence[key] == ("1 tile(s) of 256x128 in 1 wave(s) on 132 SMs of an H200 (no GPU "
+                               "here): 0.0059% of the SM-tile slots hold output")
+
+
+def test_largest_gemm_waves_count_tiles_and_waves_by_hand():
+    from types import SimpleNamespace
+
+    from fp16lab.doctor.speed import largest_gemm_waves
+
+    probe = SimpleNamespace(workload=planted("small-batch"), batch_size=8, device="cpu")
+    # 5,000 rows a sample (as a sequence of tokens would give) on the 128-wide layers
+    visit = SimpleNamespace(probe=probe, cuda=False, notes={"linear_rows": {"0": 40_000}})
+    got = largest_gemm_waves(visit, [8, 16])
+    assert (got["module"], got["sms"]) == ("0", 132)
+    # 40,000 rows: ceil(40000/256) = 157 tiles of 256x128 > 132 SMs: 2 waves, 40000*128 useful
+    # elements of 2*132*256*128 slots; 80,000 rows: 313 tiles, 3 waves
+    assert [(r["rows"], r["tiles"], r["waves"]) for r in got["per_batch"]] == [
+        (40_000, 157, 2), (80_000, 313, 3)]
+    assert [r["wave_efficiency"] for r in got["per_batch"]] == [
+        pytest.approx(40_000 / (2 * 132 * 256)), pytest.approx(80_000 / (3 * 132 * 256))]
 
 
 def test_time_check_says_why_it_does_not_run_on_a_cpu():

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import waves
 from ..measure import step_times_ms, time_cpu, time_cuda_interleaved
 from ..recipes import autocast_dtype
 from ..profile import profile_steps
@@ -217,8 +218,41 @@ def check_input(visit: Visit) -> list[Finding]:
                            "and prefetching, or decode on the GPU (notebook 07).")]
 
 
+#: The output tile the wave count assumes: the one cuBLAS's Hopper fp16 GEMMs most often name
+#: in notebook 03's runs (``nvjet_sm90_..._256x128_...``); a real kernel may pick another.
+WAVE_TILE = (256, 128)
+
+
+def largest_gemm_waves(visit: Visit, batches: list[int]) -> dict[str, Any] | None:
+    """Returns the largest linear layer's GEMM (by weight size) and, per batch size, its output
+    tiles, waves and wave efficiency (:mod:`fp16lab.waves`) with :data:`WAVE_TILE` tiles on
+    this GPU's SMs (an H200's 132 where there is no GPU, said so); None without a linear layer."""
+    model = build_model(visit.probe.workload)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return None
+    name, lin = max(linears, key=lambda nm: nm[1].in_features * nm[1].out_features)
+    rows_of = visit.notes.get("linear_rows") or _linear_rows(visit, model)
+    per_sample = rows_of.get(name, visit.probe.batch_size) / visit.probe.batch_size
+    if visit.cuda:
+        sms = torch.cuda.get_device_properties(visit.probe.device).multi_processor_count
+        where = "this GPU"
+    else:
+        sms, where = waves.H200_SMS, "an H200 (no GPU here)"
+    out = []
+    for b in batches:
+        rows = max(1, round(per_sample * b))
+        tiles = waves.tile_count(rows, lin.out_features, *WAVE_TILE)
+        out.append({"batch": b, "rows": rows, "tiles": tiles,
+                    "waves": waves.wave_count(tiles, sms),
+                    "wave_efficiency": waves.efficiency(rows, lin.out_features, *WAVE_TILE, sms)})
+    return {"module": name, "shape": f"rows x {lin.in_features} x {lin.out_features}",
+            "sms": sms, "where": where, "per_batch": out}
+
+
 def check_batch(visit: Visit) -> list[Finding]:
-    """A larger batch, where memory allows: samples/s at 2x and 4x."""
+    """A larger batch, where memory allows: samples/s at 2x and 4x, and the wave count of the
+    largest GEMM at each batch (evidence, not a measurement)."""
     base = visit.best or visit.start
     before = visit.probe.measure(base)
     if not before.ran:
@@ -243,6 +277,15 @@ def check_batch(visit: Visit) -> list[Finding]:
     evidence = {"samples/s at the batch given": before.samples_per_s}
     if total and before.peak_bytes:
         evidence["memory used at the batch given"] = before.peak_bytes / total
+    gemm = largest_gemm_waves(visit, [visit.probe.batch_size] + [r["batch"] for r in rows])
+    if gemm is not None:
+        given = gemm["per_batch"][0]
+        evidence[f"largest GEMM, '{gemm['module']}' ({gemm['shape']})"] = (
+            f"{given['tiles']} tile(s) of {WAVE_TILE[0]}x{WAVE_TILE[1]} in {given['waves']} "
+            f"wave(s) on {gemm['sms']} SMs of {gemm['where']}: "
+            f"{100 * given['wave_efficiency']:.2g}% of the SM-tile slots hold output")
+        for row, g in zip(rows, gemm["per_batch"][1:]):
+            row.update(waves=g["waves"], wave_efficiency=g["wave_efficiency"])
     return [Finding("batch", f"batch {best.batch_size} instead of {visit.probe.batch_size}: "
                     f"{gain:.2f}x the samples/s", "changes", evidence=evidence,
                     change={"batch_size": best.batch_size}, gain=gain, verified=True,
