@@ -142,8 +142,20 @@ def _time_steps(child: list[str], n: int, timeout: float) -> list[float]:
         return _read_times(times)
 
 
+def _timed_or_skipped(child: list[str], key: str, timeout: float,
+                      skipped: dict[str, str]) -> list[float]:
+    """Returns :func:`_time_steps` of ``child``, or, where the run fails, nothing, its reason
+    recorded in ``skipped`` under ``"<key>, step timing"`` and printed."""
+    try:
+        return _time_steps(child, TIMED_STEPS, timeout)
+    except (ncu.NcuUnavailable, subprocess.TimeoutExpired) as e:
+        skipped[f"{key}, step timing"] = str(e)
+        print(f"{key}: the step not timed without ncu: {e}", flush=True)
+        return []
+
+
 def _read_times(path: str) -> list[float]:
-    """Returns the step times (ms) the child programs appended to ``path`` (none if it wrote
+    """Returns the step times (ms) the child program wrote to ``path`` (none if it wrote
     nothing)."""
     try:
         with open(path) as f:
@@ -347,13 +359,17 @@ def _claims_only(args: Any) -> int:
         return 2
     folder = output_folder(args)
     result = measure.read_result(folder / f"{args.name}.json")
-    rows, meta = result["rows"], result["meta"]
+    _rewrite_with_claims(args.name, result["rows"], result["meta"], folder)
+    return 0
+
+
+def _rewrite_with_claims(name: str, rows: list[dict], meta: dict[str, Any], folder: Any) -> None:
+    """Recomputes the claims of a result file's rows, writes the file back and prints them.
+    The file's own meta wins over this machine's: its provenance stays the measurement's."""
     meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
-    # the file's own meta wins over this machine's: its provenance stays the measurement's
-    measure.write_result(args.name, rows, meta=meta, data_dir=folder)
+    measure.write_result(name, rows, meta=meta, data_dir=folder)
     for c in meta["claims"]:
         print(f"claim: {c['claim']}\n  {c['verdict']}")
-    return 0
 
 
 def _retime(args: Any) -> int:
@@ -368,11 +384,8 @@ def _retime(args: Any) -> int:
             continue
         child = _me("step", r["workload"], r["precision"], r["batch"])
         key = f"{r['workload']} {r['precision']}"
-        try:
-            timed = _time_steps(child, TIMED_STEPS, args.timeout)
-        except (ncu.NcuUnavailable, subprocess.TimeoutExpired) as e:
-            meta["skipped"][f"{key}, step timing"] = str(e)
-            print(f"{key}: the step not timed without ncu: {e}", flush=True)
+        timed = _timed_or_skipped(child, key, args.timeout, meta["skipped"])
+        if not timed:
             continue
         counters = ncu.KernelCounters(0, r.get("kernel", ""), values={
             k: r[k] for k in ("duration_ns", "sm", "dram") if k in r})
@@ -381,11 +394,7 @@ def _retime(args: Any) -> int:
         print(f"{key}: range {r['duration_ns'] / 1e6:.1f} ms, the step without ncu "
               f"{r['step_ms']:.1f} ms; over the step: SM {r['sm_step']:.0f}%  DRAM "
               f"{r['dram_step']:.0f}%", flush=True)
-    meta["claims"] = claims(step_figures(rows), [r for r in rows if r["part"] == "ladder"])
-    # the file's own meta wins over this machine's: its provenance stays the measurement's
-    measure.write_result(args.name, rows, meta=meta, data_dir=folder)
-    for c in meta["claims"]:
-        print(f"claim: {c['claim']}\n  {c['verdict']}")
+    _rewrite_with_claims(args.name, rows, meta, folder)
     return 0
 
 
@@ -478,12 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                 except ncu.NcuUnavailable as e:
                     meta["skipped"][f"{key}, whole step"] = str(e)
                     print(f"{key}: whole step not read: {e}", flush=True)
-                try:
-                    if whole is not None:
-                        timed = _time_steps(child, TIMED_STEPS, args.timeout)
-                except (ncu.NcuUnavailable, subprocess.TimeoutExpired) as e:
-                    meta["skipped"][f"{key}, step timing"] = str(e)
-                    print(f"{key}: the step not timed without ncu: {e}", flush=True)
+                if whole is not None:
+                    timed = _timed_or_skipped(child, key, args.timeout, meta["skipped"])
                 try:
                     if args.launch_count:
                         kernels = ncu.profile(child, ncu.STEP_METRICS,
