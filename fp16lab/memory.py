@@ -15,6 +15,14 @@
   copies of the weights are (autograd keeps them until the backward);
 * ``batch``: the inputs and targets.
 
+These parts are what a step allocates of each kind; they are not all alive at once. The
+gradients are freed at the next step's ``zero_grad`` and appear one by one in the backward
+pass while the activations are freed, and the loss's backward makes temporaries of its own
+(a language model's logits-sized buffers: a GPT-2 step at sequence 1024 holds several of
+50,257 floats per token). So the peak is predicted from the step's timeline: :class:`LiveBytes`
+follows every tensor storage the second step makes and frees (its first made the optimizer's
+state), and ``peak`` is the largest sum alive at once, with what it held then (``at_peak``).
+
 The activations are measured, on the device asked (a CPU by default: the same ops save the same
 tensors on a GPU, up to autocast's per-device op lists); the rest is arithmetic from the model
 and the optimizer's class. :func:`measure_peak` runs the step on CUDA and reads
@@ -34,6 +42,9 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 import torch.utils.checkpoint
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from . import validate
 from .recipes import PRECISIONS, check_precision, sgd
@@ -42,6 +53,12 @@ from .workload import Workload, WorkloadStep, train_step
 #: The parts of a step's memory, in the order they are reported.
 PARTS = ("parameters", "buffers", "gradients", "master_weights", "master_gradients",
          "optimizer_state", "activations", "batch")
+
+#: What the storages alive at the predicted peak were (see :func:`predict`): ``held``, alive
+#: before the step began (weights, buffers, master copies, optimizer state, the batch);
+#: ``activations``, saved by the step's forward for its backward; ``gradients``, the step's
+#: ``.grad`` tensors; ``temporaries``, anything else the step made.
+AT_PEAK = ("held", "activations", "gradients", "temporaries")
 
 
 @dataclass(frozen=True)
@@ -59,19 +76,103 @@ class MemoryAccount:
     optimizer_state: int
     activations: int
     batch: int
+    peak: int = 0
+    at_peak: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def total(self) -> int:
-        """Returns the sum of every part: the predicted peak of a step."""
+        """Returns the sum of every part: the bytes if all of them were alive at once (more
+        than ``peak``, or less where the loss's temporaries are large)."""
         return sum(getattr(self, p) for p in PARTS)
 
     def as_dict(self) -> dict[str, Any]:
-        """Returns the account as a row (every part, the total, the notes joined)."""
+        """Returns the account as a row (every part, the total, the peak and what it held as
+        ``peak_<kind>``, the notes joined)."""
         row = asdict(self)
+        row.pop("at_peak")
         row["total"] = self.total
+        row.update({f"peak_{k}": self.at_peak.get(k, 0) for k in AT_PEAK})
         row["notes"] = "; ".join(self.notes)
         return row
+
+
+def storage_id(t: torch.Tensor) -> int | None:
+    """Returns the identity of ``t``'s storage while it lives (views share it), or None for a
+    tensor with no storage of its own (meta, a wrapper subclass)."""
+    if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        return None
+    try:
+        return StorageWeakRef(t.untyped_storage()).cdata
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+class LiveBytes(TorchDispatchMode):
+    """Follows the bytes of the tensor storages alive while it is active, on any device.
+
+    Every op's outputs are seen (autocast's casts and the backward's ops included); a storage
+    is counted once, from when an op first returns it until it is freed (a weak reference says
+    so; one an op resizes is counted at its new size). ``alive`` are tensors that exist before
+    (weights, optimizer state, the batch), tagged ``"held"``; :meth:`tag` names what another
+    storage is. ``peak`` is the largest sum alive just after an op returned (its inputs still
+    alive), and ``at_peak`` the bytes then alive by tag (``"temporaries"`` for the untagged).
+    What an op allocates inside itself and frees before returning (a cuBLAS workspace) is not
+    seen, nor the caching allocator's rounding.
+    """
+
+    def __init__(self, alive: Any = ()):
+        super().__init__()
+        self._live: dict[int, list[Any]] = {}  # storage id -> [weak reference, bytes, tag]
+        self.current = 0
+        for t in _tensors(alive):
+            self._track(t)
+            self.tag(t, "held")
+        self.peak = self.current
+        self.at_peak = self._by_tag()
+
+    def _by_tag(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for _, nbytes, tag in self._live.values():
+            out[tag or "temporaries"] = out.get(tag or "temporaries", 0) + nbytes
+        return out
+
+    def _sweep(self) -> None:
+        for key in [k for k, (ref, _, _) in self._live.items() if ref.expired()]:
+            self.current -= self._live.pop(key)[1]
+
+    def _track(self, t: Any) -> None:
+        key = storage_id(t)
+        if key is None:
+            return
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        old = self._live.get(key)
+        if old is not None and not old[0].expired():
+            self.current += nbytes - old[1]  # the same storage, perhaps resized
+            old[1] = nbytes
+            return
+        if old is not None:  # a freed storage's identity given to a new one
+            self.current -= old[1]
+        self._live[key] = [StorageWeakRef(storage), nbytes, None]
+        self.current += nbytes
+
+    def tag(self, t: Any, kind: str) -> None:
+        """Names what ``t``'s storage is, if it is followed and not named yet."""
+        entry = self._live.get(storage_id(t)) if isinstance(t, torch.Tensor) else None
+        if entry is not None and not entry[0].expired() and entry[2] is None:
+            entry[2] = kind
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            self._track(t)
+        if self.current > self.peak:
+            self._sweep()  # the freed ones first: only then is the sum what is alive
+            if self.current > self.peak:
+                self.peak = self.current
+                self.at_peak = self._by_tag()
+        return out
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
@@ -83,19 +184,23 @@ class SavedTensors:
     """Counts the bytes of the tensors autograd saves while it is active, once per storage.
 
     ``exclude`` holds storages not to count (the parameters, the batch); :meth:`add` counts a
-    tensor kept some other way (a checkpointed segment's inputs).
+    tensor kept some other way (a checkpointed segment's inputs). ``on_save``, when set, is
+    called with every tensor saved, counted or not (autograd calls only the innermost hooks).
     """
 
     def __init__(self, exclude: set[tuple[str, int]] = frozenset()):
         self.exclude = set(exclude)
         self.seen: dict[tuple[str, int], int] = {}
         self.active = True
+        self.on_save: Callable[[torch.Tensor], None] | None = None
 
     @property
     def bytes(self) -> int:
         return sum(self.seen.values())
 
     def add(self, t: Any) -> Any:
+        if self.on_save is not None and isinstance(t, torch.Tensor):
+            self.on_save(t)
         if self.active and isinstance(t, torch.Tensor) and t.device.type != "meta":
             key = _storage_key(t)
             if key not in self.exclude and key[1] != 0:
@@ -182,6 +287,7 @@ def predict(workload: Workload, precision: str, batch_size: int, *, device: Any 
     step, counter = _step_with_counter(workload, precision, device, batch_size, layout, seed,
                                        checkpoint)
     step()
+    peak, at_peak = _timeline_peak(step, counter)
     model = step.model
     params = [p for p in model.parameters()]
     trainable = [p for p in params if p.requires_grad]
@@ -201,7 +307,39 @@ def predict(workload: Workload, precision: str, batch_size: int, *, device: Any 
         gradients=_nbytes(trainable), master_weights=4 * sum(p.numel() for p in trainable) * master,
         master_gradients=4 * sum(p.numel() for p in trainable) * master,
         optimizer_state=state, activations=counter.bytes,
-        batch=_nbytes(_tensors(step.inputs) + _tensors(step.targets)), notes=tuple(notes))
+        batch=_nbytes(_tensors(step.inputs) + _tensors(step.targets)), peak=peak,
+        at_peak=at_peak, notes=tuple(notes))
+
+
+def _held(step: WorkloadStep) -> list[torch.Tensor]:
+    """Returns the tensors alive between steps: weights, buffers, the optimizer's parameters
+    (fp16-o2's master copies) and state, the scaler's, the batch."""
+    opt = step.optimizer
+    held = [*step.model.parameters(), *step.model.buffers(),
+            *(p for g in opt.param_groups for p in g["params"]),
+            *_tensors(list(opt.state.values())), *_tensors(step.inputs), *_tensors(step.targets)]
+    scaler = step.scaler
+    for name in ("_scale", "_growth_tracker"):
+        held += _tensors(getattr(scaler, name, None))
+    return held
+
+
+def _timeline_peak(step: WorkloadStep, counter: SavedTensors) -> tuple[int, dict[str, int]]:
+    """Runs ``step`` once more under :class:`LiveBytes` and returns its peak and what the
+    storages alive then were (:data:`AT_PEAK`): the saved tensors are named as ``counter``'s
+    hooks see autograd save them, the gradients as each is accumulated."""
+    live = LiveBytes(_held(step))
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: live.tag(p.grad, "gradients"))
+             for p in step.model.parameters() if p.requires_grad]
+    counter.active, counter.on_save = False, lambda t: live.tag(t, "activations")
+    try:
+        with live:
+            step()
+    finally:
+        counter.on_save = None
+        for h in hooks:
+            h.remove()
+    return live.peak, {k: live.at_peak.get(k, 0) for k in AT_PEAK}
 
 
 # ----------------------------------------------------------------------------- checkpointing
@@ -327,8 +465,9 @@ def compare(workload: Workload, precision: str, batch_size: int, *, layout: str 
     measured = measure_peak(workload, precision, batch_size, layout=layout, seed=seed,
                             steps=steps)
     return {**predicted, "measured_peak": measured["peak_bytes"],
-            "ratio": predicted["total"] / measured["peak_bytes"]}
+            "ratio": predicted["peak"] / measured["peak_bytes"]}
 
 
-__all__ = ["MemoryAccount", "PARTS", "SavedTensors", "checkpoint_modules", "checkpointing",
-           "compare", "measure_peak", "optimizer_state_bytes", "predict", "repeated_blocks"]
+__all__ = ["AT_PEAK", "LiveBytes", "MemoryAccount", "PARTS", "SavedTensors", "checkpoint_modules",
+           "checkpointing", "compare", "measure_peak", "optimizer_state_bytes", "predict",
+           "repeated_blocks", "storage_id"]

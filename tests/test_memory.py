@@ -135,6 +135,88 @@ def test_a_bad_checkpoint_choice():
         memory.checkpoint_modules(Blocks(), [])
 
 
+# ----------------------------------------------------------------------------- the timeline's peak
+
+def test_live_bytes_counts_a_storage_once_until_it_is_freed():
+    with memory.LiveBytes() as live:
+        a = torch.empty(1000)                   # 4,000 bytes
+        view = a.view(10, 100)                  # the same storage: not counted again
+        b = torch.empty(500, dtype=torch.float16)  # 1,000 bytes
+        assert live.current == 5000 and live.peak == 5000
+        del a, view
+        c = torch.empty(250)                    # 1,000 bytes: 2,000 alive, the peak stays
+        assert live.peak == 5000
+        d = torch.empty(2000)                   # 8,000 bytes: 1,000 + 1,000 + 8,000 alive
+        assert live.peak == 10000 and live.at_peak == {"temporaries": 10000}
+        d.resize_(3000)                         # grown in place to 12,000 bytes
+        assert live.peak == 14000
+    del b, c, d
+
+
+def test_live_bytes_tags_what_it_is_told():
+    w = torch.ones(100)
+    with memory.LiveBytes([w]) as live:  # 400 bytes held
+        x = w * 2
+        live.tag(x, "activations")
+        live.tag(x, "gradients")  # the first name stays
+        y = x + 1
+    assert live.at_peak == {"held": 400, "activations": 400, "temporaries": 400}
+    del y
+
+
+def _torch_tracker_peak(step) -> int:
+    """The peak of one step as torch's own tracker counts it (an independent implementation:
+    module hooks and its own dispatch mode), the optimizer's parameters (fp16-o2's masters),
+    GradScaler's scale and growth count and the batch registered as existing before."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    masters = [p for g in step.optimizer.param_groups for p in g["params"]]
+    scaler = [t for t in (getattr(step.scaler, "_scale", None),
+                          getattr(step.scaler, "_growth_tracker", None)) if t is not None]
+    tracker.track_external(step.model, step.optimizer, *masters, *scaler, step.inputs,
+                           step.targets)
+    with tracker:
+        step()
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "amp-fp16", "fp16-o2"])
+def test_the_predicted_peak_is_torchs_tracker_peak(precision):
+    account = memory.predict(chain(), precision, 256)
+    step = train_step(chain(), precision, "cpu", 256)
+    step()  # the first step makes the optimizer's state; the second is the one counted
+    assert account.peak == _torch_tracker_peak(step)
+    assert sum(account.at_peak.values()) == account.peak
+    # held between steps: weights, the optimizer's state and masters, the batch
+    held = account.parameters + account.optimizer_state + account.master_weights + account.batch
+    scaler = 8 if precision in ("amp-fp16", "fp16-o2") else 0  # GradScaler's two 4-byte scalars
+    assert account.at_peak["held"] == held + scaler
+
+
+def vocabulary_workload(vocab: int = 4000) -> Workload:
+    """A language model's head: a wide output and a cross-entropy loss, whose backward makes
+    logits-sized temporaries the parts do not hold."""
+    def batch(size, device):
+        gen = torch.Generator().manual_seed(0)
+        return (torch.randn(size, IN, generator=gen).to(device),
+                torch.randint(0, vocab, (size,), generator=gen).to(device))
+
+    return Workload(name="vocabulary", batch=batch,
+                    loss=lambda out, t: nn.functional.cross_entropy(out.float(), t),
+                    build=lambda: nn.Sequential(nn.Linear(IN, H), nn.ReLU(), nn.Linear(H, vocab)))
+
+
+def test_a_wide_loss_peaks_above_the_sum_of_the_parts():
+    account = memory.predict(vocabulary_workload(), "amp-bf16", 256)
+    step = train_step(vocabulary_workload(), "amp-bf16", "cpu", 256)
+    step()
+    assert account.peak == _torch_tracker_peak(step)
+    logits = 256 * 4000 * 4  # one fp32 logits-sized buffer
+    assert account.peak > account.total
+    assert account.at_peak["temporaries"] >= logits
+
+
 def test_measure_peak_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA is here: the gpu test measures")
@@ -150,6 +232,20 @@ def test_the_measured_peak_holds_the_predicted_state(precision):
     state = sum(row[p] for p in ("parameters", "gradients", "master_weights",
                                  "master_gradients", "optimizer_state"))
     assert row["measured_peak"] >= state
-    assert 0.5 < row["ratio"] < 2.0, row
+    assert 0.9 < row["ratio"] < 1.1, row
     snap = memory.measure_peak(chain(), precision, 256, steps=1, snapshot=True)["snapshot"]
     assert snap["segments"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "fp16-o2"])
+def test_the_predicted_peak_is_the_allocators_on_a_wide_model(precision):
+    """Tensors of tens of MB, so the caching allocator's rounding (512 bytes) and cuBLAS's
+    workspace (32 MiB) are small beside them: the counted peak is the measured one."""
+    wide = Workload(name="wide", loss=square_loss,
+                    batch=lambda size, device: (torch.randn(size, 2048, device=device),
+                                                torch.zeros(size, device=device)),
+                    build=lambda: nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(),
+                                                nn.Linear(4096, 2048)))
+    row = memory.compare(wide, precision, 4096, count_on="cuda")
+    assert 0.97 < row["ratio"] < 1.03, row

@@ -106,8 +106,9 @@ def test_the_tiny_run_builds_tiny_models_and_writes_every_part(fake, tmp_path, c
     mem = [r for r in rows if r["part"] == "memory"]
     assert [(r["model"], r["precision"]) for r in mem] == \
         [(m, p) for m in ("bert-base", "gpt2-small") for p in ("fp32", "amp-fp16", "amp-bf16")]
-    oracle = memory.predict(tiny(), "amp-fp16", 4).total  # the same stand-in model, counted
+    oracle = memory.predict(tiny(), "amp-fp16", 4).peak  # the same stand-in model, counted
     assert mem[1]["predicted_bytes"] == oracle and mem[1]["measured_peak_bytes"] is None
+    assert mem[1]["parts_bytes"] == memory.predict(tiny(), "amp-fp16", 4).total
     assert mem[1]["ratio"] is None and mem[1]["batch"] == 4
     assert meta["summary"] == json.loads(json.dumps(bench.summarize(rows)))
     assert meta["timing"].startswith("fp16lab.measure.step_times_ms")
@@ -139,7 +140,8 @@ def test_three_repeats_alternate_their_order(fake, tmp_path):
 def test_on_a_gpu_the_real_sizes_and_the_h200_file(fake, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.memory, "compare", lambda w, prec, batch, count_on: {
-        "total": 2, "measured_peak": 4, "ratio": 0.5})
+        "peak": 3, "total": 2, **{f"peak_{k}": 1 for k in memory.AT_PEAK}, "measured_peak": 4,
+        "ratio": 0.5})
     assert bench.main(["--out", str(tmp_path), "--only", "speed,engine,memory"]) == 0
     data = json.loads((tmp_path / "workloads_h200.json").read_text())
     meta, rows = data["meta"], data["rows"]
@@ -150,6 +152,8 @@ def test_on_a_gpu_the_real_sizes_and_the_h200_file(fake, tmp_path, monkeypatch, 
     assert fake["bare"][0] == ("bert-base", 64, "cuda", 3, 10)
     mem = [r for r in rows if r["part"] == "memory"]
     assert mem[0]["measured_peak_bytes"] == 4 and mem[0]["ratio"] == 0.5
+    assert (mem[0]["predicted_bytes"], mem[0]["parts_bytes"]) == (3, 2)
+    assert [mem[0][f"peak_{k}_bytes"] for k in memory.AT_PEAK] == [1, 1, 1, 1]
     assert "no CUDA GPU" not in capsys.readouterr().out
 
 
@@ -285,7 +289,8 @@ def test_the_memory_part_on_a_gpu_compares(monkeypatch):
     def compare(wl, prec, batch, count_on):
         assert wl is w
         got.append((prec, batch, count_on))
-        return {"total": 300, "measured_peak": 200, "ratio": 1.5}
+        return {"peak": 300, "total": 250, "peak_held": 10, "peak_activations": 20,
+                "peak_gradients": 30, "peak_temporaries": 40, "measured_peak": 200, "ratio": 1.5}
 
     monkeypatch.setattr(bench.memory, "compare", compare)
     rows = []
@@ -293,7 +298,9 @@ def test_the_memory_part_on_a_gpu_compares(monkeypatch):
                     repeats=1, settings={})
     assert got == [(p, 6, "cuda") for p in ("fp32", "amp-fp16", "amp-bf16")]
     assert rows[0] == {"part": "memory", "model": "m", "batch": 6, "precision": "fp32",
-                       "predicted_bytes": 300, "measured_peak_bytes": 200, "ratio": 1.5}
+                       "predicted_bytes": 300, "parts_bytes": 250, "peak_held_bytes": 10,
+                       "peak_activations_bytes": 20, "peak_gradients_bytes": 30,
+                       "peak_temporaries_bytes": 40, "measured_peak_bytes": 200, "ratio": 1.5}
 
 
 def test_vocab_only_for_gpt2(fake):

@@ -327,9 +327,9 @@ def test_compare_divides_the_prediction_by_the_measured_peak(monkeypatch):
     monkeypatch.setattr(memory, "measure_peak", peak)
     cleared = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: cleared.append(1))
-    predicted = memory.predict(tiny(), "amp-bf16", 4, seed=2).total
+    predicted = memory.predict(tiny(), "amp-bf16", 4, seed=2).peak
     row = memory.compare(tiny(), "amp-bf16", 4, seed=2, steps=5)
-    assert row["total"] == predicted and row["measured_peak"] == 1000
+    assert row["peak"] == predicted and row["measured_peak"] == 1000
     assert row["ratio"] == predicted / 1000 and row["notes"].startswith("SGD")
     assert seen == [("amp-bf16", 4, "nchw", 2, 5)] and cleared == []
 

@@ -8,8 +8,9 @@ ViT-B/16 (224 x 224), built offline from their configurations with random weight
    :func:`fp16lab.sweep.measure_point`, with the ratios over fp32 and over tf32;
 2. ``engine``: the amp-bf16 step through the sweep engine against a bare loop written here
    (autocast, cross-entropy, SGD: no fp16lab code in it), repeats interleaved;
-3. ``memory``: :func:`fp16lab.memory.compare`, the predicted bytes over the measured peak, per
-   precision;
+3. ``memory``: :func:`fp16lab.memory.compare`, the predicted peak (the step's timeline of live
+   tensors, counted on the GPU) over the measured peak, per precision, with the sum of the
+   parts and what the peak held;
 4. ``vocab``: GPT-2 small's vocabulary padded to a multiple of 64 (50304) against 50257.
 
 One timing protocol everywhere: :func:`fp16lab.measure.step_times_ms` (a CUDA event pair per
@@ -177,14 +178,16 @@ def _run_part(part: str, m: str, w: Workload, batch: int, rows: list[dict[str, A
             if gpu:
                 c = memory.compare(w, prec, batch, count_on="cuda")
                 rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
-                             "predicted_bytes": c["total"],
+                             "predicted_bytes": c["peak"], "parts_bytes": c["total"],
+                             **{f"peak_{k}_bytes": c[f"peak_{k}"] for k in memory.AT_PEAK},
                              "measured_peak_bytes": c["measured_peak"],
                              "ratio": c["ratio"]})
             else:  # no peak counter for host memory: the prediction alone
                 p = memory.predict(w, prec, batch).as_dict()
                 rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
-                             "predicted_bytes": p["total"], "measured_peak_bytes": None,
-                             "ratio": None})
+                             "predicted_bytes": p["peak"], "parts_bytes": p["total"],
+                             **{f"peak_{k}_bytes": p[f"peak_{k}"] for k in memory.AT_PEAK},
+                             "measured_peak_bytes": None, "ratio": None})
     elif part == "vocab" and m == "gpt2-small":
         padded = load_workload(m, **settings, pad_vocab_to=64)
         for r in range(repeats):
