@@ -1,7 +1,9 @@
-"""Building a ``.cu`` file into a cubin with nvcc, cached on disk, for kernels NVRTC cannot target.
+"""Building a ``.cu`` file into a cubin with nvcc, cached on disk: steps 6 and 7 of the ladder.
 
-Step 6 of the ladder uses ``wgmma`` and ``setmaxnreg``, which exist only in the ``sm_90a``
-target (Hopper's architecture-specific instructions). This module compiles such a file with
+Steps 6 and 7 use ``wgmma`` and ``setmaxnreg``, which exist only in the ``sm_90a`` target
+(Hopper's architecture-specific instructions). NVRTC can target it too; nvcc is used because
+its assembler warns when it serialises the ``wgmma`` instructions (C7514, which the compile test
+refuses). This module compiles such a file with
 ``nvcc -gencode=arch=compute_90a,code=sm_90a -cubin``, keeps the result in the user's cache
 directory under a name made from a hash of the source text, the flags and the nvcc version (so
 an edited kernel, other tile sizes or another compiler give another file), and loads it with
