@@ -148,7 +148,7 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
                     fused_optimizer=fused_optimizer)
     warmup = validate.count("warmup", warmup, low=0)
     traceable = validate.boolean("traceable", traceable)
-    if warmup < 1 and execution == "cuda-graph":
+    if warmup < 1 and execution == "cuda-graph":  # before any work, as capture() checks
         raise ValueError(f"a CUDA graph needs warmup >= 1 steps before capture, got {warmup}")
     graph = execution == "cuda-graph"
     fused = graph if fused_optimizer is None else fused_optimizer
@@ -177,14 +177,24 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, preci
 
     run = eager
     if graph:
-        run = _capture(eager, warmup, traceable)
+        run = capture(eager, warmup, traceable)
     return TrainingStep(run, model, body.optimizer, scaler, x, y, precision, execution,
                         compile_mode if execution == "compile" else None, fused, notes)
 
 
-def _capture(step: Callable[[], torch.Tensor], warmup: int,
-             traceable: bool) -> Callable[[], torch.Tensor]:
-    """Returns a function replaying a CUDA graph of ``step``, captured after ``warmup`` steps."""
+def capture(step: Callable[[], torch.Tensor], warmup: int,
+            traceable: bool) -> Callable[[], torch.Tensor]:
+    """Returns a function replaying a CUDA graph of ``step``, captured after ``warmup`` steps
+    (at least one: it allocates what the graph will reuse) run on a side stream;
+    ``traceable`` as in :func:`make_step`."""
+    if not callable(step):
+        raise TypeError(f"step must be a function to capture, got {type(step).__name__}")
+    warmup = validate.count("warmup", warmup, low=0)
+    traceable = validate.boolean("traceable", traceable)
+    if warmup < 1:
+        raise ValueError(f"a CUDA graph needs warmup >= 1 steps before capture, got {warmup}")
+    if not torch.cuda.is_available():
+        raise ValueError("capture needs a CUDA device; torch sees none")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires

@@ -358,6 +358,7 @@ class _FakeCuda:
             fake.profiling = False
             fake.log.append("profiler ends")
 
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "Stream", Stream)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream(fake.current))
         monkeypatch.setattr(torch.cuda, "stream", stream)
@@ -378,7 +379,7 @@ def test_capture_warms_up_on_a_side_stream_then_records_one_step(monkeypatch, tr
 
     fake = _FakeCuda()
     Graph = fake.install(monkeypatch)
-    replay = execution._capture(fake.step, 2, traceable)
+    replay = execution.capture(fake.step, 2, traceable)
     session = [("profiler", [ProfilerActivity.CUDA])] if traceable else []
     assert fake.log == [("wait", "side", "default"),
                         ("step", "side", False, False), ("step", "side", False, False),
@@ -392,8 +393,26 @@ def test_capture_warms_up_on_a_side_stream_then_records_one_step(monkeypatch, tr
     assert fake.log == ["replay", "replay"]  # a replay runs no Python step
 
 
+@pytest.mark.parametrize("warmup, traceable, error, words", [
+    (0, False, ValueError, "warmup >= 1"), (-1, False, ValueError, "warmup"),
+    (1, 1, TypeError, "traceable")])
+def test_capture_refuses_bad_settings_before_any_step(warmup, traceable, error, words):
+    ran = []
+    with pytest.raises(error, match=words):
+        execution.capture(lambda: ran.append(1), warmup, traceable)
+    assert ran == []
+
+
+def test_capture_needs_a_function_and_cuda(monkeypatch):
+    with pytest.raises(TypeError, match="step must be a function"):
+        execution.capture("step", 1, False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        execution.capture(lambda: None, 1, False)
+
+
 def test_make_step_wires_a_cuda_graph_step(monkeypatch):
-    # the device checks are the GPU's: here only the wiring around _capture is under test
+    # the device checks are the GPU's: here only the wiring around capture is under test
     monkeypatch.setattr(execution, "check_execution", lambda *a, **k: None)
     captured = {}
 
@@ -401,11 +420,11 @@ def test_make_step_wires_a_cuda_graph_step(monkeypatch):
         captured.update(warmup=warmup, traceable=traceable, loss=step())
         return lambda: "replayed"
 
-    monkeypatch.setattr(execution, "_capture", capture)
+    monkeypatch.setattr(execution, "capture", capture)
     model = _Probe()
     step = execution.make_step(model, *_probe_batch(), precision="amp-bf16", execution="cuda-graph")
     assert (captured["warmup"], captured["traceable"]) == (3, True)
-    assert isinstance(captured["loss"], torch.Tensor)  # _capture got the eager step itself
+    assert isinstance(captured["loss"], torch.Tensor)  # capture got the eager step itself
     assert model.seen == [{"tf32": False, "autocast": True, "cache": False}]  # cache off
     assert step() == "replayed"
     assert step.fused_optimizer is True and step.optimizer.param_groups[0]["fused"] is True

@@ -16,7 +16,7 @@ from torch import nn
 
 from fp16lab import sweep
 from fp16lab.recipes import LR, MOMENTUM
-from fp16lab.workload import Workload
+from fp16lab.workload import Workload, train_step
 from fp16lab.workloads.batches import synthetic_batch
 
 WARMUP, STEPS = 2, 3
@@ -124,7 +124,7 @@ def test_a_workload_that_does_not_load_is_refused_before_anything_runs(models, w
 
 
 @pytest.mark.parametrize("axis, value, words", [
-    ("executions", ("cuda-graph",), ["cuda-graph", "user-mlp"]),
+    ("executions", ("cuda-graph",), ["cuda-graph", "needs a CUDA device"]),
     ("inputs", ("dataloader",), ["makes its own batches", "dataloader"]),
 ])
 def test_a_setting_no_workload_point_takes_is_refused_with_the_reason(axis, value, words):
@@ -132,6 +132,42 @@ def test_a_setting_no_workload_point_takes_is_refused_with_the_reason(axis, valu
         _spec((mlp_workload(),), **{axis: value})
     for w in words:
         assert w in str(err.value)
+
+
+def test_a_capture_that_fails_is_the_workloads_setting_error(monkeypatch):
+    from types import SimpleNamespace
+
+    from fp16lab import execution
+    from fp16lab.sweep import steps
+    from fp16lab.workload import WorkloadCannotRun
+
+    ws = train_step(mlp_workload(), "fp32", "cpu", 4)
+    point = SimpleNamespace(workload=mlp_workload())
+
+    def fails(step, warmup, traceable):
+        step()  # the function captured is the workload's step
+        raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
+
+    monkeypatch.setattr(execution, "capture", fails)
+    with pytest.raises(WorkloadCannotRun) as err:
+        steps._captured(point, ws)
+    for words in ["workload 'user-mlp'", "execution 'cuda-graph'",
+                  "RuntimeError: operation not permitted when stream is capturing)",
+                  "no host synchronisation"]:
+        assert words in str(err.value)
+    assert "more lines" not in str(err.value)
+    seen = []
+
+    def replays(step, warmup, traceable):
+        seen.append((warmup, traceable))
+        return lambda: "replayed loss"
+
+    monkeypatch.setattr(execution, "capture", replays)
+    captured = steps._captured(point, ws)
+    assert captured.run() == "replayed loss" and captured() == "replayed loss"
+    assert captured.model is ws.model and seen == [(execution.WARMUP_STEPS, False)]
+    with pytest.raises(ValueError, match="replays the batch it captured"):
+        captured(*ws.workload.batch(4, "cpu"))
 
 
 # ----------------------------------------------------------------------------- the other engines
@@ -267,3 +303,50 @@ def test_a_workload_point_checks_its_own_values():
     p = sweep.Point(model=w.name, batch=8, precision="amp-fp16", workload=w)
     assert p.scaler == sweep.ScalerSettings()  # a scaled precision gets GradScaler's defaults
     assert sweep.Point(model=w.name, batch=8, workload=w).scaler is None
+
+
+# ----------------------------------------------------------------------------- CUDA graphs (GPU)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "amp-fp16"])
+def test_a_workload_captured_as_a_cuda_graph_trains_as_its_eager_step(precision):
+    import functools
+    from types import SimpleNamespace
+
+    from fp16lab import execution
+    from fp16lab.recipes import sgd
+    from fp16lab.sweep import steps
+
+    def built():
+        return train_step(mlp_workload(), precision, "cuda", 64, autocast_cache=False,
+                          unscale_first=True, optimizer=functools.partial(sgd, fused=True))
+
+    eager = built()
+    graph = steps._captured(SimpleNamespace(workload=mlp_workload()), built())
+    for _ in range(execution.WARMUP_STEPS):  # the capture ran these before recording
+        eager()
+    for _ in range(4):
+        assert float(graph()) == pytest.approx(float(eager()), rel=1e-5)
+    for p, q in zip(graph.model.parameters(), eager.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_the_sweep_captures_a_workload_and_records_one_that_cannot_be():
+    def syncing_loss(out, targets):
+        loss = F.cross_entropy(out, targets)
+        if loss.item() > 1e9:  # a host sync: capture forbids it
+            raise AssertionError
+        return loss
+
+    syncing = Workload(name="syncing-mlp", build=mlp_workload().build, loss=syncing_loss,
+                       batch=synthetic_batch((16,), num_classes=5, seed=3))
+    rows = sweep.run_sweep(_spec((mlp_workload(), syncing), device="cuda",
+                                 executions=("eager", "cuda-graph")))
+    by = {(r["model"], r["execution"]): r for r in rows.to_dict("records")}
+    assert by[("user-mlp", "cuda-graph")]["status"] == "ok", by[("user-mlp", "cuda-graph")]["error"]
+    assert "CUDA graph" in by[("user-mlp", "cuda-graph")]["execution_notes"]
+    assert by[("syncing-mlp", "eager")]["status"] == "ok"
+    bad = by[("syncing-mlp", "cuda-graph")]
+    assert bad["status"] == "error" and "WorkloadCannotRun" in bad["error"]
+    assert "'syncing-mlp' cannot run execution 'cuda-graph'" in bad["error"]

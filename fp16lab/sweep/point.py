@@ -151,10 +151,6 @@ class Point:
             if w is None and self.precision.startswith("fp8-") else None
         if problem:
             raise PointError("precisions", problem)
-        if w is not None and self.execution == "cuda-graph":
-            raise PointError("executions", f"workload {w.name!r}: the sweep runs a workload "
-                                           "eager or compiled; cuda-graph capture takes the "
-                                           "built-in models only")
         mode = _blame("executions", check_execution_axis, self.execution, self.compile_mode,
                       precision=self.precision, device=self.device)
         object.__setattr__(self, "compile_mode", mode)

@@ -107,9 +107,10 @@ class SweepSpec:
     :class:`fp16lab.workload.Workload`, or the name :func:`fp16lab.workload.load_workload`
     builds one from (a built-in workload such as ``"bert-base"``, or
     ``"package.module:function"``). A workload point trains the workload's model on its own
-    batches (input ``synthetic``), eager or compiled, on one GPU; what the workload cannot run
-    (channels_last without a convolution, FP8 without a linear layer it can take) is an error
-    recorded in that point's row, and the sweep goes on.
+    batches (input ``synthetic``), eager, compiled or captured as a CUDA graph, on one GPU; what
+    the workload cannot run (channels_last without a convolution, FP8 without a linear layer it
+    can take, a step a CUDA graph cannot capture) is an error recorded in that point's row, and
+    the sweep goes on.
     """
 
     models: tuple[str | Workload, ...] = ("small_cnn",)

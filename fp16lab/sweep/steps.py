@@ -9,8 +9,8 @@
   autocast for the rest of the model (on a CPU too, so it compares with amp-bf16 there), no
   GradScaler;
 - a workload point (``point.workload``): :func:`fp16lab.workload.train_step` of the workload,
-  every recipe (its FP8 ones convert the workload's linear layers), eager or compiled, on the
-  workload's own batches (:func:`build_workload_step`);
+  every recipe (its FP8 ones convert the workload's linear layers), eager, compiled or captured
+  as a CUDA graph, on the workload's own batches (:func:`build_workload_step`);
 - ``input`` other than ``synthetic``: each step first takes the pipeline's next batch
   (:func:`fp16lab.inputs.make_input`), so time spent waiting for data counts; ``close()``
   stops the pipeline's workers.
@@ -22,10 +22,12 @@ emulated (an emulated point's speed is not an FP8 speed).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import fp8, inputs, workload  # modules, not names: tests replace inputs.make_input
+from .. import execution, fp8, inputs, workload  # modules: tests replace inputs.make_input
 from ..execution import make_step
 from ..fp8 import training as fp8_training  # a module too (tests replace make_fp8_step)
 from ..models import NUM_CLASSES, input_shape
@@ -54,16 +56,55 @@ def input_warmup(point: Point, warmup: int) -> int:
 
 def build_workload_step(point: Point, seed: int = 0) -> PointStep:
     """Returns the step of a workload point: :func:`fp16lab.workload.train_step` of its
-    workload (FP8 recipes included, which it converts itself), compiled if its execution says."""
+    workload (FP8 recipes included, which it converts itself), compiled if its execution says.
+
+    ``cuda-graph`` captures the whole step as :func:`fp16lab.execution.make_step` does: fused
+    SGD where the workload names no optimizer (its own must be capturable), autocast's cache
+    off, ``WARMUP_STEPS`` steps before the capture. A capture that fails (a host sync, a
+    dynamic shape, an optimizer that cannot be captured) raises
+    :class:`fp16lab.workload.WorkloadCannotRun` naming the workload, which the row records."""
+    graph = point.execution == "cuda-graph"
+    engine: dict[str, Any] = {}
+    if graph:
+        engine = {"autocast_cache": False, "unscale_first": True}
+        if point.workload.optimizer is None:
+            engine["optimizer"] = functools.partial(sgd, fused=True)
     step = workload.train_step(point.workload, point.precision, point.device, point.batch,
                                layout=point.layout, scaler=point.scaler, seed=seed,
-                               compile_mode=point.compile_mode)
+                               compile_mode=point.compile_mode, **engine)
     columns = {"execution_notes": f"torch.compile(model, mode={point.compile_mode!r}); loss, "
                                   "scaler, optimizer eager"} if point.compile_mode else {}
+    if graph:
+        step = _captured(point, step)
+        columns = {"execution_notes": "the whole step captured as one CUDA graph; "
+                                      + ("fused SGD; " if "optimizer" in engine else
+                                         "the workload's optimizer; ")
+                                      + "autocast cache off; static batch"}
     if not PRECISIONS[point.precision].fp8:
         return PointStep(step, step.scaler, columns)
     columns.update(fp8_layers=len(step.converted), fp8_scaled_mm=fp8.scaled_mm_available(point.device))
     return PointStep(step, None, columns, finish=_fp8_finish(point))
+
+
+def _captured(point: Point, step: Any) -> Any:
+    """Returns ``step`` (a WorkloadStep) whose ``run`` replays a CUDA graph of it."""
+    try:  # step(), not step.run(): the precision's maths flags (TF32) hold while it records
+        replay = execution.capture(lambda: step().detach(), execution.WARMUP_STEPS,
+                                   traceable=False)
+    except Exception as e:  # noqa: BLE001 - any capture failure is this setting's, for the row
+        raise workload.WorkloadCannotRun(
+            f"workload {point.workload.name!r} cannot run execution 'cuda-graph': capturing its "
+            f"step failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "a CUDA graph needs a step with no host synchronisation, fixed shapes and a "
+            "capturable optimizer") from e
+
+    def run(*batch: Any) -> Any:
+        if batch:
+            raise ValueError(f"workload {point.workload.name!r}: a CUDA graph replays the batch "
+                             "it captured; it cannot take another")
+        return replay()
+
+    return dataclasses.replace(step, run=run)
 
 
 def build_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
