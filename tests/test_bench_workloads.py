@@ -49,3 +49,59 @@ def test_a_spent_budget_runs_no_further_part(tmp_path, capsys):
     assert meta["parts_run"] == []  # spent before the first part: nothing starts
     out = capsys.readouterr().out
     assert "part 'memory' not run" in out and "part 'vocab' not run" in out
+
+
+# ----------------------------------------------------------------------------- the BERT recipe
+
+def test_the_source_recipe_is_as_the_source_states_it():
+    (arm, precision, scaler), *others = bench.RECIPE_ARMS
+    # batch 128, AdamW (0.9, 0.999), O2 (FP16 weights, FP32 masters), scale 8192 capped at 32768
+    assert (precision, scaler, bench.RECIPE_BATCH) == \
+        ("fp16-o2", {"init_scale": 8192.0, "max_scale": 32768.0}, 128)
+    assert bench.RECIPE_ADAMW["betas"] == (0.9, 0.999)
+    assert [p for _, p, _ in others] == ["amp-fp16", "amp-bf16", "fp32"]
+
+
+def test_the_recipe_arms_train_as_a_bare_adamw_loop_does():
+    pytest.importorskip("transformers")
+    import torch
+    import torch.nn.functional as F
+
+    from fp16lab.workload import load_workload
+
+    w = load_workload("bert-base", tiny=True)
+    rows = bench.recipe_rows(w, 4, "cpu", loss_steps=3, timed_steps=1)
+    by = {r["precision"]: r for r in rows}
+    torch.manual_seed(0)  # the bare loop: the same seed, model, batch and AdamW, in fp32
+    model = w.build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), weight_decay=0.01)
+    inputs, targets = w.batch(4, "cpu")
+    bare = []
+    for _ in range(3):
+        logits = model(**inputs)[w.output]
+        loss = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        bare.append(float(loss))
+    assert by["fp32"]["losses"] == pytest.approx(bare, rel=1e-5)
+    source = by["fp16-o2"]
+    assert source["scales"] == [8192.0] * 3 and source["skipped_steps"] == 0
+    assert by["amp-fp16"]["scales"] == [65536.0] * 3  # GradScaler's default start
+    assert by["amp-bf16"]["scales"] == [None] * 3 and by["amp-bf16"]["skipped_steps"] is None
+    for r in rows:  # 16-bit recipes near fp32 over three steps, and each one timed
+        assert r["losses"][-1] == pytest.approx(bare[-1], rel=0.02)
+        assert r["samples_per_s"] == pytest.approx(4 / (r["step_ms"] / 1e3))
+
+
+def test_the_recipe_summary_by_hand():
+    rows = [{"part": "recipe", "model": "bert-base", "arm": a, "precision": p, "losses": [9.0, l],
+             "scales": sc, "skipped_steps": sk, "samples_per_s": v,
+             "peak_mem_allocated_mb": None}
+            for a, p, l, sc, sk, v in (("src", "fp16-o2", 6.0, [8192.0, 4096.0], 1, 300.0),
+                                       ("ref", "fp32", 5.0, [None, None], None, 100.0))]
+    s = bench.summarize(rows)["recipe"]
+    assert s["src"] == {"samples_per_s": 300.0, "peak_mem_allocated_mb": None,
+                        "final_loss": 6.0, "skipped_steps": 1, "largest_scale": 8192.0,
+                        "final_loss_over_fp32": 1.2, "speed_over_fp32": 3.0}
+    assert s["ref"]["largest_scale"] is None and s["ref"]["final_loss_over_fp32"] == 1.0

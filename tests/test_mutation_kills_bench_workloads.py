@@ -212,7 +212,7 @@ def test_help_says_what_each_option_does(capsys):
                   "timed steps per point (default 10; 2 with --tiny)",
                   "interleaved repeats (engine, vocab)",
                   "start no new part after this many seconds (what ran is written)",
-                  "parts, comma-separated: speed,engine,memory,vocab",
+                  "parts, comma-separated: speed,engine,memory,vocab,recipe",
                   "result file stem (default: workloads_h200 on a GPU, workloads_tiny with --tiny)",
                   "write the file shipped with fp16lab in data/ instead of data/local/",
                   "folder to write the result to (default: data/local/, or data/ with --replace)"]:

@@ -11,7 +11,13 @@ ViT-B/16 (224 x 224), built offline from their configurations with random weight
 3. ``memory``: :func:`fp16lab.memory.compare`, the predicted peak (the step's timeline of live
    tensors, counted on the GPU) over the measured peak, per precision, with the sum of the
    parts and what the peak held;
-4. ``vocab``: GPT-2 small's vocabulary padded to a multiple of 64 (50304) against 50257.
+4. ``vocab``: GPT-2 small's vocabulary padded to a multiple of 64 (50304) against 50257;
+5. ``recipe``: a BERT training recipe from the source material (batch 128, AdamW with betas
+   0.9 and 0.999, "O2" mixed precision: FP16 weights with FP32 masters, loss scale starting
+   at 8192 and capped at 32768) on BERT-base, beside amp-fp16 with GradScaler's defaults,
+   amp-bf16 and fp32 with the same AdamW (:data:`RECIPE_ARMS`): the loss over
+   ``RECIPE_LOSS_STEPS`` steps on one batch, the scale after each, the skipped steps, the
+   median step time and the peak memory.
 
 One timing protocol everywhere: :func:`fp16lab.measure.step_times_ms` (a CUDA event pair per
 step after the warm-up) and the median step. ``--tiny``: the tiny configurations on the CPU,
@@ -41,7 +47,18 @@ from fp16lab.workloads import missing_package
 #: (workload, batch per step, settings) of the real models.
 MODELS = (("bert-base", 64, {}), ("gpt2-small", 8, {}), ("vit-b16", 64, {}))
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
-PARTS = ("speed", "engine", "memory", "vocab")
+PARTS = ("speed", "engine", "memory", "vocab", "recipe")
+
+#: The source's BERT recipe and what it is set beside: (arm, precision, its loss scaler's
+#: settings: None for the precision's own). The source gives no learning rate: AdamW takes
+#: BERT's pre-training one (Devlin et al. 2019: 1e-4, weight decay 0.01) in every arm.
+RECIPE_ARMS = (("source: fp16-o2, scale 8192 capped at 32768", "fp16-o2",
+                {"init_scale": 8192.0, "max_scale": 32768.0}),
+               ("amp-fp16, GradScaler's defaults", "amp-fp16", None),
+               ("amp-bf16", "amp-bf16", None),
+               ("fp32", "fp32", None))
+RECIPE_BATCH, RECIPE_LOSS_STEPS = 128, 30
+RECIPE_ADAMW = {"lr": 1e-4, "betas": (0.9, 0.999), "weight_decay": 0.01}
 
 
 def bare_loop(w: Workload, batch: int, device: str) -> Callable[[], torch.Tensor]:
@@ -188,6 +205,9 @@ def _run_part(part: str, m: str, w: Workload, batch: int, rows: list[dict[str, A
                              "predicted_bytes": p["peak"], "parts_bytes": p["total"],
                              **{f"peak_{k}_bytes": p[f"peak_{k}"] for k in memory.AT_PEAK},
                              "measured_peak_bytes": None, "ratio": None})
+    elif part == "recipe" and m == "bert-base":
+        rows += recipe_rows(w, RECIPE_BATCH if gpu else batch, device,
+                            RECIPE_LOSS_STEPS if gpu else 3, steps)
     elif part == "vocab" and m == "gpt2-small":
         padded = load_workload(m, **settings, pad_vocab_to=64)
         for r in range(repeats):
@@ -196,6 +216,45 @@ def _run_part(part: str, m: str, w: Workload, batch: int, rows: list[dict[str, A
                 rows.append({"part": part, "model": m, "batch": batch,
                              "precision": "amp-bf16", "vocab": label, "repeat": r,
                              "step_ms": ms})
+
+
+def recipe_rows(w: Workload, batch: int, device: str, loss_steps: int,
+                timed_steps: int) -> list[dict[str, Any]]:
+    """Returns a row per arm of :data:`RECIPE_ARMS` on ``w``: ``loss_steps`` steps on one batch
+    (their losses and the scale after each, read on the host between steps), then
+    ``timed_steps`` more timed with :func:`fp16lab.measure.step_times_ms`."""
+    from fp16lab.scaling import DynamicLossScaler
+    from fp16lab.workload import train_step
+
+    rows = []
+    for arm, precision, scaler in RECIPE_ARMS:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        engine: dict[str, Any] = {"optimizer": lambda ps: torch.optim.AdamW(ps, **RECIPE_ADAMW)}
+        if scaler is not None:
+            engine["loss_scaler"] = DynamicLossScaler(**scaler)
+        step = train_step(w, precision, device, batch, seed=0, **engine)
+        losses, scales = [], []
+        for _ in range(loss_steps):
+            losses.append(float(step().detach()))
+            scales.append(float(step.scaler.get_scale()) if step.scaler is not None else None)
+        times = measure.step_times_ms(step, timed_steps, device)
+        ms = statistics.median(times)
+        first = (scaler or {}).get("init_scale", 65536.0) if step.scaler is not None else None
+        seq = [first] + scales
+        rows.append({
+            "part": "recipe", "model": w.name, "batch": batch, "arm": arm,
+            "precision": precision, "optimizer": f"AdamW({RECIPE_ADAMW})",
+            "scaler": scaler or ("GradScaler defaults" if step.scaler is not None else None),
+            "losses": losses, "scales": scales,
+            "skipped_steps": None if first is None else
+            sum(b < a for a, b in zip(seq, seq[1:])),
+            "step_ms": ms, "samples_per_s": batch / (ms / 1e3),
+            "peak_mem_allocated_mb": torch.cuda.max_memory_allocated() / 2**20
+            if device == "cuda" else None})
+        del step
+    return rows
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -224,6 +283,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         med = {v: statistics.median(r["step_ms"] for r in voc if r["vocab"] == v)
                for v in ("unpadded", "padded")}
         out["vocab_gain"] = med["unpadded"] / med["padded"] - 1
+    rec = [r for r in rows if r["part"] == "recipe"]
+    fp32 = next((r for r in rec if r["precision"] == "fp32"), None)
+    out["recipe"] = {r["arm"]: {
+        "samples_per_s": r["samples_per_s"], "peak_mem_allocated_mb": r["peak_mem_allocated_mb"],
+        "final_loss": r["losses"][-1], "skipped_steps": r["skipped_steps"],
+        "largest_scale": max((s for s in r["scales"] if s is not None), default=None),
+        "final_loss_over_fp32": r["losses"][-1] / fp32["losses"][-1] if fp32 else None,
+        "speed_over_fp32": r["samples_per_s"] / fp32["samples_per_s"] if fp32 else None}
+        for r in rec}
     return out
 
 
@@ -238,6 +306,10 @@ def print_summary(s: dict[str, Any]) -> None:
             f"{p} {r:.3f}" if r is not None else f"{p} (no GPU)" for p, r in by.items()))
     for e in s["errors"]:
         print(f"error: {e}")
+    for arm, r in s.get("recipe", {}).items():
+        print(f"bert-base recipe, {arm}: final loss {r['final_loss']:.4f} "
+              f"(x{r['final_loss_over_fp32'] or 0:.3f} fp32's), {r['samples_per_s']:.0f}/s, "
+              f"skipped steps {r['skipped_steps']}, largest scale {r['largest_scale']}")
     if s["vocab_gain"] is not None:
         print(f"gpt2-small: vocabulary padded to a multiple of 64, step-time gain "
               f"{100 * s['vocab_gain']:+.1f}%")
