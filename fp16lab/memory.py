@@ -55,7 +55,8 @@ PARTS = ("parameters", "buffers", "gradients", "master_weights", "master_gradien
          "optimizer_state", "activations", "batch")
 
 #: What the storages alive at the predicted peak were (see :func:`predict`): ``held``, alive
-#: before the step began (weights, buffers, master copies, optimizer state, the batch);
+#: before the step began (weights, buffers, master copies, optimizer state, the batch, and
+#: fp16-o2's master gradients of the step before);
 #: ``activations``, saved by the step's forward for its backward; ``gradients``, the step's
 #: ``.grad`` tensors; ``temporaries``, anything else the step made.
 AT_PEAK = ("held", "activations", "gradients", "temporaries")
@@ -117,8 +118,8 @@ class LiveBytes(TorchDispatchMode):
     (weights, optimizer state, the batch), tagged ``"held"``; :meth:`tag` names what another
     storage is. ``peak`` is the largest sum alive just after an op returned (its inputs still
     alive), and ``at_peak`` the bytes then alive by tag (``"temporaries"`` for the untagged).
-    What an op allocates inside itself and frees before returning (a cuBLAS workspace) is not
-    seen, nor the caching allocator's rounding.
+    What an op allocates inside itself and frees before returning is not seen (an fp32 GEMM's
+    cuBLAS workspace: 32 MiB on an H200), nor the caching allocator's rounding.
     """
 
     def __init__(self, alive: Any = ()):
@@ -216,6 +217,8 @@ class SavedTensors:
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
+    if hasattr(value, "value") and type(value).__name__ == "ModelInputs":
+        return _tensors(value.value)
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
     if isinstance(value, (list, tuple)):
@@ -313,11 +316,15 @@ def predict(workload: Workload, precision: str, batch_size: int, *, device: Any 
 
 def _held(step: WorkloadStep) -> list[torch.Tensor]:
     """Returns the tensors alive between steps: weights, buffers, the optimizer's parameters
-    (fp16-o2's master copies) and state, the scaler's, the batch."""
+    (fp16-o2's master copies) and state, the scaler's, the batch (and fp16-o2's fp16 copy of
+    it, which the step function keeps), and the last step's
+    gradients (the model's go at ``zero_grad``; fp16-o2's master gradients stay until the next
+    backward pass has replaced them)."""
     opt = step.optimizer
-    held = [*step.model.parameters(), *step.model.buffers(),
-            *(p for g in opt.param_groups for p in g["params"]),
-            *_tensors(list(opt.state.values())), *_tensors(step.inputs), *_tensors(step.targets)]
+    weights = [*step.model.parameters(), *(p for g in opt.param_groups for p in g["params"])]
+    held = [*weights, *step.model.buffers(), *(p.grad for p in weights if p.grad is not None),
+            *_tensors(list(opt.state.values())), *_tensors(step.inputs), *_tensors(step.targets),
+            *_tensors(getattr(step.run, "batch", ()))]  # fp16-o2's fp16 copy of the batch
     scaler = step.scaler
     for name in ("_scale", "_growth_tracker"):
         held += _tensors(getattr(scaler, name, None))
@@ -420,14 +427,15 @@ def checkpointing(workload: Workload, precision: str, batch_size: int, *, device
 def measure_peak(workload: Workload, precision: str, batch_size: int, *, steps: int = 3,
                  layout: str = "nchw", seed: int = 0, snapshot: bool = False) -> dict[str, Any]:
     """Returns the measured memory of ``steps`` steps on CUDA: ``peak_bytes``
-    (``torch.cuda.max_memory_allocated`` from just before the first step, so the model, the
-    batch and the optimizer's state are in it), ``allocated_bytes`` after the steps, and with
+    (``torch.cuda.max_memory_allocated`` from just before the model is built, so the model, the
+    batch and the optimizer's state are in it, cuBLAS's workspaces not: they are made first), ``allocated_bytes`` after the steps, and with
     ``snapshot`` the ``torch.cuda.memory._snapshot()`` of the steps (every allocation and its
     stack, for https://pytorch.org/memory_viz)."""
     if not torch.cuda.is_available():
         raise ValueError("measure_peak needs a CUDA device; torch sees none")
     steps = validate.count("steps", steps)
     validate.boolean("snapshot", snapshot)
+    _start_cublas()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -451,6 +459,14 @@ def measure_peak(workload: Workload, precision: str, batch_size: int, *, steps: 
         if snapshot:
             torch.cuda.memory._record_memory_history(enabled=None)
     return row
+
+
+def _start_cublas() -> None:
+    """Runs one small GEMM per dtype, so that cuBLAS's workspaces (allocated at a process's
+    first GEMM of each kind and kept: 68 MB on an H200) exist before a measured window."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        a = torch.ones(64, 64, device="cuda", dtype=dtype)
+        torch.nn.functional.linear(a, a, a[0]).sum().item()
 
 
 def compare(workload: Workload, precision: str, batch_size: int, *, layout: str = "nchw",

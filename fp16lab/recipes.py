@@ -424,4 +424,5 @@ def make_train_step(precision: str, model: Any, x: Any, y: Any, *, device: str,
         return loss
 
     step.optimizer = opt
+    step.batch = (x, y)  # what step() trains on without arguments (fp16-o2: the fp16 copy)
     return step, gs
