@@ -462,11 +462,13 @@ def measure_peak(workload: Workload, precision: str, batch_size: int, *, steps: 
 
 
 def _start_cublas() -> None:
-    """Runs one small GEMM per dtype, so that cuBLAS's workspaces (allocated at a process's
-    first GEMM of each kind and kept: 68 MB on an H200) exist before a measured window."""
+    """Runs one small linear layer forward and backward per dtype, so that cuBLAS's workspaces
+    (made at a thread's first GEMM and kept: the backward pass runs on autograd's own thread,
+    with a workspace of its own; 68 MB in all on an H200) exist before a measured window."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        a = torch.ones(64, 64, device="cuda", dtype=dtype)
-        torch.nn.functional.linear(a, a, a[0]).sum().item()
+        a = torch.ones(64, 64, device="cuda", dtype=dtype, requires_grad=True)
+        torch.nn.functional.linear(a, a, a[0]).sum().backward()
+    torch.cuda.synchronize()
 
 
 def compare(workload: Workload, precision: str, batch_size: int, *, layout: str = "nchw",
