@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from fp16lab import measure, memory, sweep, validate
 from fp16lab.bench import add_output_arguments, argument_parser
 from fp16lab.recipes import LR, MOMENTUM, set_tf32
-from fp16lab.workload import Workload, load_workload
+from fp16lab.scaling import DynamicLossScaler
+from fp16lab.workload import Workload, load_workload, train_step
 from fp16lab.workloads import missing_package
 
 #: (workload, batch per step, settings) of the real models.
@@ -223,9 +224,6 @@ def recipe_rows(w: Workload, batch: int, device: str, loss_steps: int,
     """Returns a row per arm of :data:`RECIPE_ARMS` on ``w``: ``loss_steps`` steps on one batch
     (their losses and the scale after each, read on the host between steps), then
     ``timed_steps`` more timed with :func:`fp16lab.measure.step_times_ms`."""
-    from fp16lab.scaling import DynamicLossScaler
-    from fp16lab.workload import train_step
-
     rows = []
     for arm, precision, scaler in RECIPE_ARMS:
         if device == "cuda":
