@@ -104,8 +104,7 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
                         "test_scaler_columns_are_empty_without_a_scaler"))),
     "sweep.report": ("tests/test_sweep.py", "tests/test_exercises_ch04.py"),
     # the workload points' steps (eager, compiled, captured) are built in test_sweep_workloads
-    "sweep.steps": ("tests/test_sweep.py", "tests/test_sweep_workloads.py",
-                    "tests/test_mutation_kills_sweep_steps.py"),
+    "sweep.steps": ("tests/test_sweep.py", "tests/test_sweep_workloads.py"),
     "sweep.results": ("tests/test_sweep_results.py", "tests/test_sweep.py"),
     "widgets": ("tests/test_bit_explorer.py", "tests/test_scaler_playground.py"),
 }
