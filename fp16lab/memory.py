@@ -49,6 +49,7 @@ from torch.utils._pytree import tree_leaves
 from . import validate
 from .recipes import PRECISIONS, check_precision, sgd
 from .workload import Workload, WorkloadStep, train_step
+from .workloads.batches import ModelInputs
 
 #: The parts of a step's memory, in the order they are reported.
 PARTS = ("parameters", "buffers", "gradients", "master_weights", "master_gradients",
@@ -57,8 +58,9 @@ PARTS = ("parameters", "buffers", "gradients", "master_weights", "master_gradien
 #: What the storages alive at the predicted peak were (see :func:`predict`): ``held``, alive
 #: before the step began (weights, buffers, master copies, optimizer state, the batch, and
 #: fp16-o2's master gradients of the step before);
-#: ``activations``, saved by the step's forward for its backward; ``gradients``, the step's
-#: ``.grad`` tensors; ``temporaries``, anything else the step made.
+#: ``activations``, saved by the step's forward for its backward; ``gradients``, the model's
+#: ``.grad`` tensors its backward pass made (fp16-o2's new fp32 master gradients are copies made
+#: after it, counted as temporaries); ``temporaries``, anything else the step made.
 AT_PEAK = ("held", "activations", "gradients", "temporaries")
 
 
@@ -217,7 +219,7 @@ class SavedTensors:
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
-    if hasattr(value, "value") and type(value).__name__ == "ModelInputs":
+    if isinstance(value, ModelInputs):
         return _tensors(value.value)
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
