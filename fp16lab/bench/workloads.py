@@ -193,19 +193,14 @@ def _run_part(part: str, m: str, w: Workload, batch: int, rows: list[dict[str, A
                              "step_ms": ms})
     elif part == "memory":
         for prec in ("fp32", "amp-fp16", "amp-bf16"):
-            if gpu:
-                c = memory.compare(w, prec, batch, count_on="cuda")
-                rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
-                             "predicted_bytes": c["peak"], "parts_bytes": c["total"],
-                             **{f"peak_{k}_bytes": c[f"peak_{k}"] for k in memory.AT_PEAK},
-                             "measured_peak_bytes": c["measured_peak"],
-                             "ratio": c["ratio"]})
-            else:  # no peak counter for host memory: the prediction alone
-                p = memory.predict(w, prec, batch).as_dict()
-                rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
-                             "predicted_bytes": p["peak"], "parts_bytes": p["total"],
-                             **{f"peak_{k}_bytes": p[f"peak_{k}"] for k in memory.AT_PEAK},
-                             "measured_peak_bytes": None, "ratio": None})
+            # no peak counter for host memory: on a CPU the prediction alone
+            c = memory.compare(w, prec, batch, count_on="cuda") if gpu else \
+                memory.predict(w, prec, batch).as_dict()
+            rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                         "predicted_bytes": c["peak"], "parts_bytes": c["total"],
+                         **{f"peak_{k}_bytes": c[f"peak_{k}"] for k in memory.AT_PEAK},
+                         "measured_peak_bytes": c.get("measured_peak"),
+                         "ratio": c.get("ratio")})
     elif part == "recipe" and m == "bert-base":
         rows += recipe_rows(w, RECIPE_BATCH if gpu else batch, device,
                             RECIPE_LOSS_STEPS if gpu else 3, steps)
@@ -233,13 +228,13 @@ def recipe_rows(w: Workload, batch: int, device: str, loss_steps: int,
         if scaler is not None:
             engine["loss_scaler"] = DynamicLossScaler(**scaler)
         step = train_step(w, precision, device, batch, seed=0, **engine)
+        first = float(step.scaler.get_scale()) if step.scaler is not None else None
         losses, scales = [], []
         for _ in range(loss_steps):
             losses.append(float(step().detach()))
             scales.append(float(step.scaler.get_scale()) if step.scaler is not None else None)
         times = measure.step_times_ms(step, timed_steps, device)
         ms = statistics.median(times)
-        first = (scaler or {}).get("init_scale", 65536.0) if step.scaler is not None else None
         seq = [first] + scales
         rows.append({
             "part": "recipe", "model": w.name, "batch": batch, "arm": arm,
