@@ -164,7 +164,7 @@ def test_live_bytes_tags_what_it_is_told():
     del y
 
 
-def _torch_tracker_peak(step) -> int:
+def _torch_tracker_peak(step, part: str = "Total") -> int:
     """The peak of one step as torch's own tracker counts it (an independent implementation:
     module hooks and its own dispatch mode), what exists before the step registered by hand:
     the optimizer's parameters and their gradients (fp16-o2's masters, which keep the last
@@ -185,7 +185,8 @@ def _torch_tracker_peak(step) -> int:
                            *[getattr(b, "value", b) for b in step.run.batch])
     with tracker:
         step()
-    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    return sum(v for k, v in peak.items() if part in (str(k), getattr(k, "value", None)))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "amp-fp16", "fp16-o2"])
@@ -201,6 +202,24 @@ def test_the_predicted_peak_is_torchs_tracker_peak(precision):
     if precision == "fp16-o2":  # the last step's fp32 master gradients and the fp16 inputs
         held += account.master_gradients + 256 * IN * 2
     assert account.at_peak["held"] == held + scaler
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "fp16-o2"])
+def test_what_the_peak_held_is_named_as_torchs_tracker_names_it(precision):
+    """The gradients alive at the peak are the tracker's; what the step saved for the backward
+    pass and its other temporaries, together, are the tracker's activations and temporaries
+    (the two split the loss's scalar differently: 8 bytes)."""
+    account = memory.predict(chain(), precision, 256)
+    parts = {}
+    for part in ("Gradient", "Activation", "Temp"):
+        step = train_step(chain(), precision, "cpu", 256)
+        step()
+        parts[part] = _torch_tracker_peak(step, part)
+    assert account.at_peak["gradients"] == parts["Gradient"] > 0
+    assert account.at_peak["activations"] + account.at_peak["temporaries"] == \
+        parts["Activation"] + parts["Temp"]
+    if precision == "fp32":  # its peak comes before the backward pass frees any saved tensor
+        assert account.at_peak["activations"] == account.activations
 
 
 def vocabulary_workload(vocab: int = 4000) -> Workload:
