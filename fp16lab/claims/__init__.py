@@ -11,8 +11,8 @@ typed in. :mod:`.report` makes the tables and files; :mod:`.cli` is ``fp16lab cl
 
 from .autocast import (experiment_allow_tf32, experiment_amp_ratio, experiment_autocast_disable,
                        judge_allow_tf32, judge_amp_ratio, judge_autocast_disable)
-from .core import (FAILS, HOLDS, NONEXISTENT, PARTLY, RECORDED_GPU_RESULT, UNTESTABLE, VERDICTS,
-                   Claim, Figures, Judgement, saved_activation_bytes)
+from .core import (FAILS, HOLDS, NONEXISTENT, PARTLY, RECORDED_GPU_RESULT, TOO_NOISY, UNTESTABLE,
+                   VERDICTS, Claim, Figures, Judgement, saved_activation_bytes)
 from .gemm import (experiment_alignment, experiment_fp16_vs_fp32, judge_alignment,
                    judge_fp16_vs_fp32)
 from .report import (markdown_table, recorded_claims, recorded_summary, recorded_table,
@@ -25,7 +25,8 @@ from .training import (experiment_amp_vs_fp32, experiment_bf16_memory, experimen
                        judge_bf16_memory, judge_channels_last, judge_profiling_executor,
                        judge_utilisation, train_step_figures)
 
-__all__ = ["CLAIMS", "FAILS", "HOLDS", "NONEXISTENT", "PARTLY", "RECORDED_GPU_RESULT", "UNTESTABLE",
+__all__ = ["CLAIMS", "FAILS", "HOLDS", "NONEXISTENT", "PARTLY", "RECORDED_GPU_RESULT", "TOO_NOISY",
+           "UNTESTABLE",
            "VERDICTS", "Claim", "Figures", "Judgement", "check", "check_all", "device_slug",
            "experiment_alignment", "experiment_allow_tf32", "experiment_amp_ratio",
            "experiment_amp_vs_fp32", "experiment_autocast_disable", "experiment_bf16_memory",

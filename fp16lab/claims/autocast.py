@@ -199,7 +199,8 @@ def experiment_amp_ratio(quick: bool = True) -> Figures:
              "torch.amp.GradScaler": list(inspect.signature(torch.amp.GradScaler).parameters)}
     torch.manual_seed(0)
     model = build_model("transformer_block").to(dev)
-    x = torch.randn(input_shape("transformer_block", _sizes(quick, 64, 16, 2)), device=dev)
+    batch = _sizes(quick, 64, 16, 2)
+    x = torch.randn(input_shape("transformer_block", batch), device=dev)
     layer_dtypes: dict[str, str] = {}
 
     def record(mod, _inputs, out) -> None:  # returns None so the output is left alone
@@ -217,7 +218,7 @@ def experiment_amp_ratio(quick: bool = True) -> Figures:
     block = model.block
     block.linear1, block.linear2 = _fp32_region(block.linear1), _fp32_region(block.linear2)
     partial = saved_activation_bytes(model, x, autocast_dtype=dtype)
-    return {"device": dev, "autocast_dtype": str(dtype), "knobs": knobs,
+    return {"device": dev, "batch": batch, "autocast_dtype": str(dtype), "knobs": knobs,
             "ratio_knobs": [f"{k}({p})" for k, ps in knobs.items() for p in ps if "ratio" in p],
             "layer_dtypes": layer_dtypes, "saved_bytes_autocast": full,
             "saved_bytes_ffn_fp32": partial, "saved_bytes_fp32": fp32}
@@ -226,10 +227,12 @@ def experiment_amp_ratio(quick: bool = True) -> Figures:
 def judge_amp_ratio(f: Figures) -> Judgement:
     """Rules on claim 10 from the autocast/GradScaler parameters and saved-activation bytes."""
     mib = 2**20
+    # files recorded before the batch was a figure lack it (the GPU run's batch was 64)
+    at = f" (a transformer block at batch {f['batch']})" if "batch" in f else ""
     low = sorted(k for k, v in f["layer_dtypes"].items() if "float32" not in v)
     high = sorted(k for k, v in f["layer_dtypes"].items() if "float32" in v)
     facts = (f"autocast picks the dtype per op ({', '.join(low)} -> {f['autocast_dtype']}; "
-             f"{', '.join(high)} -> float32); what you choose is the region. Saved activations: "
+             f"{', '.join(high)} -> float32); what you choose is the region. Saved activations{at}: "
              f"autocast everywhere {f['saved_bytes_autocast'] / mib:.2f} MiB, FFN kept in fp32 "
              f"{f['saved_bytes_ffn_fp32'] / mib:.2f} MiB, fp32 {f['saved_bytes_fp32'] / mib:.2f} "
              f"MiB: less fp16 work uses "

@@ -37,6 +37,10 @@ VERDICTS = (HOLDS, PARTLY, FAILS, UNTESTABLE, NONEXISTENT)
 #: A figure counts as "clearly better" when it beats the other by this factor.
 MATERIAL_GAIN = 1.10
 
+#: How the reason of a verdict of UNTESTABLE starts when the experiment ran but this machine's
+#: timing noise was too large for the rule to decide (not a failed experiment).
+TOO_NOISY = "too noisy here"
+
 
 #: The recorded GPU run that machines without a GPU show for the GPU-only claims.
 RECORDED_GPU_RESULT = "claims_h200"

@@ -107,8 +107,9 @@ def judge_alignment(f: Figures) -> Judgement:
     if not held and gain < MATERIAL_GAIN:
         return FAILS, facts
     if not held:
-        return PARTLY, (f"only in that aligned sizes are faster ({gain:.2f}x); unaligned ones "
-                        f"still run on tensor cores, multiples of 8 suffice, batch 256 is not "
+        return PARTLY, (f"only in the slowdown its fallback implies: aligned sizes are "
+                        f"{gain:.2f}x faster, but unaligned ones still run on tensor cores (the "
+                        f"cause it names is wrong), multiples of 8 suffice, batch 256 is not "
                         f"special. {facts}")
     return PARTLY, f"only these parts: {', '.join(held)}. {facts}"
 
