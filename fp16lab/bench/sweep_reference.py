@@ -12,7 +12,9 @@ compile points compiling once per repeat; ``--only`` runs parts one at a time):
   and small_cnn / transformer_block batch 64 in fp32 and AMP; input (synthetic and every file
   input that runs here) for ResNet-50 channels_last batch 256 amp-fp16, on ``--images``
   generated JPEGs in ``--images-dir``; the fp8 recipes against amp-bf16 for transformer_block;
-  gpus 1 and 2 for ResNet-50 channels_last batch 256 amp-fp16, where two GPUs are there.
+  a workload, BERT-base (``bert-base``, sequence 128, transformers' model built from its
+  configuration with random weights) at batch 64 in the four precisions and fp16-o2, where
+  transformers is installed; gpus 1 and 2 for ResNet-50 channels_last batch 256 amp-fp16, where two GPUs are there.
 
 Rows go to ``data/sweep_reference_<gpu>.parquet`` (and .csv) as each point finishes, so a run cut
 short resumes where it stopped when started again; how long each part took goes to
@@ -40,6 +42,8 @@ from fp16lab.execution import EXECUTIONS
 from fp16lab.inputs import BACKENDS, unavailable_reason
 from fp16lab.sweep import ScalerSettings, SweepSpec
 from fp16lab.sweep.cli import images_folder
+from fp16lab.workload import load_workload
+from fp16lab.workloads import missing_package
 
 ALL4 = ("fp32", "tf32", "amp-fp16", "amp-bf16")
 BOTH = ("nchw", "channels_last")
@@ -48,8 +52,8 @@ FP8 = tuple(p for p in sweep.SWEEP_PRECISIONS if p.startswith("fp8-"))
 
 #: Every part's name: the GPU run's (:func:`gpu_parts`), then the CPU run's (:func:`cpu_parts`).
 PARTS = ("resnet50_grid", "resnet50_scaler", "resnet50_pure_fp16", "small_models", "transformer",
-         "execution_resnet50", "execution_small", "fp8_transformer", "inputs_resnet50",
-         "gpus_resnet50", "small_cnn_cpu", "mlp_fp8_cpu")
+         "execution_resnet50", "execution_small", "fp8_transformer", "workload_bert",
+         "inputs_resnet50", "gpus_resnet50", "small_cnn_cpu", "mlp_fp8_cpu", "workload_cpu")
 
 
 def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, SweepSpec]:
@@ -58,7 +62,8 @@ def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, Sw
     Every part measures by :data:`fp16lab.sweep.GPU_PROTOCOL`, as the claims do; the later
     axes' parts come last, so their default point (eager, synthetic, one GPU) is one an earlier
     part measured (same key: resumed, not re-measured); ``inputs_resnet50`` only with
-    ``images_dir``, ``gpus_resnet50`` only where torch sees two GPUs or more.
+    ``images_dir``, ``gpus_resnet50`` only where torch sees two GPUs or more, ``workload_bert``
+    only where transformers is installed.
     """
     protocol = sweep.GPU_PROTOCOL  # the claims measure the same way
     common = dict(device="cuda", repeats=3, cudnn_benchmark=protocol.cudnn_benchmark,
@@ -74,6 +79,9 @@ def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, Sw
         "fp8_transformer": SweepSpec(models=("transformer_block",), batches=(64, 256),
                                      precisions=("amp-bf16", *FP8), **common),
     }
+    if missing_package("bert-base") is None:
+        later["workload_bert"] = SweepSpec(models=("bert-base",), batches=(64,),
+                                           precisions=(*ALL4, "fp16-o2"), **common)
     if images_dir is not None:
         runnable = tuple(b for b in BACKENDS if unavailable_reason(b, "cuda") is None)
         later["inputs_resnet50"] = SweepSpec(
@@ -106,13 +114,19 @@ def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, Sw
 
 
 def cpu_parts() -> dict[str, SweepSpec]:
-    """Returns a tiny CPU grid (a smoke test of this script, not a reference)."""
-    return {"small_cnn_cpu": SweepSpec(models=("small_cnn",), batches=(8, 32), layouts=BOTH,
+    """Returns a tiny CPU grid (a smoke test of this script, not a reference); its workload
+    part, tiny BERT, only where transformers is installed."""
+    parts = {"small_cnn_cpu": SweepSpec(models=("small_cnn",), batches=(8, 32), layouts=BOTH,
                                        precisions=("fp32", "amp-bf16"), device="cpu", warmup=1,
                                        steps=4, repeats=2),
             "mlp_fp8_cpu": SweepSpec(models=("mlp",), batches=(32,),
                                      precisions=("amp-bf16", "fp8-tensorwise"), device="cpu",
                                      warmup=1, steps=4, repeats=2)}
+    if missing_package("bert-base") is None:
+        parts["workload_cpu"] = SweepSpec(models=(load_workload("bert-base", tiny=True),),
+                                          batches=(8,), precisions=("fp32", "amp-bf16"),
+                                          device="cpu", warmup=1, steps=4, repeats=2)
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     total_points = sum(len(s.points()) * s.repeats for s in parts.values())
     print(f"{len(parts)} sweeps, {total_points} measurements, results to {out}")
     # a resumed run keeps the timings of parts it had nothing left to measure
+    # and the notes written into the earlier file's meta (``*_note``: where it ran, and how)
     try:
-        timings = {t["part"]: t for t in measure.read_result(stem, data_dir=out.parent,
-                                                            rows_need=("part",))["rows"]}
+        earlier = measure.read_result(stem, data_dir=out.parent, rows_need=("part",))
+        timings = {t["part"]: t for t in earlier["rows"]}
+        notes = {k: v for k, v in earlier["meta"].items() if k.endswith("_note")}
     except (FileNotFoundError, ValueError):
-        timings = {}
+        timings, notes = {}, {}
     t_all = time.perf_counter()
     for part, spec in parts.items():
         before = len(sweep.read_results(out))
@@ -172,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                              "unstable": int(s["unstable"].sum())}
     total = time.perf_counter() - t_all
     timings = list(timings.values())
-    measure.write_result(stem, timings, meta={"results_file": out.name, "wall_s_this_run": total},
-                       data_dir=out.parent)
+    measure.write_result(stem, timings, meta={**notes, "results_file": out.name,
+                                              "wall_s_this_run": total}, data_dir=out.parent)
     print()
     print(sweep.format_report(sweep.read_results(out)))
     print()
