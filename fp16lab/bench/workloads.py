@@ -10,7 +10,7 @@ ViT-B/16 (224 x 224), built offline from their configurations with random weight
    (autocast, cross-entropy, SGD: no fp16lab code in it), repeats interleaved;
 3. ``memory``: :func:`fp16lab.memory.compare`, the predicted peak (the step's timeline of live
    tensors, counted on the GPU) over the measured peak, per precision, with the sum of the
-   parts and what the peak held;
+   parts and what the peak held (recipes: :data:`MEMORY_PRECISIONS`);
 4. ``vocab``: GPT-2 small's vocabulary padded to a multiple of 64 (50304) against 50257;
 5. ``recipe``: a BERT training recipe from the source material (batch 128, AdamW with betas
    0.9 and 0.999, "O2" mixed precision: FP16 weights with FP32 masters, loss scale starting
@@ -48,6 +48,9 @@ from fp16lab.workloads import missing_package
 #: (workload, batch per step, settings) of the real models.
 MODELS = (("bert-base", 64, {}), ("gpt2-small", 8, {}), ("vit-b16", 64, {}))
 PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16")
+#: The recipes whose peak the memory part predicts and, on a GPU, measures (TF32 on a GPU only,
+#: FP8 where the GPU has FP8 tensor cores).
+MEMORY_PRECISIONS = ("fp32", "tf32", "amp-fp16", "amp-bf16", "fp16-o2", "fp8-tensorwise")
 PARTS = ("speed", "engine", "memory", "vocab", "recipe")
 
 #: The source's BERT recipe and what it is set beside: (arm, precision, its loss scaler's
@@ -192,10 +195,20 @@ def _run_part(part: str, m: str, w: Workload, batch: int, rows: list[dict[str, A
                              "precision": "amp-bf16", "variant": variant, "repeat": r,
                              "step_ms": ms})
     elif part == "memory":
-        for prec in ("fp32", "amp-fp16", "amp-bf16"):
-            # no peak counter for host memory: on a CPU the prediction alone
-            c = memory.compare(w, prec, batch, count_on="cuda") if gpu else \
-                memory.predict(w, prec, batch).as_dict()
+        for prec in MEMORY_PRECISIONS:
+            if prec == "tf32" and not gpu:
+                continue  # TF32 is a CUDA matmul setting: on a CPU it is fp32
+            if prec.startswith("fp8-") and gpu and torch.cuda.get_device_capability() < (8, 9):
+                continue  # no FP8 tensor cores
+            try:
+                # no peak counter for host memory: on a CPU the prediction alone
+                c = memory.compare(w, prec, batch, count_on="cuda") if gpu else \
+                    memory.predict(w, prec, batch).as_dict()
+            except Exception as e:  # one recipe's failure is its row; the others still run
+                rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
+                             "error": f"{type(e).__name__}: {e}"})
+                print(f"part memory, {m}, {prec}: {type(e).__name__}: {e}", flush=True)
+                continue
             rows.append({"part": part, "model": m, "batch": batch, "precision": prec,
                          "predicted_bytes": c["peak"], "parts_bytes": c["total"],
                          **{f"peak_{k}_bytes": c[f"peak_{k}"] for k in memory.AT_PEAK},
@@ -268,7 +281,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             med = {v: statistics.median(r["step_ms"] for r in eng if r["variant"] == v)
                    for v in ("bare", "engine")}
             out["engine_vs_bare"][m] = med["engine"] / med["bare"]
-        mem = {r["precision"]: r["ratio"] for r in rows if r["part"] == "memory" and r["model"] == m}
+        mem = {r["precision"]: r["ratio"] for r in rows
+               if r["part"] == "memory" and r["model"] == m and "error" not in r}
         if mem:
             out["memory_ratio"][m] = mem
     voc = [r for r in rows if r["part"] == "vocab"]
