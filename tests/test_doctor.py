@@ -83,6 +83,52 @@ def test_module_numerics_sees_overflow_underflow_and_a_sensitive_module():
     assert 0 < gmax < 2.0**-30
 
 
+def _residual_bn() -> Workload:
+    """Conv -> BatchNorm -> ReLU(inplace) with a residual +=, as torchvision's ResNets do: the
+    ops after each BatchNorm change its output tensor in place."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+            self.relu, self.head = nn.ReLU(inplace=True), nn.Linear(4 * 8 * 8, 10)
+
+        def forward(self, x):
+            out = self.bn(self.conv(x))
+            out += x
+            return self.head(self.relu(out).flatten(1))
+    return Workload(name="residual-bn", build=Block, batch=synthetic_batch((4, 8, 8), 10))
+
+
+def test_local_error_is_taken_before_in_place_ops_change_the_output():
+    """A BatchNorm whose output a residual += and an in-place ReLU then change: its own error
+    under autocast is bf16's rounding (2^-9 relative per element), not the 100% the changed
+    tensor gives; and the sensitive check flags nothing."""
+    n = {m.name: m for m in module_numerics(_residual_bn(), "cpu", 8, low="amp-bf16")}
+    assert 0 < n["bn"].local_error < 2.0**-6, n["bn"]
+    assert doctor(_residual_bn(), "cpu", batch_size=8, precision="amp-bf16",
+                  checks=["sensitive"], progress=False, loss_steps=4,
+                  timed_steps=2).findings == []
+
+
+def test_a_dropout_is_replayed_with_the_mask_it_drew():
+    """Dropout(0.5) replayed from the random state it started from draws the same mask: its
+    local error is the cast's rounding, not half its elements."""
+    w = Workload(name="dropout", build=lambda: nn.Sequential(
+        nn.Linear(64, 64), nn.Dropout(0.5), nn.Linear(64, 64), nn.Dropout(0.5),
+        nn.Linear(64, 16)), batch=synthetic_batch((64,), 16))
+    n = {m.name: m for m in module_numerics(w, "cpu", 16, low="amp-bf16")}
+    assert n["1"].local_error < 2.0**-6 and n["3"].local_error < 2.0**-6, (n["1"], n["3"])
+
+
+def test_the_numeric_checks_take_an_autocast_precision_from_an_fp32_start():
+    """Started in fp32 (or tf32, fp16-o2), the range and sensitive checks compare fp32 with
+    amp-fp16, never fp32 with itself; started under autocast, with the start's."""
+    def low(precision):
+        return V.Visit.low_precision(type("S", (), {"start": Config(precision)})())
+    assert [low(p) for p in ("fp32", "tf32", "fp16-o2", "amp-bf16", "amp-fp16")] == \
+        ["amp-fp16", "amp-fp16", "amp-fp16", "amp-bf16", "amp-fp16"]
+
+
 # ----------------------------------------------------------------------------- each check
 
 @pytest.mark.parametrize("name", [n for n, p in PLANTED.items() if p.shows_on_cpu])
@@ -357,3 +403,15 @@ def test_bench_real_races_the_doctor_against_the_sweeps_best(monkeypatch):
     assert row["time_share_of_full_grid"] == pytest.approx(
         row["doctor_s"] / row["full_grid_s_extrapolated"])
     assert "bert-base" in reports
+
+
+def test_bench_markdown_lists_the_runs_a_merged_file_names():
+    """A file merged from several runs lists each under the source, with its note."""
+    from fp16lab.bench.doctor import markdown
+    runs = [{"part": "planted", "measured_at": "T1"},
+            {"part": "real: vit-b16", "measured_at": "T2", "note": "a note"}]
+    md = markdown([], {}, "measured on X", runs).splitlines()
+    assert md[:7] == ["# The doctor checked", "", "measured on X", "",
+                      "- planted, measured at T1", "- real: vit-b16, measured at T2: a note", ""]
+    assert markdown([], {}, "measured on X").splitlines()[:5] == \
+        ["# The doctor checked", "", "measured on X", "", "## Planted problems"]

@@ -165,9 +165,17 @@ def run_real(name: str, batch: int, device: str, tiny: bool, budget_s: float,
     return row
 
 
-def markdown(rows: list[dict[str, Any]], reports: dict[str, Any], source: str) -> str:
-    """Returns the run as Markdown: the planted table, each real model's line, their reports."""
-    lines = ["# The doctor checked", "", source, "", "## Planted problems", "",
+def markdown(rows: list[dict[str, Any]], reports: dict[str, Any], source: str,
+             runs: list[dict[str, Any]] | None = None) -> str:
+    """Returns the run as Markdown: the planted table, each real model's line, their reports;
+    ``runs`` (a merged file's ``meta["runs"]``: part, measured_at, note) listed under the
+    source."""
+    lines = ["# The doctor checked", "", source, ""]
+    for run in runs or []:
+        note = f": {run['note']}" if run.get("note") else ""
+        lines.append(f"- {run['part']}, measured at {run['measured_at']}{note}")
+    lines += [""] if runs else []
+    lines += ["## Planted problems", "",
              "| workload | problem | expected | first finding | hit | s |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:

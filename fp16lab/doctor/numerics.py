@@ -135,22 +135,39 @@ def module_numerics(workload: Workload, device: Any, batch_size: int, *, low: st
     step = step_of(workload, "fp32", model, inputs, targets, device=device)
     leaves = _leaves(model)
     found = {name: ModuleNumerics(name, type(m).__name__) for name, m in leaves}
-    seen: dict[str, tuple[tuple[Any, ...], dict[str, Any], torch.Tensor]] = {}
+    dev = device.type
+    dtypes = _input_dtypes(step, leaves, low, dev)
     hooks = []
+    replaying = False
+    rng: dict[str, Any] = {}
+
+    def pre_hook(name):
+        def hook(module, args):
+            if not replaying:  # the random state the module starts from: a dropout's mask
+                rng[name] = _rng_state(device)
+        return hook
 
     def forward_hook(name):
         def hook(module, args, kwargs, output):
+            nonlocal replaying
             out = _first_tensor(output)
-            if out is None or not out.is_floating_point():
+            if replaying or out is None or not out.is_floating_point():
                 return
             a = out.detach().float().abs()
             f = found[name]
             f.act_max = max(f.act_max, float(a.max()) if a.numel() else 0.0)
             f.act_overflow = float((a >= FP16_OVERFLOW_AT).sum()) / max(a.numel(), 1)
             f.act_count = a.numel()
-            seen[name] = (tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args),
-                          {k: v.detach() if isinstance(v, torch.Tensor) else v
-                           for k, v in kwargs.items()}, out.detach())
+            # the module again under autocast, here and now: an in-place op after it (a
+            # ReLU(inplace=True), a residual +=) changes its output before a later replay
+            replaying = True
+            try:
+                low_out = _replay(module, args, kwargs, dtypes.get(name, ()), low, device,
+                                  rng.pop(name, None))
+            finally:
+                replaying = False
+            if low_out is not None:  # a module called more than once: its worst call
+                f.local_error = max(f.local_error, _relative(low_out, out))
             if out.requires_grad:
                 out.register_hook(grad_hook(name))
         return hook
@@ -165,6 +182,7 @@ def module_numerics(workload: Workload, device: Any, batch_size: int, *, low: st
         return hook
 
     for name, m in leaves:
+        hooks.append(m.register_forward_pre_hook(pre_hook(name)))
         hooks.append(m.register_forward_hook(forward_hook(name), with_kwargs=True))
     try:
         model.zero_grad(set_to_none=True)
@@ -184,21 +202,6 @@ def module_numerics(workload: Workload, device: Any, batch_size: int, *, low: st
                 f.grad_max = max(f.grad_max, float(g.max()) if g.numel() else 0.0)
         grads32[name] = [p.grad.detach().clone() for p in m.parameters(recurse=False)
                          if p.grad is not None]
-    dev = device.type
-    dtypes = _input_dtypes(step, leaves, low, dev)
-    with torch.no_grad(), autocast(low, dev):
-        for name, m in leaves:
-            if name not in seen:
-                continue
-            args, kwargs, out32 = seen[name]
-            args = tuple(_as_dtype(a, d) for a, d in zip(args, dtypes.get(name, ())))
-            try:
-                out = _first_tensor(m(*args, **kwargs))
-            except Exception:  # a module that cannot be called on its own inputs again
-                continue
-            if out is not None:
-                found[name].local_error = _relative(out, out32)
-    seen.clear()
     scale = reached_scale(max((f.grad_max for f in found.values()), default=0.0), init_scale)
     model.zero_grad(set_to_none=True)
     with autocast(low, dev):
@@ -239,10 +242,37 @@ def _input_dtypes(step: Any, leaves: list[tuple[str, nn.Module]], low: str,
     return dtypes
 
 
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return (torch.get_rng_state(),
+            torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def _replay(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            dtypes: tuple[Any, ...], low: str, device: torch.device,
+            rng: tuple[torch.Tensor, torch.Tensor | None] | None) -> torch.Tensor | None:
+    """Returns ``module``'s output under autocast on copies of ``args`` cast to ``dtypes`` (what
+    it receives under autocast), from the random state ``rng`` it started from (so a dropout
+    draws the same mask), or None where it cannot be called on them again. The random state
+    after it is the one before: the fp32 pass goes on as if there had been no replay."""
+    args = tuple(_as_dtype(a, d) for a, d in zip(args, dtypes)) + tuple(args[len(dtypes):])
+    cuda = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda), torch.no_grad(), autocast(low, device.type):
+            if rng is not None:
+                torch.set_rng_state(rng[0])
+                if cuda:
+                    torch.cuda.set_rng_state(rng[1], device)
+            return _first_tensor(module(*args, **kwargs))
+    except Exception:  # noqa: BLE001 - a module that cannot be called on its own inputs again
+        return None
+
+
 def _as_dtype(value: Any, dtype: Any) -> Any:
+    """A copy of ``value`` in ``dtype`` (a copy: an in-place module replayed must not change
+    the tensor the model goes on with)."""
     if dtype is None or not isinstance(value, torch.Tensor):
         return value
-    return value.to(dtype)
+    return value.detach().to(dtype, copy=True)
 
 
 def dtype_scaled(precision: str) -> bool:

@@ -65,7 +65,7 @@ class Visit:
     def low_precision(self) -> str:
         """The autocast precision the numeric checks take: the start's, else amp-fp16."""
         p = PRECISIONS[self.start.precision]
-        return self.start.precision if p.autocast_recipe and not p.fp8 else "amp-fp16"
+        return self.start.precision if p.autocast_dtype and p.autocast_recipe else "amp-fp16"
 
     def module_numerics(self) -> list[ModuleNumerics]:
         if self.numerics is None:
