@@ -104,8 +104,12 @@ def test_the_tiny_run_builds_tiny_models_and_writes_every_part(fake, tmp_path, c
                      ("unpadded", 1, 2.0)]
     assert {r["model"] for r in rows if r["part"] == "vocab"} == {"gpt2-small"}
     mem = [r for r in rows if r["part"] == "memory"]
+    # on a CPU every memory recipe but TF32; the stand-in Linear(4, 3) has no layer FP8 can take
     assert [(r["model"], r["precision"]) for r in mem] == \
-        [(m, p) for m in ("bert-base", "gpt2-small") for p in ("fp32", "amp-fp16", "amp-bf16")]
+        [(m, p) for m in ("bert-base", "gpt2-small")
+         for p in ("fp32", "amp-fp16", "amp-bf16", "fp16-o2", "fp8-tensorwise")]
+    assert [("error" in r) for r in mem] == [False, False, False, False, True] * 2
+    assert mem[4]["error"].startswith("WorkloadCannotRun: workload 'bert-base' cannot run")
     oracle = memory.predict(tiny(), "amp-fp16", 4).peak  # the same stand-in model, counted
     assert mem[1]["predicted_bytes"] == oracle and mem[1]["measured_peak_bytes"] is None
     assert mem[1]["parts_bytes"] == memory.predict(tiny(), "amp-fp16", 4).total
@@ -139,6 +143,7 @@ def test_three_repeats_alternate_their_order(fake, tmp_path):
 
 def test_on_a_gpu_the_real_sizes_and_the_h200_file(fake, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(bench.memory, "compare", lambda w, prec, batch, count_on: {
         "peak": 3, "total": 2, **{f"peak_{k}": 1 for k in memory.AT_PEAK}, "measured_peak": 4,
         "ratio": 0.5})
@@ -228,7 +233,7 @@ def test_each_finished_part_is_written_before_the_next_starts(fake, tmp_path, mo
         bench.main(["--tiny", "--out", str(tmp_path), "--only", "memory,speed"])
     data = json.loads((tmp_path / "workloads_tiny.json").read_text())
     assert data["meta"]["parts_run"] == ["memory"]  # as written after the memory part
-    assert {r["part"] for r in data["rows"]} == {"memory"} and len(data["rows"]) == 6
+    assert {r["part"] for r in data["rows"]} == {"memory"} and len(data["rows"]) == 10
 
 
 def test_without_a_gpu_the_full_run_falls_back_to_tiny(fake, tmp_path, capsys, monkeypatch):
@@ -293,10 +298,17 @@ def test_the_memory_part_on_a_gpu_compares(monkeypatch):
                 "peak_gradients": 30, "peak_temporaries": 40, "measured_peak": 200, "ratio": 1.5}
 
     monkeypatch.setattr(bench.memory, "compare", compare)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))  # no FP8
+    bench._run_part("memory", "m", w, 6, [], device="cuda", gpu=True, warmup=0, steps=1,
+                    repeats=1, settings={})
+    assert got == [(p, 6, "cuda") for p in ("fp32", "tf32", "amp-fp16", "amp-bf16", "fp16-o2")]
+    got.clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
     rows = []
     bench._run_part("memory", "m", w, 6, rows, device="cuda", gpu=True, warmup=0, steps=1,
                     repeats=1, settings={})
-    assert got == [(p, 6, "cuda") for p in ("fp32", "amp-fp16", "amp-bf16")]
+    assert got == [(p, 6, "cuda") for p in ("fp32", "tf32", "amp-fp16", "amp-bf16", "fp16-o2",
+                                             "fp8-tensorwise")]
     assert rows[0] == {"part": "memory", "model": "m", "batch": 6, "precision": "fp32",
                        "predicted_bytes": 300, "parts_bytes": 250, "peak_held_bytes": 10,
                        "peak_activations_bytes": 20, "peak_gradients_bytes": 30,
