@@ -33,7 +33,7 @@ def alignment_figures(odd=130.0, t8=700.0, t16=730.0, b256=100.0, b192=90.0, b32
 def test_alignment_rule():
     # the H200 picture: tensor-core kernel at odd N, x8 enough, batch 256 not special
     v, why = claims.judge_alignment(alignment_figures())
-    assert v == PARTLY and "aligned sizes are 5.85x faster" in why
+    assert v == PARTLY and why.startswith("unaligned sizes are much slower (aligned ones 5.85x faster), but not from a fallback")
     # a SIMT kernel at or below the CUDA-core ceiling is a fallback; with x16 and 256: holds
     v, _ = claims.judge_alignment(alignment_figures(odd=90.0, kernel_odd="ampere_sgemm_128x64",
                                                     t8=600.0, t16=661.0, b256=110.0))
@@ -564,7 +564,8 @@ def test_clipping_runs_says_which_part_differs():
     here, gpu = run(0.892, 0.905, 2.07, 1 / 6, 0.69, 24), run(0.115, 0.245, 1.83, 0.57, 1.16, 192)
     assert (here.verdict, gpu.verdict) == (PARTLY, FAILS)
     text = clipping_runs({"this machine": here, "the GPU run": gpu})
-    assert "the clip-1.0 part held on this machine only" in text
+    assert ("the clip-1.0 part held in the run on this machine only; the two runs differ in "
+            "their length, not only in their machine") in text
     assert "+1% against no clipping (within" in text and "+113% against no clipping (outside" in text
     assert "17% of steps on this machine" in text and "57% on the GPU run" in text
     assert "differ" not in clipping_runs({"a": here, "b": here})

@@ -94,7 +94,7 @@ def judge_alignment(f: Figures) -> Judgement:
     name = re.sub(r"^void |\(.*$", "", kernel[1])[:90]
     cores = ("no sign of tensor cores" if fallback else
              "the kernel name says tensor cores" if uses_tensor_cores(kernel[1]) else
-             "faster than CUDA cores can go: tensor cores")
+             "above the measured CUDA-core ceiling: most likely tensor cores")
     facts = (f"fp16 GEMM N={f['n_base'] + 1}: {odd:.0f} TFLOP/s (CUDA-core fp16 ceiling "
              f"{ceiling:.0f}) in {name} ({cores}); "
              f"aligned/odd = {gain:.2f}x; multiple of 16 vs 8: {_ratio(t[16], t[8]):.2f}x; "
@@ -107,10 +107,9 @@ def judge_alignment(f: Figures) -> Judgement:
     if not held and gain < MATERIAL_GAIN:
         return FAILS, facts
     if not held:
-        return PARTLY, (f"only in the slowdown its fallback implies: aligned sizes are "
-                        f"{gain:.2f}x faster, but unaligned ones still run on tensor cores (the "
-                        f"cause it names is wrong), multiples of 8 suffice, batch 256 is not "
-                        f"special. {facts}")
+        return PARTLY, (f"unaligned sizes are much slower (aligned ones {gain:.2f}x faster), "
+                        f"but not from a fallback: they still run on tensor cores; multiples of "
+                        f"8 suffice, and batch 256 is not special. {facts}")
     return PARTLY, f"only these parts: {', '.join(held)}. {facts}"
 
 

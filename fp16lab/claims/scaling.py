@@ -221,11 +221,12 @@ def clipping_runs(runs: dict[str, Claim]) -> str:
     if len(parts) == 2:
         (a, (va, ha, ba, fa)), (b, (vb, hb, bb, fb)) = parts.items()
         if va != vb:
-            which = [f"{name} held on {a if x else b} only"
+            which = [f"{name} held in the run on {a if x else b} only"
                      for name, x, y in (("the clip-1.0 part", ha, hb),
                                         ("the mean-|g| part", ba, bb)) if x != y]
             lines.append(
-                f"The verdicts differ because {' and '.join(which)}. Clip 1.0 clipped "
+                f"The verdicts differ because {' and '.join(which)}; the two runs differ in "
+                f"their length, not only in their machine. Clip 1.0 clipped "
                 f"{fa['clip1_share']:.0%} of steps on {a} (median norm {fa['median_grad_norm']:.2f}, "
                 f"{fa['steps']} steps) and {fb['clip1_share']:.0%} on {b} (median norm "
                 f"{fb['median_grad_norm']:.2f}, {fb['steps']} steps).")
