@@ -14,7 +14,8 @@ compile points compiling once per repeat; ``--only`` runs parts one at a time):
   generated JPEGs in ``--images-dir``; the fp8 recipes against amp-bf16 for transformer_block;
   a workload, BERT-base (``bert-base``, sequence 128, transformers' model built from its
   configuration with random weights) at batch 64 in the four precisions and fp16-o2, where
-  transformers is installed; gpus 1 and 2 for ResNet-50 channels_last batch 256 amp-fp16, where two GPUs are there.
+  transformers is installed; gpus 1 and 2 for ResNet-50 channels_last batch 256 amp-fp16,
+  where two GPUs are there.
 
 Rows go to ``data/sweep_reference_<gpu>.parquet`` (and .csv) as each point finishes, so a run cut
 short resumes where it stopped when started again; how long each part took goes to

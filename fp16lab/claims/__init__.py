@@ -26,8 +26,8 @@ from .training import (experiment_amp_vs_fp32, experiment_bf16_memory, experimen
                        judge_utilisation, train_step_figures)
 
 __all__ = ["CLAIMS", "FAILS", "HOLDS", "NONEXISTENT", "PARTLY", "RECORDED_GPU_RESULT", "TOO_NOISY",
-           "UNTESTABLE",
-           "VERDICTS", "Claim", "Figures", "Judgement", "check", "check_all", "device_slug",
+           "UNTESTABLE", "VERDICTS", "Claim", "Figures", "Judgement", "check", "check_all",
+           "device_slug",
            "experiment_alignment", "experiment_allow_tf32", "experiment_amp_ratio",
            "experiment_amp_vs_fp32", "experiment_autocast_disable", "experiment_bf16_memory",
            "experiment_channels_last", "experiment_clipping", "experiment_fp16_vs_fp32",

@@ -13,8 +13,7 @@ from .. import validate
 from ..models import build_model, input_shape
 from . import core
 from .core import (FAILS, HOLDS, MATERIAL_GAIN, NONEXISTENT, PARTLY, TOO_NOISY, UNTESTABLE, Claim,
-                   Figures,
-                   Judgement, _autocast_dtype, _device, _sizes, _timer, _torch,
+                   Figures, Judgement, _autocast_dtype, _device, _sizes, _timer, _torch,
                    saved_activation_bytes, verdict_of_parts)
 
 
