@@ -298,6 +298,7 @@ def test_the_memory_part_on_a_gpu_compares(monkeypatch):
                 "peak_gradients": 30, "peak_temporaries": 40, "measured_peak": 200, "ratio": 1.5}
 
     monkeypatch.setattr(bench.memory, "compare", compare)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))  # no FP8
     bench._run_part("memory", "m", w, 6, [], device="cuda", gpu=True, warmup=0, steps=1,
                     repeats=1, settings={})

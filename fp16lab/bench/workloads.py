@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from fp16lab import measure, memory, sweep, validate
 from fp16lab.bench import add_output_arguments, argument_parser
+from fp16lab.fp8.linear import scaled_mm_available
 from fp16lab.recipes import LR, MOMENTUM, set_tf32
 from fp16lab.scaling import DynamicLossScaler
 from fp16lab.workload import Workload, load_workload, train_step
@@ -198,7 +199,7 @@ def _run_part(part: str, m: str, w: Workload, batch: int, rows: list[dict[str, A
         for prec in MEMORY_PRECISIONS:
             if prec == "tf32" and not gpu:
                 continue  # TF32 is a CUDA matmul setting: on a CPU it is fp32
-            if prec.startswith("fp8-") and gpu and torch.cuda.get_device_capability() < (8, 9):
+            if prec.startswith("fp8-") and gpu and not scaled_mm_available(device):
                 continue  # no FP8 tensor cores
             try:
                 # no peak counter for host memory: on a CPU the prediction alone
