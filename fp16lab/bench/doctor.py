@@ -39,6 +39,7 @@ from fp16lab.doctor import doctor
 from fp16lab.doctor.planted import PLANTED
 from fp16lab.doctor.probe import Config, Probe
 from fp16lab.doctor.report import DoctorReport
+from fp16lab.fp8.linear import scaled_mm_available
 from fp16lab.workload import build_model, load_workload
 from fp16lab.workloads import missing_package
 
@@ -78,13 +79,20 @@ def run_planted(names: list[str], device: str, tiny: bool, budget_s: float,
     return rows
 
 
-def sweep_configs(workload: Any, batch: int, device: str) -> list[Config]:
-    """Returns the exhaustive grid of the axes the module's docstring names."""
+def sweep_precisions(device: str) -> list[str]:
+    """Returns the precision axis of the sweep and of the full grid: TF32 on a GPU, FP8 where
+    the GPU runs FP8 matmuls."""
     precisions = ["fp32", "amp-fp16", "amp-bf16"]
     if device == "cuda":
         precisions.insert(1, "tf32")
-        if torch.cuda.get_device_capability() >= (8, 9):
+        if scaled_mm_available(device):
             precisions.append("fp8-tensorwise")
+    return precisions
+
+
+def sweep_configs(workload: Any, batch: int, device: str) -> list[Config]:
+    """Returns the exhaustive grid of the axes the module's docstring names."""
+    precisions = sweep_precisions(device)
     model = build_model(workload)
     layouts = workload.accepted_layouts(model)
     return [Config(p, lay, b if b != batch else None) for p, lay, b in
@@ -94,9 +102,8 @@ def sweep_configs(workload: Any, batch: int, device: str) -> list[Config]:
 def full_grid_points(workload: Any, device: str) -> int:
     """Returns how many points an exhaustive grid of every axis the doctor changes has:
     precision x layout x batch (1x, 2x, 4x) x fused optimizer x torch.compile."""
-    precisions = 5 if device == "cuda" else 3
     layouts = len(workload.accepted_layouts(build_model(workload)))
-    return precisions * layouts * 3 * 2 * 2
+    return len(sweep_precisions(device)) * layouts * 3 * 2 * 2
 
 
 def full_grid_seconds(points: int, point_s: float, compiled_point_s: list[float]) -> float:

@@ -16,6 +16,7 @@ import statistics
 
 import torch
 
+from ..fp8.linear import scaled_mm_available
 from ..recipes import PRECISIONS
 from . import visit as V
 from .numerics import ModuleNumerics, fitting_scale, reached_scale, underflow_share
@@ -34,7 +35,7 @@ def _candidates(visit: Visit) -> list[str]:
     if not visit.cuda:
         return list(dict.fromkeys(["fp32", "amp-bf16", visit.start.precision]))
     names = ["fp32", "tf32", "amp-fp16", "amp-bf16"]
-    if torch.cuda.get_device_capability(visit.probe.device) >= (8, 9):
+    if scaled_mm_available(visit.probe.device):
         names.append("fp8-tensorwise")
     return names
 
