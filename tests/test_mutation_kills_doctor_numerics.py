@@ -92,28 +92,36 @@ def test_as_dtype_copies_and_leaves_non_tensors():
     assert N._as_dtype(x, None) is x and N._as_dtype(5, torch.float16) == 5
 
 
-def test_replay_casts_keeps_extra_arguments_and_restores_the_random_state():
+def test_replay_casts_keeps_extra_arguments_and_leaves_the_random_state():
     drop = nn.Dropout(0.5)
     x = torch.ones(1000)
     state = N._rng_state(torch.device("cpu"))
     assert state[1] is None and torch.equal(state[0], torch.get_rng_state())
-    first = drop(x)
+    assert not N._drew_random(state, torch.device("cpu")) and not N._drew_random(None, "cpu")
+    drop(x)
+    assert N._drew_random(state, torch.device("cpu"))     # the dropout drew its mask
     after = torch.get_rng_state()
-    again = N._replay(drop, (x,), {}, (torch.float32,), "amp-bf16", torch.device("cpu"), state)
-    assert torch.equal(again, first)                      # the same mask
+    again = N._replay(drop, (x,), {}, (torch.bfloat16,), "amp-bf16", torch.device("cpu"), True)
+    assert again.dtype == torch.bfloat16 and torch.equal(again, x.bfloat16())  # eval: identity
+    assert drop.training                                  # its training mode put back
     assert torch.equal(torch.get_rng_state(), after)      # and the state it found
+    drew = N._replay(drop, (x,), {}, (torch.float32,), "amp-bf16", torch.device("cpu"), False)
+    assert 300 < int((drew == 0).sum()) < 700             # in training mode it draws a mask
+    assert torch.equal(torch.get_rng_state(), after)
+    assert N._dtypes_of((x, x.half(), torch.ones(2, dtype=torch.long), 3)) == \
+        (torch.float32, torch.float16, None, None)
 
     def add(a, b, scale=1.0):
         return (a + b) * scale
     mod = type("Add", (nn.Module,), {"forward": lambda self, a, b, scale=1.0: add(a, b, scale)})()
     out = N._replay(mod, (torch.ones(2), torch.ones(2)), {"scale": 3.0}, (torch.float16,),
-                    "amp-bf16", torch.device("cpu"), None)
+                    "amp-bf16", torch.device("cpu"))
     assert torch.equal(out, torch.full((2,), 6.0))        # b passed through, scale kept
 
     class Fails(nn.Module):
         def forward(self, a):
             raise RuntimeError("once only")
-    assert N._replay(Fails(), (x,), {}, (None,), "amp-bf16", torch.device("cpu"), None) is None
+    assert N._replay(Fails(), (x,), {}, (None,), "amp-bf16", torch.device("cpu")) is None
 
 
 def test_input_dtypes_are_what_autocast_hands_each_leaf():

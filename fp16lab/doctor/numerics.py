@@ -11,7 +11,11 @@ in fp32, and each module run again under autocast on the inputs it received.
 - ``local_error``: ``||autocast(module)(x) - module(x)|| / ||module(x)||`` with ``x`` the fp32
   inputs it received, cast to the dtype they arrive in under autocast (FP16 after a linear
   layer, say), so each module's own error, not the error its inputs bring (inf where the
-  autocast output is not finite);
+  autocast output is not finite). A module that draws random numbers (a dropout) is compared
+  with both runs in eval mode (a dropout as the identity): on a GPU the same random state draws
+  a different mask for a 16-bit input than for an fp32 one (on the H200, a dropout replayed
+  from its random state differed from its fp32 output by 0.95 relative), so its error in
+  training mode would be the masks', not the rounding's;
 - ``grad_error``: the relative distance of its parameters' gradients between fp32 and the whole
   model under autocast (the loss scaled by ``scale`` and unscaled after, as GradScaler does).
 """
@@ -143,7 +147,7 @@ def module_numerics(workload: Workload, device: Any, batch_size: int, *, low: st
 
     def pre_hook(name):
         def hook(module, args):
-            if not replaying:  # the random state the module starts from: a dropout's mask
+            if not replaying:  # the random state before it: did it draw (a dropout)?
                 rng[name] = _rng_state(device)
         return hook
 
@@ -160,14 +164,17 @@ def module_numerics(workload: Workload, device: Any, batch_size: int, *, low: st
             f.act_count = a.numel()
             # the module again under autocast, here and now: an in-place op after it (a
             # ReLU(inplace=True), a residual +=) changes its output before a later replay
+            random = _drew_random(rng.pop(name, None), device)
             replaying = True
             try:
                 low_out = _replay(module, args, kwargs, dtypes.get(name, ()), low, device,
-                                  rng.pop(name, None))
+                                  random)
+                ref = out if not random else _replay(
+                    module, args, kwargs, _dtypes_of(args), "fp32", device, random)
             finally:
                 replaying = False
-            if low_out is not None:  # a module called more than once: its worst call
-                f.local_error = max(f.local_error, _relative(low_out, out))
+            if low_out is not None and ref is not None:  # called twice or more: its worst call
+                f.local_error = max(f.local_error, _relative(low_out, ref))
             if out.requires_grad:
                 out.register_hook(grad_hook(name))
         return hook
@@ -247,24 +254,41 @@ def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]
             torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
+def _drew_random(before: tuple[torch.Tensor, torch.Tensor | None] | None,
+                 device: torch.device) -> bool:
+    """Whether the random state moved since ``before`` (:func:`_rng_state`): the module that
+    just ran drew random numbers."""
+    if before is None:
+        return False
+    return any(b is not None and not torch.equal(b, a)
+               for b, a in zip(before, _rng_state(device)))
+
+
+def _dtypes_of(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(a.dtype if isinstance(a, torch.Tensor) and a.is_floating_point() else None
+                 for a in args)
+
+
 def _replay(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             dtypes: tuple[Any, ...], low: str, device: torch.device,
-            rng: tuple[torch.Tensor, torch.Tensor | None] | None) -> torch.Tensor | None:
-    """Returns ``module``'s output under autocast on copies of ``args`` cast to ``dtypes`` (what
-    it receives under autocast), from the random state ``rng`` it started from (so a dropout
-    draws the same mask), or None where it cannot be called on them again. The random state
-    after it is the one before: the fp32 pass goes on as if there had been no replay."""
+            random: bool = False) -> torch.Tensor | None:
+    """Returns ``module``'s output under autocast ``low`` on copies of ``args`` cast to
+    ``dtypes`` (what it receives under autocast), or None where it cannot be called on them
+    again. ``random``: a module that draws random numbers, run in eval mode (a dropout as the
+    identity), its training mode put back after. The random state after the replay is the one
+    before: the fp32 pass goes on as if there had been none."""
     args = tuple(_as_dtype(a, d) for a, d in zip(args, dtypes)) + tuple(args[len(dtypes):])
     cuda = [device] if device.type == "cuda" else []
+    training = module.training
     try:
+        if random:
+            module.train(False)
         with torch.random.fork_rng(devices=cuda), torch.no_grad(), autocast(low, device.type):
-            if rng is not None:
-                torch.set_rng_state(rng[0])
-                if cuda:
-                    torch.cuda.set_rng_state(rng[1], device)
             return _first_tensor(module(*args, **kwargs))
     except Exception:  # noqa: BLE001 - a module that cannot be called on its own inputs again
         return None
+    finally:
+        module.train(training)
 
 
 def _as_dtype(value: Any, dtype: Any) -> Any:
