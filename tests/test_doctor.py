@@ -36,7 +36,8 @@ def planted(name: str, **kw):
 
 def run(name: str, checks=None, device="cpu", **kw):
     p = PLANTED[name]
-    return doctor(planted(name), device, batch_size=p.tiny_batch_size, precision=p.precision,
+    return doctor(planted(name), device, batch_size=p.tiny_batch_size,
+                  precision=p.precision_on(device),
                   layout=p.layout, checks=checks, progress=False, loss_steps=10, timed_steps=3,
                   **kw)
 
@@ -165,10 +166,18 @@ def test_sensitive_check_islands_the_module_and_fixes_the_loss():
     assert f.evidence["with the FP32 island"] is True
 
 
+def test_a_planted_workload_says_which_precision_it_starts_from_on_each_device():
+    slow = PLANTED["slow-input"]
+    assert (slow.precision_on("cpu"), slow.precision_on("cuda")) == ("fp32", "amp-bf16")
+    assert PLANTED["overflow"].precision_on("cpu") == "amp-fp16"
+    with pytest.raises(ValueError, match="device"):
+        slow.precision_on("tpu")
+
+
 def test_input_check_finds_the_slow_pipeline_only_where_it_is_slow():
     r = run("slow-input", checks=["input"])
     assert [f.kind for f in r.findings] == ["input"]
-    fast = doctor(planted("slow-input", passes=0), "cpu", batch_size=16, precision="amp-bf16",
+    fast = doctor(planted("slow-input", passes=0), "cpu", batch_size=16, precision="fp32",
                   checks=["input"], progress=False, loss_steps=5, timed_steps=2)
     assert fast.findings == []
 

@@ -57,7 +57,7 @@ def run_planted(names: list[str], device: str, tiny: bool, budget_s: float,
         try:
             report = doctor(load_workload(p.reference, tiny=tiny), device,
                             batch_size=p.tiny_batch_size if tiny else p.batch_size,
-                            precision=p.precision, layout=p.layout, budget_s=budget_s,
+                            precision=p.precision_on(device), layout=p.layout, budget_s=budget_s,
                             progress=False)
         except Exception as e:  # noqa: BLE001 - one workload's failure is a row, not the end
             print(f"{name}: {type(e).__name__}: {e}")
