@@ -33,7 +33,7 @@ def alignment_figures(odd=130.0, t8=700.0, t16=730.0, b256=100.0, b192=90.0, b32
 def test_alignment_rule():
     # the H200 picture: tensor-core kernel at odd N, x8 enough, batch 256 not special
     v, why = claims.judge_alignment(alignment_figures())
-    assert v == PARTLY and why.startswith("unaligned sizes are much slower (aligned ones 5.85x faster), but not from a fallback")
+    assert v == PARTLY and why.startswith("unaligned sizes are slower (aligned ones 5.85x faster), but not from a fallback")
     # a SIMT kernel at or below the CUDA-core ceiling is a fallback; with x16 and 256: holds
     v, _ = claims.judge_alignment(alignment_figures(odd=90.0, kernel_odd="ampere_sgemm_128x64",
                                                     t8=600.0, t16=661.0, b256=110.0))
@@ -525,6 +525,9 @@ def test_report_figures_round_numbers_and_print_a_shared_note_once():
     assert "trace" not in text and "trace" not in brief
     # the file keeps every figure as measured
     assert c.as_row()["figures"] == figures
+    # a note the verdict already quotes is not said again above it
+    quoted = replace(c, reason=f"r. It says: {note}")
+    assert quoted.report().count(note) == 1 and "gpm_note" not in quoted.report()
 
 
 def test_markdown_table_can_name_each_source_once():

@@ -90,7 +90,9 @@ class Claim:
         lines = [f"Claim {self.id}: {self.text}", f"where it comes from: {self.origin}",
                  f"rule: {self.rule}"]
         if self.figures:  # the reason gives the deciding figures in words; the rest: .figures
-            lines += [note.strip() for note in _brief(self.figures).split("\n")[1:]]
+            notes = [note.strip() for note in _brief(self.figures).split("\n")[1:]]
+            # a note the verdict already quotes is not said twice
+            lines += [n for n in notes if n.partition(": ")[2] not in (self.reason or "")]
         lines.append(f"verdict: {(self.verdict or 'not checked').upper()}: {self.reason}")
         if self.source:
             lines.append(f"source: {self.source}")

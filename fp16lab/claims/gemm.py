@@ -107,7 +107,7 @@ def judge_alignment(f: Figures) -> Judgement:
     if not held and gain < MATERIAL_GAIN:
         return FAILS, facts
     if not held:
-        return PARTLY, (f"unaligned sizes are much slower (aligned ones {gain:.2f}x faster), "
+        return PARTLY, (f"unaligned sizes are slower (aligned ones {gain:.2f}x faster), "
                         f"but not from a fallback: they still run on tensor cores; multiples of "
                         f"8 suffice, and batch 256 is not special. {facts}")
     return PARTLY, f"only these parts: {', '.join(held)}. {facts}"
