@@ -49,6 +49,18 @@ def test_the_workload_part_sweeps_a_real_model_class(tmp_path, monkeypatch):
     assert (rows["step_ms_median"].astype(float) > 0).all()
 
 
+def test_cpu_parts_builds_the_workload_only_when_asked_for(monkeypatch):
+    """--only without workload_cpu builds no tiny BERT (loading transformers is slow)."""
+    built = []
+    monkeypatch.setattr(sweep_reference, "missing_package", lambda name: None)
+    monkeypatch.setattr(sweep_reference, "load_workload", lambda *a, **k: built.append(a) or "w")
+    monkeypatch.setattr(sweep_reference, "SweepSpec", lambda **settings: settings)
+    assert list(sweep_reference.cpu_parts(["small_cnn_cpu"])) == ["small_cnn_cpu"] and not built
+    assert list(sweep_reference.cpu_parts(["workload_cpu"])) == ["workload_cpu"]
+    assert built == [("bert-base",)]
+    assert list(sweep_reference.cpu_parts()) == ["small_cnn_cpu", "mlp_fp8_cpu", "workload_cpu"]
+
+
 def test_without_transformers_the_workload_parts_are_left_out(monkeypatch):
     """Where transformers is missing, neither run has a workload part, and --only naming it is
     refused before anything runs."""

@@ -32,6 +32,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -114,20 +115,21 @@ def gpu_parts(images_dir: str | None = None, images: int = 2048) -> dict[str, Sw
     }
 
 
-def cpu_parts() -> dict[str, SweepSpec]:
-    """Returns a tiny CPU grid (a smoke test of this script, not a reference); its workload
-    part, tiny BERT, only where transformers is installed."""
+def cpu_parts(only: Sequence[str] | None = None) -> dict[str, SweepSpec]:
+    """Returns a tiny CPU grid (a smoke test of this script, not a reference), or its parts
+    named in ``only``; its workload part, tiny BERT, only where transformers is installed (and
+    built only where it is asked for)."""
     parts = {"small_cnn_cpu": SweepSpec(models=("small_cnn",), batches=(8, 32), layouts=BOTH,
                                        precisions=("fp32", "amp-bf16"), device="cpu", warmup=1,
                                        steps=4, repeats=2),
             "mlp_fp8_cpu": SweepSpec(models=("mlp",), batches=(32,),
                                      precisions=("amp-bf16", "fp8-tensorwise"), device="cpu",
                                      warmup=1, steps=4, repeats=2)}
-    if missing_package("bert-base") is None:
+    if missing_package("bert-base") is None and (only is None or "workload_cpu" in only):
         parts["workload_cpu"] = SweepSpec(models=(load_workload("bert-base", tiny=True),),
                                           batches=(8,), precisions=("fp32", "amp-bf16"),
                                           device="cpu", warmup=1, steps=4, repeats=2)
-    return parts
+    return parts if only is None else {k: v for k, v in parts.items() if k in only}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.is_available() and not args.quick
     images_dir = str(args.images_dir
                      or Path(tempfile.gettempdir()) / f"fp16lab_jpegs_{args.images}")
-    parts = gpu_parts(images_dir, args.images) if gpu else cpu_parts()
+    parts = gpu_parts(images_dir, args.images) if gpu else cpu_parts(args.only)
     if args.only is not None:
         elsewhere = [k for k in args.only if k not in parts]
         if elsewhere:  # a GPU part on the CPU, say: refused before anything runs
