@@ -107,7 +107,8 @@ def _check_q2(answer: object) -> str:
 q2 = Exercise(
     "q2", f"ResNet-50 trains at {Q2_MODEL_FP32:g} images/s in fp32 and {Q2_MODEL_AMP:g} under AMP "
           f"on a batch already on the GPU; the input pipeline delivers {Q2_LOADER:g} images/s. "
-          "What speed-up does AMP give on real input? Answer with a number.", _check_q2,
+          "At most, what speed-up can AMP give on real input (each loop at the pace of its slower "
+          "side)? Answer with a number.", _check_q2,
     hint="Use training_rate from q1 for each precision, then divide.",
     solution=f"min({Q2_LOADER:g}, {Q2_MODEL_AMP:g}) / min({Q2_LOADER:g}, {Q2_MODEL_FP32:g}) = "
              f"{_rate(Q2_LOADER, Q2_MODEL_AMP) / _rate(Q2_LOADER, Q2_MODEL_FP32):.3g}")
@@ -132,7 +133,8 @@ def _check_q3(answer: object) -> str:
 
 q3 = Exercise(
     "q3", f"One DataLoader worker decodes and augments {Q3_PER_WORKER:g} images/s; the model "
-          f"trains at {Q3_MODEL:g} images/s. What is the smallest number of workers that keeps "
+          f"trains at {Q3_MODEL:g} images/s. Assume each added worker adds as many (a core of its own "
+          "for each, nothing else competing). What is the smallest number of workers that keeps "
           "up? Answer with an integer.", _check_q3,
     hint="Workers add up: n workers make n times as many images per second. Round the right way.",
     solution=f"ceil({Q3_MODEL:g} / {Q3_PER_WORKER:g}) = {math.ceil(Q3_MODEL / Q3_PER_WORKER)}")
