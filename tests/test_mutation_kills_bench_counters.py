@@ -25,8 +25,9 @@ def test_claims_in_full_words():
     assert issue["measured"]["cublas_gemm_tensor_pct"] == 96.9
     assert issue["verdict"] == (
         "the figure does not hold: an AMP step keeps issue slots busy 70% or more (figures over "
-        "whole step); but cuBLAS's fastest GEMM (the ladder's, alone) issues in 16% of cycles "
-        "with its tensor pipes 97% busy: a low issue rate is no sign of waste")
+        "whole step); but cuBLAS's fastest GEMM (timed alone, among notebook 03's GEMM kernels) "
+        "issues in 16% of cycles with its tensor pipes 97% busy: a low issue rate is no sign of "
+        "waste")
     assert picture["claim"] == ("FP32: DRAM 82%, SM 75%; FP16: DRAM 95%, SM 51% (memory-bound, "
                                 "SM half idle)")
     assert picture["verdict"] == (
