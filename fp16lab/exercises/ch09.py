@@ -136,7 +136,8 @@ def _check_q3(answer: object) -> str:
 
 q3 = Exercise(
     "q3", f"Delayed scaling with a history of {Q3_HISTORY} steps has recorded the amaxes "
-    f"{Q3_AMAXES} (oldest first). What e4m3 scale will the next step use? Answer with a number.",
+    f"{Q3_AMAXES} (oldest first), with no margin. What e4m3 scale will the next step use? Answer "
+    "with a number.",
     _check_q3,
     hint="Only the newest few amaxes are kept; the scale divides e4m3's largest value by their maximum.",
     solution=f"The last {Q3_HISTORY} amaxes are {Q3_AMAXES[-Q3_HISTORY:]}; 448 / "
