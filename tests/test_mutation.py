@@ -204,3 +204,13 @@ def test_a_module_without_results_here_keeps_its_row_and_survivors(tmp_path, mon
     assert "Modules not run yet (1): `waves`." in text
     assert "(bits.patterns)" in text and "(widgets)" in text  # their survivors kept
     assert "| **all** | | 19 | 15 | 3 | 1 |" in text
+
+
+def test_a_module_with_no_mutant_checked_says_so_in_the_table():
+    """A stopped run's next module has no score yet: the table says so, not 'nan%'."""
+    from fp16lab.testing import mutation
+    target = mutation.TARGETS["waves"]
+    counts = {**{c: 0 for c in mutation.COLUMNS}, "equivalent": 0, "score": float("nan")}
+    line = mutation._table_line(target, counts, "unfinished")
+    assert "| no mutant checked yet | unfinished |" in line and "nan" not in line
+    assert "| 50.0% |" in mutation._table_line(target, {**counts, "score": 0.5}, "12")

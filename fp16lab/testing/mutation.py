@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import pathlib
 import platform
@@ -268,7 +269,13 @@ def _table_line(target: Target, counts: dict[str, Any], seconds: str) -> str:
     n = sum(counts[c] for c in COLUMNS)
     rate = f"{n / float(seconds):.2f}" if seconds.isdigit() and float(seconds) > 0 else ""
     return (f"| `{target.source}` | {tests} | {n} | " + " | ".join(str(counts[c]) for c in COLUMNS)
-            + f" | {counts['equivalent']} | {counts['score']:.1%} | {seconds} | {rate} |")
+            + f" | {counts['equivalent']} | {_score_text(counts['score'])} | {seconds} | {rate} |")
+
+
+def _score_text(score: float) -> str:
+    """A score for the table: a percentage, or what stands in for one before any mutant is
+    checked (a stopped run's next module)."""
+    return "no mutant checked yet" if math.isnan(score) else f"{score:.1%}"
 
 
 def write_report(path: pathlib.Path = REPORT) -> float:
