@@ -292,8 +292,9 @@ def claims(figures: dict[tuple[str, str], dict[str, Any]], ladder: list[dict]) -
                         if below else "the figure does not hold: an AMP step keeps issue slots "
                         "busy 70% or more") + _scopes(amp.values()) + (
                 f"; but cuBLAS's fastest GEMM (timed alone, among notebook 03's GEMM kernels) "
-                f"issues in {cublas['issue']:.0f}% of cycles with its tensor pipes {cublas['tensor']:.0f}% "
-                "busy: a low issue rate is no sign of waste" if cublas else "")})
+                f"issues in {cublas['issue']:.0f}% of cycles with its tensor pipes "
+                f"{cublas['tensor']:.0f}% busy: a low issue rate is no sign of waste"
+                if cublas else "")})
     if amp and fp32:
         pairs = {m: {"fp32": {"dram": fp32[m]["dram"], "sm": fp32[m]["sm"]},
                      "amp-fp16": {"dram": amp[m]["dram"], "sm": amp[m]["sm"]},
