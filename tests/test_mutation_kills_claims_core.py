@@ -1,6 +1,7 @@
-"""The claims' formatting helpers, exactly (written to kill the survivors `make mutation`
-listed in fp16lab.claims.core: _brief, _note_label, _number, _outcome, _ratio,
-verdict_of_parts)."""
+"""fp16lab.claims.core: the autocast dtype a claim runs in, against what torch's autocast does
+on the device (written against the survivors of a mutation run of claims/core.py, 53.8%), and
+the formatting helpers, exactly (_brief, _note_label, _number, _outcome, _ratio,
+verdict_of_parts, against a later run's survivors)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,27 @@ import math
 import pytest
 import torch
 
-from fp16lab.claims import FAILS, HOLDS, PARTLY
+from fp16lab.claims import FAILS, HOLDS, PARTLY, core
 from fp16lab.claims.core import (_NOTE_CHARS, _brief, _note_label, _number, _outcome, _ratio,
                                  verdict_of_parts)
+
+
+def _autocast_makes_fp16(device: str) -> bool:
+    try:
+        with torch.autocast(device, dtype=torch.float16):
+            return torch.mm(torch.ones(3, 4, device=device), torch.ones(4, 5, device=device)).dtype \
+                == torch.float16
+    except RuntimeError:
+        return False
+
+
+def test_the_claims_autocast_dtype_is_fp16_where_autocast_makes_fp16():
+    # the oracle asks torch directly, with another op and other shapes
+    want = torch.float16 if _autocast_makes_fp16("cpu") else torch.bfloat16
+    assert core._autocast_dtype("cpu") == want
+    # a device autocast does not run on: bfloat16, the claims' fallback
+    assert core._autocast_dtype("meta") == torch.bfloat16
+    assert core._autocast_dtype("no-such-device") == torch.bfloat16
 
 
 def test_number_rounds_by_magnitude_at_its_edges():
