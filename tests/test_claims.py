@@ -33,7 +33,8 @@ def alignment_figures(odd=130.0, t8=700.0, t16=730.0, b256=100.0, b192=90.0, b32
 def test_alignment_rule():
     # the H200 picture: tensor-core kernel at odd N, x8 enough, batch 256 not special
     v, why = claims.judge_alignment(alignment_figures())
-    assert v == PARTLY and why.startswith("unaligned sizes are slower (aligned ones 5.85x faster), but not from a fallback")
+    assert v == PARTLY and why.startswith("unaligned sizes are slower (aligned ones 5.85x faster), "
+                                          "but not from a fallback")
     # a SIMT kernel at or below the CUDA-core ceiling is a fallback; with x16 and 256: holds
     v, _ = claims.judge_alignment(alignment_figures(odd=90.0, kernel_odd="ampere_sgemm_128x64",
                                                     t8=600.0, t16=661.0, b256=110.0))

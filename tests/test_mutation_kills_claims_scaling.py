@@ -27,7 +27,8 @@ def test_gradscaler_sentences():
         FAILS, "growth_interval counts clean steps before the scale grows; every step is "
                "checked. " + facts)
     # three in a row before the first backoff, and not every step caught: the claim's reading
-    v, why = judge_gradscaler(gradscaler(nonfinite_detected_at=[12], nonfinite_before_first_backoff=3,
+    v, why = judge_gradscaler(gradscaler(nonfinite_detected_at=[12],
+                                         nonfinite_before_first_backoff=3,
                                          gradscaler_parameters=["init_scale", "hysteresis"]))
     assert v == HOLDS and why == (
         "with growth_interval 4, the scale first fell after 3 non-finite steps (a single NaN at "

@@ -233,8 +233,8 @@ def judge_amp_ratio(f: Figures) -> Judgement:
     high = sorted(k for k, v in f["layer_dtypes"].items() if "float32" in v)
     facts = (f"autocast picks the dtype per op ({', '.join(low)} -> {f['autocast_dtype']}; "
              f"{', '.join(high)} -> float32); what you choose is the region. Saved "
-             f"activations{at}: autocast everywhere {f['saved_bytes_autocast'] / mib:.2f} MiB, FFN kept in fp32 "
-             f"{f['saved_bytes_ffn_fp32'] / mib:.2f} MiB, fp32 {f['saved_bytes_fp32'] / mib:.2f} "
+             f"activations{at}: autocast everywhere {f['saved_bytes_autocast'] / mib:.2f} MiB, "
+             f"FFN kept in fp32 {f['saved_bytes_ffn_fp32'] / mib:.2f} MiB, fp32 {f['saved_bytes_fp32'] / mib:.2f} "
              f"MiB: less fp16 work uses "
              f"{'more' if f['saved_bytes_ffn_fp32'] > f['saved_bytes_autocast'] else 'less'} "
              f"activation memory")

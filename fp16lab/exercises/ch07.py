@@ -133,8 +133,8 @@ def _check_q3(answer: object) -> str:
 
 q3 = Exercise(
     "q3", f"One DataLoader worker decodes and augments {Q3_PER_WORKER:g} images/s; the model "
-          f"trains at {Q3_MODEL:g} images/s. Assume each added worker adds as many (a core of its own "
-          "for each, nothing else competing). What is the smallest number of workers that keeps "
+          f"trains at {Q3_MODEL:g} images/s. Assume each added worker adds as many (a core of "
+          "its own for each, nothing else competing). What is the smallest number of workers that keeps "
           "up? Answer with an integer.", _check_q3,
     hint="Workers add up: n workers make n times as many images per second. Round the right way.",
     solution=f"ceil({Q3_MODEL:g} / {Q3_PER_WORKER:g}) = {math.ceil(Q3_MODEL / Q3_PER_WORKER)}")
