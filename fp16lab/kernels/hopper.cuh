@@ -42,6 +42,48 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, uint64
         : "memory");
 }
 
+// ---- thread-block clusters ----------------------------------------------------------------------
+// This block's rank in its cluster (0 without clusters: pass the kernel's cluster size).
+template <int CLUSTER>
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r = 0;
+    if (CLUSTER > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Arrives on the barrier at `bar`'s shared-memory offset in block `cta` of the cluster. With
+// CLUSTER_RELEASE the arrival is a cluster-scope release (.release.cluster); without, it has the
+// default semantics (.release.cta), enough where the arrival only says that this warp's reads of
+// a stage are finished (waited for) and the stage is next written by the copy engine.
+template <bool CLUSTER_RELEASE>
+__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned cta) {
+    if (CLUSTER_RELEASE) {
+        asm volatile(
+            "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+            "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+            ::"r"(smem_u32(bar)), "r"(cta)
+            : "memory");
+    } else {
+        asm volatile(
+            "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+            "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
+            ::"r"(smem_u32(bar)), "r"(cta)
+            : "memory");
+    }
+}
+// The box lands at the same offset in every block of the cluster named by the mask, counted on
+// each block's own barrier at `bar`'s offset (tma_load is the one-block copy).
+__device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1,
+                                                   uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;"
+        ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+        : "memory");
+}
+
 // ---- wgmma -------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor: start address, leading and stride byte offsets (all in
 // 16-byte units) and the swizzle mode (1 << 62: 128-byte swizzle, the layout TMA wrote).

@@ -88,45 +88,10 @@ constexpr int RELEASE_CTAS = CLUSTER_M > 1 && CLUSTER_LOCKSTEP ? CLUSTER_M : 1; 
 
 // Arrives on the barrier at the same shared-memory offset in block `cta` of the cluster.
 __device__ __forceinline__ void mbar_arrive_in(uint64_t* bar, unsigned cta) {
-    if (RELEASE_CTAS == 1) {  // this block's own barrier
+    if (RELEASE_CTAS == 1)  // this block's own barrier
         asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-    } else if (CLUSTER_ARRIVE_SCOPE) {
-        asm volatile(
-            "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-            "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
-            ::"r"(smem_u32(bar)), "r"(cta)
-            : "memory");
-    } else {
-        // the consumers' reads are done (wgmma.wait_group) before they arrive, and the stage is
-        // next written by the copy engine, not by ordinary stores: nothing for a cluster-wide
-        // release to order
-        asm volatile(
-            "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-            "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
-            ::"r"(smem_u32(bar)), "r"(cta)
-            : "memory");
-    }
-}
-
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r = 0;
-    if (CLUSTER_M > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// ---- TMA, multicast -----------------------------------------------------------------------------
-// The box lands at the same offset in every block of the cluster named by the mask, counted on
-// each block's own barrier at `bar`'s offset (tma_load in hopper.cuh is the one-block copy).
-__device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1,
-                                                   uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%3, %4}], [%2], %5;"
-        ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
-        : "memory");
+    else
+        mbar_arrive_remote<CLUSTER_ARRIVE_SCOPE>(bar, cta);
 }
 
 // ---- wgmma ----------------------------------------------------------------------------------
@@ -218,7 +183,7 @@ __device__ __forceinline__ void store2(__half* p, float x, float y) {
 __device__ __forceinline__ void produce_tile(const TensorMap& map_a, const TensorMap& map_b, unsigned char* smem,
                                              uint64_t* full, uint64_t* empty, int row0, int col0, int k_tiles,
                                              int& it) {
-    const unsigned rank = cluster_rank();
+    const unsigned rank = cluster_rank<CLUSTER_M>();
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], (it / STAGES + 1) & 1);  // its previous use is done
