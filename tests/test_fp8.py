@@ -543,6 +543,10 @@ def test_step7_refuses_what_it_cannot_multiply_before_any_gpu_work():
     with pytest.raises(ValueError, match="inner dimensions differ"):
         fp8.wgmma_blockwise_mm(blockwise[0], fp8.quantize(torch.randn(128, 128), "e4m3", "128x128",
                                                           contraction_dim=0))
+    with pytest.raises(ValueError, match="schedule must be one of 'tile per block'"):
+        fp8.wgmma_blockwise_mm(*blockwise, schedule="persistant")
+    with pytest.raises(TypeError, match="overlap must be True or False"):
+        fp8.wgmma_blockwise_mm(*blockwise, overlap="no")
 
 
 def test_step7_operand_checks_name_each_problem():
@@ -599,6 +603,34 @@ def test_step7_matches_the_fp8_product_within_the_accumulator_bound(shape, out_d
           f"bound {tol:.3e}")
     assert err < tol
     assert worst_row < 4 * tol  # every row's factors applied: a wrong factor moves its row by far more
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["persistent", "cluster of 2, B multicast",
+                                      "cluster of 2, B multicast, cluster-scope release"])
+@pytest.mark.parametrize("shape", [(200, 640, 256), (300, 384, 640), (2048, 512, 2048),
+                                   (256, 384, 128)])
+def test_step7_schedules_match_the_fp8_product(schedule, shape):
+    """Step 7's other schedules against the float64 product, as the ladder's step 7 is checked.
+    300 rows are 3 block-rows: the second block of the last cluster lies outside A; 2048 x 2048
+    is 256 tiles, more than an H200's 132 SMs, so a persistent block does two or more."""
+    m, k, n = shape
+    torch.manual_seed(m + k + n)
+    a = torch.randn(m, k, device="cuda") * torch.logspace(-2, 2, m, device="cuda")[:, None]
+    b = torch.randn(k, n, device="cuda") * torch.logspace(1, -1, n, device="cuda")
+    qa = fp8.quantize(a, "e4m3", "1x128")
+    qb = fp8.quantize(b, "e4m3", "128x128", contraction_dim=0)
+    exact = fp8.dequantize(qa).double() @ fp8.dequantize(qb).double()
+    tol = hopper_accumulation_bound(fp8.dequantize(qa), fp8.dequantize(qb))
+    got = fp8.wgmma_blockwise_mm(qa, qb, out_dtype=torch.float32, schedule=schedule)
+    err = ((got.double() - exact).norm() / exact.norm()).item()
+    worst_row = ((got.double() - exact).norm(dim=1) / exact.norm(dim=1)).max().item()
+    print(f"step 7 {schedule} {shape}: relative error {err:.3e} (worst row {worst_row:.3e}), "
+          f"bound {tol:.3e}")
+    assert err < tol
+    assert worst_row < 4 * tol
+    # and bit for bit the ladder's step 7: the same products summed in the same order
+    assert torch.equal(got, fp8.wgmma_blockwise_mm(qa, qb, out_dtype=torch.float32))
 
 
 @pytest.mark.gpu
@@ -1010,3 +1042,38 @@ def test_step7_launcher_refuses_bad_arrays_before_looking_for_a_gpu(monkeypatch)
     for change, message in cases:
         with pytest.raises(ValueError, match=message):
             wgmma.launch_fp8(**{**good, **change})
+    with pytest.raises(ValueError, match="schedule must be one of 'tile per block', 'persistent'"):
+        wgmma.launch_fp8(**good, schedule="clusters")
+    with pytest.raises(TypeError, match="overlap must be True or False, got 1"):
+        wgmma.launch_fp8(**good, overlap=1)
+    with pytest.raises(ValueError, match="diagnostic must be one of 'no promotion', 'promotion, "
+                                         "factors not loaded'"):
+        wgmma.launch_fp8(**good, diagnostic="no factors")
+    assert wgmma.FP8_DIAGNOSTICS == {"no promotion": {"PROMOTE": 0},
+                                     "promotion, factors not loaded": {"PROMOTE": 2}}
+
+
+def test_step7_schedules_grids():
+    """One block per 128 x 128 tile; clusters of two round the block-rows up to an even count
+    (the second block of the last cluster may lie wholly outside A); the persistent schedule
+    launches at most one block per SM."""
+    from fp16lab.kernels import wgmma
+
+    assert list(wgmma.FP8_SCHEDULES)[0] == "tile per block"
+    assert wgmma.FP8_SCHEDULES["tile per block"] == {}
+    for schedule in ("cluster of 2, B multicast", "cluster of 2, B multicast, cluster-scope release"):
+        assert wgmma.FP8_SCHEDULES[schedule]["CLUSTER_M"] == 2
+        assert wgmma.fp8_grid(300, 640, schedule) == 4 * 5   # 3 block-rows -> 2 clusters
+        assert wgmma.fp8_grid(256, 128, schedule) == 2
+        assert wgmma.fp8_grid(1, 8, schedule) == 2
+    assert wgmma.FP8_SCHEDULES["cluster of 2, B multicast, cluster-scope release"][
+        "ARRIVE_CLUSTER"] == 1
+    assert "ARRIVE_CLUSTER" not in wgmma.FP8_SCHEDULES["cluster of 2, B multicast"]
+    assert wgmma.fp8_grid(300, 640) == 3 * 5
+    assert wgmma.fp8_grid(2048, 2048, "persistent", sms=132) == 132
+    assert wgmma.fp8_grid(300, 640, "persistent", sms=132) == 15
+    assert wgmma.FP8_SCHEDULES["persistent"] == {"PERSISTENT": 1}
+    with pytest.raises(ValueError, match="sms must be >= 1, got 0"):
+        wgmma.fp8_grid(300, 640, "persistent")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        wgmma.fp8_grid(300, 640, "tiles")

@@ -14,6 +14,7 @@ import pytest
 
 from fp16lab.kernels import KERNELS, LADDER, VARIANTS
 from fp16lab.kernels.compiler import SOURCE_DIR
+from fp16lab.kernels.wgmma import FP8_DIAGNOSTICS, FP8_SCHEDULES
 
 pytestmark = pytest.mark.nvcc
 
@@ -88,6 +89,11 @@ def _fast_kernels():
         yield pytest.param(s.name, s.source, s.defines, id=s.name)
     for src in ("census.cu", "grad_stats.cu", "wgmma_fp8.cu"):
         yield pytest.param(src, src, (), id=src)
+    for schedule, defines in [*list(FP8_SCHEDULES.items())[1:], *FP8_DIAGNOSTICS.items()]:
+        # step 7's other schedules and its diagnostic builds
+        yield pytest.param(schedule, "wgmma_fp8.cu", tuple(sorted(defines.items())),
+                           id=f"wgmma_fp8.cu, {schedule}")
+    yield pytest.param("no overlap", "wgmma_fp8.cu", (("OVERLAP", 0),), id="wgmma_fp8.cu, OVERLAP 0")
 
 
 @needs_nvcc

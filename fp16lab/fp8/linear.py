@@ -237,7 +237,7 @@ def fp8_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.float
 
 
 def wgmma_blockwise_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype = torch.bfloat16,
-                       overlap: bool = True) -> torch.Tensor:
+                       overlap: bool = True, schedule: str = "tile per block") -> torch.Tensor:
     """Returns ``dequantize(qa) @ dequantize(qb)`` computed by step 7 of notebook 03's kernel
     ladder (``fp16lab/kernels/wgmma_fp8.cu``): e4m3 codes on Hopper's FP8 tensor cores, each K
     block of 128 promoted to fp32 with its two factors, as DeepGEMM does.
@@ -248,6 +248,9 @@ def wgmma_blockwise_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype =
         out_dtype: torch.bfloat16 or torch.float32.
         overlap: multiply K block k + 1 while block k is promoted (False: one after the other,
             the kernel before that change, for comparison).
+        schedule: how blocks take their tiles, a key of
+            ``fp16lab.kernels.wgmma.FP8_SCHEDULES`` (the first, one tile per block, is step 7;
+            the others are its measured variants: persistent, clusters of 2 multicasting B).
 
     Raises:
         ValueError: other tiles, formats or output dtypes.
@@ -259,6 +262,8 @@ def wgmma_blockwise_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype =
                          f"of {qa.tile} and {qb.tile} ({qa.fmt} x {qb.fmt})")
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"step 7 writes torch.bfloat16 or torch.float32, not {out_dtype}")
+    overlap = validate.boolean("overlap", overlap)
+    validate.choice("schedule", schedule, _wgmma.FP8_SCHEDULES)
     _wgmma.require()
     cupy = require_cupy()
     (m, _), n = qa.data.shape, qb.data.shape[1]
@@ -272,7 +277,8 @@ def wgmma_blockwise_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype =
     stream = torch.cuda.current_stream(out.device)  # CuPy launches on torch's stream
     with (cupy.cuda.Stream.from_external(stream) if hasattr(stream, "__cuda_stream__")
           else cupy.cuda.ExternalStream(stream.cuda_stream)):
-        _wgmma.launch_fp8(*(cupy.asarray(t) for t in (a, b, sa, sb, bits)), overlap=overlap)
+        _wgmma.launch_fp8(*(cupy.asarray(t) for t in (a, b, sa, sb, bits)), overlap=overlap,
+                          schedule=schedule)
     return out
 
 

@@ -160,6 +160,19 @@ FP8_TILE = (128, 128, 128)
 FP8_STAGES = 6
 #: K of one block scale: the rows of A's 1 x 128 tiles, and B's 128 x 128 tiles.
 FP8_BLOCK = 128
+#: Step 7's schedules (``wgmma_fp8.cu``'s -D switches): how blocks are given their tiles. The
+#: first is the ladder's step 7; the others are its measured variants (fp16lab.bench.fp8).
+FP8_SCHEDULES: dict[str, dict[str, int]] = {
+    "tile per block": {},
+    "persistent": {"PERSISTENT": 1},
+    "cluster of 2, B multicast": {"CLUSTER_M": 2},
+    "cluster of 2, B multicast, cluster-scope release": {"CLUSTER_M": 2, "ARRIVE_CLUSTER": 1},
+}
+#: Step 7's diagnostic builds: wrong products by design, timed to say what a part costs.
+FP8_DIAGNOSTICS: dict[str, dict[str, int]] = {
+    "no promotion": {"PROMOTE": 0},            # all of K summed in the tensor cores, no factors
+    "promotion, factors not loaded": {"PROMOTE": 2},  # the promotion with factors of 1
+}
 
 
 def fp8_dynamic_smem(stages: int = FP8_STAGES) -> int:
@@ -170,11 +183,14 @@ def fp8_dynamic_smem(stages: int = FP8_STAGES) -> int:
     return stages * (bm * bk + bn * bk) + 1024
 
 
-def fp8_grid(m: int, n: int) -> int:
-    """Returns step 7's number of blocks: one per 128 x 128 tile of C."""
+def fp8_grid(m: int, n: int, schedule: str = "tile per block", sms: int = 0) -> int:
+    """Returns step 7's number of blocks under ``schedule``: one per 128 x 128 tile of C (block-rows
+    rounded up to whole clusters), or for the persistent schedule at most ``sms`` (one per SM)."""
     m, n = validate.count("m", m), validate.count("n", n)
+    defines = FP8_SCHEDULES[validate.choice("schedule", schedule, FP8_SCHEDULES)]
     bm, bn, _ = FP8_TILE
-    return -(-m // bm) * -(-n // bn)
+    sms = validate.count("sms", sms) if defines.get("PERSISTENT") else 0
+    return grid(m, n, bm, bn, defines.get("CLUSTER_M", 1), sms)
 
 
 def check_fp8_operands(m: int, n: int, k: int, sa_shape: tuple[int, ...],
@@ -199,7 +215,8 @@ def check_fp8_operands(m: int, n: int, k: int, sa_shape: tuple[int, ...],
 
 
 def launch_fp8(a: Any, b: Any, sa: Any, sb: Any, c: Any, *, stages: int = FP8_STAGES,
-               overlap: bool = True) -> None:
+               overlap: bool = True, schedule: str = "tile per block",
+               diagnostic: str | None = None) -> None:
     """Runs step 7 (``wgmma_fp8.cu``): ``c = (a * sa) @ (b * sb).T`` with block factors.
 
     Args:
@@ -209,6 +226,9 @@ def launch_fp8(a: Any, b: Any, sa: Any, sb: Any, c: Any, *, stages: int = FP8_ST
         sb: (ceil(N/128), ceil(K/128)) float32: the factor of each 128 x 128 tile of B.
         c: (M, N) float32, or int16 / uint16 holding bfloat16 bits (CuPy has no bfloat16).
         overlap: multiply the next K block while this one is promoted (the kernel's OVERLAP).
+        schedule: a key of :data:`FP8_SCHEDULES`.
+        diagnostic: None, or a key of :data:`FP8_DIAGNOSTICS`: a build that computes a wrong
+            product by design, for timing what a part of the kernel costs.
     """
     (m, k), n = a.shape, b.shape[0]
     if b.shape[1] != k or c.shape != (m, n):
@@ -228,20 +248,29 @@ def launch_fp8(a: Any, b: Any, sa: Any, sb: Any, c: Any, *, stages: int = FP8_ST
         if x.data.ptr % 16:
             raise ValueError(f"step 7 reads {name} through TMA, which needs a 16-byte aligned "
                              f"base; {name} starts at {x.data.ptr:#x}")
+    overlap = validate.boolean("overlap", overlap)
+    defines = FP8_SCHEDULES[validate.choice("schedule", schedule, FP8_SCHEDULES)]
+    if diagnostic is not None:
+        defines = {**defines, **FP8_DIAGNOSTICS[validate.choice("diagnostic", diagnostic,
+                                                                 FP8_DIAGNOSTICS)]}
     require()
     smem = fp8_dynamic_smem(stages)
     device = require_cupy().cuda.Device().id
-    fn = _function_fp8(stages, int(validate.boolean("overlap", overlap)), kinds[c.dtype.name],
-                       device, smem)
+    defines = {"STAGES": stages, "OVERLAP": int(overlap), **defines}
+    fn = _function_fp8(tuple(sorted(defines.items())), kinds[c.dtype.name], device, smem)
     bm, bn, bk = FP8_TILE
     map_a = encode_tensor_map(a.data.ptr, m, k, bm, bk, element_bytes=1)
-    map_b = encode_tensor_map(b.data.ptr, n, k, bn, bk, element_bytes=1)
-    fn((fp8_grid(m, n),), (THREADS,), (map_a, map_b, sa, sb, c, np.int32(m), np.int32(n),
-                                        np.int32(k)), shared_mem=smem)
+    # in a cluster each block fetches its share of B's tile rows and multicasts them
+    map_b = encode_tensor_map(b.data.ptr, n, k, bn // defines.get("CLUSTER_M", 1), bk,
+                              element_bytes=1)
+    blocks = fp8_grid(m, n, schedule, _sm_count(device) if defines.get("PERSISTENT") else 0)
+    fn((blocks,), (THREADS,), (map_a, map_b, sa, sb, c, np.int32(m), np.int32(n), np.int32(k)),
+       shared_mem=smem)
 
 
 @functools.lru_cache(maxsize=None)
-def _function_fp8(stages: int, overlap: int, function: str, device_id: int, smem: int) -> Any:
-    fn = load_cubin("wgmma_fp8.cu", {"STAGES": stages, "OVERLAP": overlap}).get_function(function)
+def _function_fp8(defines: tuple[tuple[str, int], ...], function: str, device_id: int,
+                  smem: int) -> Any:
+    fn = load_cubin("wgmma_fp8.cu", dict(defines)).get_function(function)
     fn.max_dynamic_shared_size_bytes = smem
     return fn
