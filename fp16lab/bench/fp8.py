@@ -39,6 +39,7 @@ Any product ``torch._scaled_mm`` rejects (blockwise's weight gradient, whose ope
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -49,10 +50,16 @@ from fp16lab import fp8
 from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
 from fp16lab.fp8.training import GPTConfig, train_curve
+from fp16lab.kernels.wgmma import FP8_DIAGNOSTICS, FP8_SCHEDULES, launch_fp8
 
 SIZES = (1024, 2048, 4096, 8192)
 QUICK_SIZES = (256, 512)
 WARMUP, REPEAT, ROUNDS = 5, 20, 4
+# The blockwise part's FP8 kernels run at the H200's power limit, where the clock a function
+# starts at is the one its predecessor in the interleaved order left: with 5 warm-up calls the
+# same kernel read 0.76x and 0.93x of _scaled_mm in one run, after different predecessors. About
+# 150 warm-up calls (some 0.2 s) let the clock settle at each function's own level first.
+BLOCKWISE_WARMUP, BLOCKWISE_REPEAT = 150, 100
 GPU_MODEL = GPTConfig(d_model=2048, n_layers=4, n_heads=16, seq_len=128, vocab=256, batch=64)
 # The same 64 x 128 tokens a step as the recipes' run, so the speed runs learn the rule too and
 # one run shows both the step rate and the loss against bf16 (at 8 x 1024 tokens and 30 steps
@@ -144,10 +151,20 @@ def blockwise_rows(shapes: tuple[tuple[int, int, int], ...]) -> list[dict[str, A
                "step 7 (wgmma_fp8)": lambda: fp8.wgmma_blockwise_mm(qa, qb),
                "step 7, promotion not overlapped": lambda: fp8.wgmma_blockwise_mm(
                    qa, qb, overlap=False)}
+        for schedule in list(FP8_SCHEDULES)[1:]:  # step 7's other schedules
+            fns[f"step 7, {schedule}"] = functools.partial(fp8.wgmma_blockwise_mm, qa, qb,
+                                                           schedule=schedule)
+        # the kernel alone on operands laid out once, and its diagnostic builds beside it
+        kernel = functools.partial(_step7_kernel, *_step7_operands(qa, qb))
+        fns["step 7 kernel alone"] = kernel
+        for diagnostic in FP8_DIAGNOSTICS:
+            fns[f"step 7 kernel, diagnostic: {diagnostic}"] = functools.partial(
+                kernel, diagnostic=diagnostic)
         if ok and not k % fp8.BLOCKWISE_K:
             fns["scaled_mm blockwise"] = lambda: fp8.fp8_mm(qa, qb, out_dtype=torch.bfloat16,
                                                             backend="scaled_mm")
-        timings = measure.time_cuda_interleaved(fns, rounds=ROUNDS, warmup=WARMUP, repeat=REPEAT)
+        timings = measure.time_cuda_interleaved(fns, rounds=ROUNDS, warmup=BLOCKWISE_WARMUP,
+                                                repeat=BLOCKWISE_REPEAT)
         exact = fp8.dequantize(qa).double() @ fp8.dequantize(qb).double()
         base = timings.get("scaled_mm blockwise")
         for name, t in timings.items():
@@ -155,7 +172,9 @@ def blockwise_rows(shapes: tuple[tuple[int, int, int], ...]) -> list[dict[str, A
                    "median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms,
                    "tflops": 2 * m * n * k / (t.median_ms * 1e-3) / 1e12,
                    "vs_scaled_mm_blockwise": base.median_ms / t.median_ms if base else None}
-            if "blockwise" in name or "step 7" in name:
+            if "diagnostic" in name:
+                row["note"] = "a diagnostic build: its product is wrong by design"
+            elif "blockwise" in name or "step 7" in name:
                 got = fns[name]().double()
                 row["relative_error"] = ((got - exact).norm() / exact.norm()).item()
             rows.append(row)
@@ -164,6 +183,29 @@ def blockwise_rows(shapes: tuple[tuple[int, int, int], ...]) -> list[dict[str, A
             rows[-1]["note"] = ("torch._scaled_mm's blockwise GEMM not timed: "
                                 + (why or f"K={k} is not a multiple of {fp8.BLOCKWISE_K}"))
     return rows
+
+
+def _step7_operands(qa: fp8.Quantized, qb: fp8.Quantized) -> tuple[Any, ...]:
+    """Returns step 7's CuPy operands for ``qa @ qb`` (as ``fp8.wgmma_blockwise_mm`` lays them
+    out on each call) and its bf16 output tensor, made once."""
+    import cupy
+
+    (m, _), n = qa.data.shape, qb.data.shape[1]
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=qa.data.device)
+    return (out, *(cupy.asarray(t) for t in (
+        qa.data.contiguous().view(torch.uint8), qb.data.t().contiguous().view(torch.uint8),
+        qa.scale.reciprocal().t().contiguous(), qb.scale.reciprocal().t().contiguous(),
+        out.view(torch.int16))))
+
+
+def _step7_kernel(out: torch.Tensor, *operands: Any, diagnostic: str | None = None) -> torch.Tensor:
+    """Launches step 7 on operands made by :func:`_step7_operands` (on torch's current stream)."""
+    import cupy
+
+    stream = torch.cuda.current_stream(out.device)
+    with cupy.cuda.ExternalStream(stream.cuda_stream):
+        launch_fp8(*operands, diagnostic=diagnostic)
+    return out
 
 
 def accumulation_rows(ks: tuple[int, ...] = ACCUMULATION_K, mn: int = 512) -> list[dict[str, Any]]:
@@ -338,7 +380,9 @@ def _write(name: str, rows: list[dict[str, Any]], args: argparse.Namespace) -> P
         when = {r["part"]: old.get(r["part"], earlier["meta"].get("measured_at")) for r in kept}
     when.update({r["part"]: now for r in rows})
     meta = {"benchmark": "fp8", "protocol": f"GEMM: time_cuda_interleaved rounds={ROUNDS} "
-            f"warmup={WARMUP} repeat={REPEAT}; training: median host-clock step after "
+            f"warmup={WARMUP} repeat={REPEAT} (blockwise: warmup={BLOCKWISE_WARMUP} "
+            f"repeat={BLOCKWISE_REPEAT}, so each kernel's power-limited clock settles before it "
+            f"is timed); training: median host-clock step after "
             f"{WARMUP_STEPS} warm-up steps (compile included there), synchronized; accumulation: "
             f"normwise error against float64", "quick": args.quick,
             "scaled_mm": fp8.scaled_mm_available(device), "parts_measured_at": when}
