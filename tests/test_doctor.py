@@ -426,3 +426,43 @@ def test_bench_markdown_lists_the_runs_a_merged_file_names():
                       "- planted, measured at T1", "- real: vit-b16, measured at T2: a note", ""]
     assert markdown([], {}, "measured on X").splitlines()[:5] == \
         ["# The doctor checked", "", "measured on X", "", "## Planted problems"]
+
+
+def test_the_report_says_where_the_time_went(monkeypatch, tmp_path):
+    """Each part of a run (the baseline, each check run, the combination) gets its wall-clock
+    seconds and, of them, the seconds of the measurements made inside it: a check that only
+    sleeps is all its own work; one that measures a new configuration is charged exactly that
+    measurement's seconds; the baseline is its one measurement."""
+    import time
+
+    from fp16lab import doctor as D
+    from fp16lab.doctor.report import DoctorReport
+
+    def sleepy(visit):
+        time.sleep(0.3)
+        return []
+
+    def measuring(visit):
+        visit.probe.measure(Config("fp32", batch_size=32))
+        return []
+
+    monkeypatch.setitem(D.CHECKS, "range", sleepy)
+    monkeypatch.setitem(D.CHECKS, "shapes", measuring)
+    r = doctor(clean(), "cpu", batch_size=16, checks=["range", "shapes"], progress=False,
+               loss_steps=4, timed_steps=2)
+    parts = r.part_seconds
+    assert list(parts) == ["baseline", "range", "shapes"]  # no finding: nothing to combine
+    assert parts["range"]["s"] >= 0.3 and parts["range"]["measuring_s"] == 0
+    new = next(m for m in r.measurements if m.config == Config("fp32", batch_size=32))
+    assert parts["shapes"]["measuring_s"] == new.seconds <= parts["shapes"]["s"]
+    assert parts["baseline"]["measuring_s"] == r.baseline.seconds <= parts["baseline"]["s"]
+    assert sum(p["s"] for p in parts.values()) <= r.seconds
+    md = r.to_markdown()
+    assert "## Where the time went" in md and "| range | 0.3" in md
+    again = DoctorReport.from_dict(json.loads(r.write(tmp_path)[1].read_text()))
+    assert again.part_seconds == parts
+    # a report recorded before the parts were timed reads back without them
+    old = r.as_dict()
+    del old["part_seconds"]
+    assert DoctorReport.from_dict(old).part_seconds == {}
+    assert "Where the time went" not in DoctorReport.from_dict(old).to_markdown()

@@ -16,6 +16,7 @@ holds is raced against the starting configuration. ``fp16lab doctor NAME`` is th
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -89,7 +90,9 @@ def doctor(workload: Workload | str, device: str | torch.device | None = None, *
     findings: list[Finding] = []
     unchecked: dict[str, str] = {}
     bar = _bar(len(names), wl.name) if progress else None
-    baseline = probe.measure(start)
+    timed = _PartTimer(probe)
+    with timed("baseline"):
+        baseline = probe.measure(start)
     if not baseline.ran:
         raise ValueError(f"workload {wl.name!r} does not train in {start.describe()} on "
                          f"{device}: {baseline.error}")
@@ -99,10 +102,11 @@ def doctor(workload: Workload | str, device: str | torch.device | None = None, *
         if time.perf_counter() - t0 > budget_s:
             unchecked[name] = f"the budget of {budget_s:.0f} s was spent before it started"
         else:
-            try:
-                findings += CHECKS[name](visit)
-            except Unchecked as e:
-                unchecked[name] = str(e)
+            with timed(name):
+                try:
+                    findings += CHECKS[name](visit)
+                except Unchecked as e:
+                    unchecked[name] = str(e)
         if bar is not None:
             bar.update()
     if bar is not None:
@@ -111,11 +115,34 @@ def doctor(workload: Workload | str, device: str | torch.device | None = None, *
     combined = None
     config = combine(start, findings)
     if config != start:
-        combined = best_combination(probe, start, config,
-                                    visit.notes.get("fine_precisions", [])[:3])
+        with timed("combination"):
+            combined = best_combination(probe, start, config,
+                                        visit.notes.get("fine_precisions", [])[:3])
     return DoctorReport(wl.name, _device_name(device), _versions(), start, probe.batch_size,
                         findings, unchecked, probe.measurements(), combined, baseline,
-                        time.perf_counter() - t0, budget_s)
+                        time.perf_counter() - t0, budget_s, part_seconds=timed.parts)
+
+
+class _PartTimer:
+    """Times the parts of a doctor run: ``with timer(name):`` adds the part's wall-clock seconds
+    and, of them, the seconds of the probe's measurements made inside it (``parts[name]`` is
+    ``{"s": ..., "measuring_s": ...}``); the rest is the check's own work (hooks, replays,
+    profiles, GEMMs timed alone)."""
+
+    def __init__(self, probe: Probe):
+        self.probe = probe
+        self.parts: dict[str, dict[str, float]] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        before = {id(m) for m in self.probe.measurements()}
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            wall = time.perf_counter() - t0
+            measuring = sum(m.seconds for m in self.probe.measurements() if id(m) not in before)
+            self.parts[name] = {"s": wall, "measuring_s": min(measuring, wall)}
 
 
 def best_combination(probe: Probe, start: Config, config: Config,

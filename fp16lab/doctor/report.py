@@ -88,6 +88,9 @@ class DoctorReport:
     baseline: Measurement | None
     seconds: float
     budget_s: float
+    #: where the run's time went: per part (the baseline, each check run, the combination),
+    #: its wall-clock seconds and, of them, the seconds spent in the probe's measurements
+    part_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def first(self) -> Finding | None:
@@ -110,7 +113,7 @@ class DoctorReport:
                 "combined": self.combined.row() if self.combined else None,
                 "combined_config": self.combined.config.as_dict() if self.combined else None,
                 "combined_gain": self.combined_gain, "seconds": self.seconds,
-                "budget_s": self.budget_s}
+                "budget_s": self.budget_s, "part_seconds": self.part_seconds}
 
     def to_markdown(self, plots: dict[str, str] | None = None) -> str:
         """Returns the report as Markdown (with ``plots``: image names to link, by title)."""
@@ -141,6 +144,13 @@ class DoctorReport:
             lines += ["## Not checked", ""]
             lines += [f"- **{k}**: {why}" for k, why in self.unchecked.items()]
             lines.append("")
+        if self.part_seconds:
+            lines += ["## Where the time went", "",
+                      "Per part of the run: its seconds, and of them the seconds of the "
+                      "measurements it made (each a fresh model trained a few steps); the rest "
+                      "is the check's own work.", ""]
+            lines += _table([{"part": k, "seconds": v["s"], "measuring": v["measuring_s"]}
+                             for k, v in self.part_seconds.items()])
         lines += ["## Every measurement", "",
                   f"Each: a fresh model, the losses of the first steps on one batch, then the "
                   f"median of the timed steps after them. Loss within tolerance: the last loss "
@@ -176,7 +186,8 @@ class DoctorReport:
         return cls(d["workload"], d["device"], d["versions"], start, d["batch_size"],
                    [Finding(**f) for f in d["findings"]], d["unchecked"],
                    [measurement(r) for r in d["measurements"]], combined,
-                   measurement(d.get("baseline"), start), d["seconds"], d["budget_s"])
+                   measurement(d.get("baseline"), start), d["seconds"], d["budget_s"],
+                   part_seconds=d.get("part_seconds") or {})
 
     def _repr_markdown_(self) -> str:
         return self.to_markdown()
