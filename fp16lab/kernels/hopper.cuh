@@ -84,6 +84,53 @@ __device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap* m
         : "memory");
 }
 
+// ---- tiles and stages -------------------------------------------------------------------------
+// Maps a tile index (the block index, or a persistent loop's counter) to the tile's first row
+// and column, for BM x BN tiles. Clusters of CLUSTER consecutive blocks take CLUSTER consecutive
+// block-rows of one block-column; GROUP such cluster-rows are swept together so that the tiles
+// in flight at one time reuse each other's A and B from L2.
+template <int BM_, int BN_, int CLUSTER, int GROUP>
+__device__ __forceinline__ void grouped_tile_origin(int tile, int M, int N, int& row0, int& col0) {
+    const int grid_m = (M + BM_ * CLUSTER - 1) / (BM_ * CLUSTER), grid_n = (N + BN_ - 1) / BN_;
+    const int pid = tile / CLUSTER, width = GROUP * grid_n;
+    const int first_m = (pid / width) * GROUP;
+    const int group = min(grid_m - first_m, GROUP);
+    row0 = ((first_m + (pid % width) % group) * CLUSTER + tile % CLUSTER) * BM_;
+    col0 = ((pid % width) / group) * BN_;
+}
+
+// The dynamic shared memory's first byte on a 1024-byte boundary: the 128-byte swizzle repeats
+// every 1024 bytes, so every tile must start on one.
+__device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* p) {
+    return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
+}
+
+// Thread 0 initialises the ring's barriers: each stage's full barrier waits for one arrival (the
+// producer's expect_tx, then the bytes), its empty barrier for `consumers` (every consumer warp
+// of the cluster); then the whole cluster (or block) waits until they are, so that no copy or
+// remote arrival reaches a barrier before it exists.
+template <int STAGES_, int CLUSTER>
+__device__ __forceinline__ void init_stage_barriers(uint64_t* full, uint64_t* empty, unsigned consumers) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES_; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], consumers);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if (CLUSTER > 1) cluster_sync(); else __syncthreads();
+}
+
+// Called by every thread at a clustered kernel's end: no block may leave while another block of
+// its cluster can still write into its shared memory or arrive on its barriers.
+template <int CLUSTER>
+__device__ __forceinline__ void leave_cluster() {
+    if (CLUSTER > 1) {
+        __syncwarp();
+        cluster_sync();
+    }
+}
+
 // ---- wgmma -------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor: start address, leading and stride byte offsets (all in
 // 16-byte units) and the swizzle mode (1 << 62: 128-byte swizzle, the layout TMA wrote).

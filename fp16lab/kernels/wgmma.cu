@@ -160,17 +160,10 @@ struct Wgmma<256> {
     static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b) { wgmma_m64n256k16(d, a, b); }
 };
 
-// Maps a tile index (the block index, or the persistent loop's counter) to the tile's first row
-// and column. Clusters of CLUSTER_M consecutive blocks take CLUSTER_M consecutive block-rows of
-// one block-column; GROUP_M such cluster-rows are swept together so that the tiles in flight at
-// one time reuse each other's A and B from L2.
+// The first row and column of tile `tile` (the block index, or the persistent loop's counter):
+// this kernel's tile, cluster and group sizes in hopper.cuh's grouped order.
 __device__ __forceinline__ void tile_origin(int tile, int M, int N, int& row0, int& col0) {
-    const int grid_m = (M + BM * CLUSTER_M - 1) / (BM * CLUSTER_M), grid_n = (N + BN - 1) / BN;
-    const int pid = tile / CLUSTER_M, width = GROUP_M * grid_n;
-    const int first_m = (pid / width) * GROUP_M;
-    const int group = min(grid_m - first_m, GROUP_M);
-    row0 = ((first_m + (pid % width) % group) * CLUSTER_M + tile % CLUSTER_M) * BM;
-    col0 = ((pid % width) / group) * BN;
+    grouped_tile_origin<BM, BN, CLUSTER_M, GROUP_M>(tile, M, N, row0, col0);
 }
 
 __device__ __forceinline__ void store2(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = make_float2(x, y); }
@@ -261,8 +254,7 @@ template <typename OutT>
 __device__ __forceinline__ void gemm_wgmma(const TensorMap& map_a, const TensorMap& map_b, OutT* __restrict__ C,
                                            int M, int N, int K) {
     extern __shared__ unsigned char smem_raw[];
-    // the 128-byte swizzle repeats every 1024 bytes: every tile must start on such a boundary
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char* smem = swizzle_aligned(smem_raw);
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
 
     const int warpgroup = threadIdx.x / 128;
@@ -273,14 +265,7 @@ __device__ __forceinline__ void gemm_wgmma(const TensorMap& map_a, const TensorM
     const int tiles = PERSISTENT ? (M + BM - 1) / BM * ((N + BN - 1) / BN) : blockIdx.x + 1;
     const int tile_step = PERSISTENT ? gridDim.x : 1;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);                            // the producer's expect_tx
-            mbar_init(&empty[s], CONSUMER_WARPS * RELEASE_CTAS);  // every consumer warp of the cluster
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    if (CLUSTER_M > 1) cluster_sync(); else __syncthreads();
+    init_stage_barriers<STAGES, CLUSTER_M>(full, empty, CONSUMER_WARPS * RELEASE_CTAS);
 
     int it = 0, row0, col0;
     if (warpgroup == 0) {
@@ -302,12 +287,7 @@ __device__ __forceinline__ void gemm_wgmma(const TensorMap& map_a, const TensorM
             store_tile(d, C, M, N, row0 + half * 64, col0);
         }
     }
-    // no block may leave while the other block of its cluster can still write into its shared
-    // memory or arrive on its barriers
-    if (CLUSTER_M > 1) {
-        __syncwarp();
-        cluster_sync();
-    }
+    leave_cluster<CLUSTER_M>();
 }
 
 #if CLUSTER_M > 1
