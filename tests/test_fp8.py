@@ -1051,29 +1051,3 @@ def test_step7_launcher_refuses_bad_arrays_before_looking_for_a_gpu(monkeypatch)
         wgmma.launch_fp8(**good, diagnostic="no factors")
     assert wgmma.FP8_DIAGNOSTICS == {"no promotion": {"PROMOTE": 0},
                                      "promotion, factors not loaded": {"PROMOTE": 2}}
-
-
-def test_step7_schedules_grids():
-    """One block per 128 x 128 tile; clusters of two round the block-rows up to an even count
-    (the second block of the last cluster may lie wholly outside A); the persistent schedule
-    launches at most one block per SM."""
-    from fp16lab.kernels import wgmma
-
-    assert list(wgmma.FP8_SCHEDULES)[0] == "tile per block"
-    assert wgmma.FP8_SCHEDULES["tile per block"] == {}
-    for schedule in ("cluster of 2, B multicast", "cluster of 2, B multicast, cluster-scope release"):
-        assert wgmma.FP8_SCHEDULES[schedule]["CLUSTER_M"] == 2
-        assert wgmma.fp8_grid(300, 640, schedule) == 4 * 5   # 3 block-rows -> 2 clusters
-        assert wgmma.fp8_grid(256, 128, schedule) == 2
-        assert wgmma.fp8_grid(1, 8, schedule) == 2
-    assert wgmma.FP8_SCHEDULES["cluster of 2, B multicast, cluster-scope release"][
-        "ARRIVE_CLUSTER"] == 1
-    assert "ARRIVE_CLUSTER" not in wgmma.FP8_SCHEDULES["cluster of 2, B multicast"]
-    assert wgmma.fp8_grid(300, 640) == 3 * 5
-    assert wgmma.fp8_grid(2048, 2048, "persistent", sms=132) == 132
-    assert wgmma.fp8_grid(300, 640, "persistent", sms=132) == 15
-    assert wgmma.FP8_SCHEDULES["persistent"] == {"PERSISTENT": 1}
-    with pytest.raises(ValueError, match="sms must be >= 1, got 0"):
-        wgmma.fp8_grid(300, 640, "persistent")
-    with pytest.raises(ValueError, match="schedule must be one of"):
-        wgmma.fp8_grid(300, 640, "tiles")

@@ -151,6 +151,149 @@ def test_grid_counts_the_tiles(m, n, cluster, persistent):
     assert launcher.grid(m, n, 128, 256, cluster, persistent) == want
 
 
+def test_step7_schedules_grids():
+    """One block per 128 x 128 tile; clusters of two round the block-rows up to an even count
+    (the second block of the last cluster may lie wholly outside A); the persistent schedule
+    launches at most one block per SM."""
+    assert list(launcher.FP8_SCHEDULES)[0] == "tile per block"
+    assert launcher.FP8_SCHEDULES["tile per block"] == {}
+    for schedule in ("cluster of 2, B multicast", "cluster of 2, B multicast, cluster-scope release"):
+        assert launcher.FP8_SCHEDULES[schedule]["CLUSTER_M"] == 2
+        assert launcher.fp8_grid(300, 640, schedule) == 4 * 5   # 3 block-rows -> 2 clusters
+        assert launcher.fp8_grid(256, 128, schedule) == 2
+        assert launcher.fp8_grid(1, 8, schedule) == 2
+    assert launcher.FP8_SCHEDULES["cluster of 2, B multicast, cluster-scope release"][
+        "ARRIVE_CLUSTER"] == 1
+    assert "ARRIVE_CLUSTER" not in launcher.FP8_SCHEDULES["cluster of 2, B multicast"]
+    assert launcher.fp8_grid(300, 640) == 3 * 5
+    assert launcher.fp8_grid(2048, 2048, "persistent", sms=132) == 132
+    assert launcher.fp8_grid(300, 640, "persistent", sms=132) == 15
+    assert launcher.FP8_SCHEDULES["persistent"] == {"PERSISTENT": 1}
+    with pytest.raises(ValueError, match="persistent schedule launches one block per SM: give sms"):
+        launcher.fp8_grid(300, 640, "persistent")
+    with pytest.raises(ValueError, match="^sms must be >= 1, got 0$"):
+        launcher.fp8_grid(300, 640, "persistent", sms=0)
+    with pytest.raises(ValueError, match="^sms must be >= 1, got 0$"):  # refused under any schedule
+        launcher.fp8_grid(300, 640, sms=0)
+    assert launcher.fp8_grid(300, 640, sms=132) == 15  # tiles, whatever the SMs
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        launcher.fp8_grid(300, 640, "tiles")
+
+
+def test_step7_refusals_name_the_argument_and_join_every_problem():
+    """Each refusal names the argument it refuses, as the caller wrote it, and the operand check
+    lists every problem it found, in one message."""
+    with pytest.raises(ValueError, match="^m must be >= 1, got 0$"):
+        launcher.fp8_grid(0, 8)
+    with pytest.raises(ValueError, match="^n must be >= 1, got 0$"):
+        launcher.fp8_grid(8, 0)
+    with pytest.raises(ValueError, match="^stages must be >= 1, got 0$"):
+        launcher.fp8_dynamic_smem(0)
+    with pytest.raises(ValueError, match="^N must be >= 1, got 0$"):
+        launcher.check_fp8_operands(8, 0, 16, (1, 8), (0, 1))
+    with pytest.raises(ValueError) as e:
+        launcher.check_fp8_operands(200, 260, 650, (5, 200), (3, 6))
+    assert str(e.value) == ("step 7 cannot multiply these operands: K=650 is not a multiple of 16 "
+                            "(TMA reads rows of 16-byte multiples); N=260 is not a multiple of 8 "
+                            "(the results are stored in pairs); sa must be (ceil(K/128), M) = "
+                            "(6, 200), got (5, 200)")
+
+
+class _Codes:
+    """What launch_fp8 reads of a cupy array, without a GPU."""
+
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.data = types.SimpleNamespace(ptr=ptr)
+
+
+@pytest.mark.parametrize("schedule", list(launcher.FP8_SCHEDULES))
+@pytest.mark.parametrize("diagnostic", [None, *launcher.FP8_DIAGNOSTICS])
+def test_step7_launcher_builds_and_launches_each_schedule(monkeypatch, schedule, diagnostic):
+    """The launcher's plumbing, with the GPU side replaced: the build it asks for (stages,
+    overlap, the schedule's and the diagnostic's switches), the kernel for the output dtype, the
+    tensor maps (B's box is the share of its tile one block of a cluster fetches), the grid, the
+    block and the shared memory."""
+    maps, launched = [], []
+
+    def encode(ptr, rows, cols, box_rows, box_cols, element_bytes=2):
+        maps.append((ptr, rows, cols, box_rows, box_cols, element_bytes))
+        return f"map {len(maps)}"
+
+    def function(defines, name, device, smem):
+        return lambda grid, block, args, shared_mem: launched.append(
+            (dict(defines), name, device, smem, grid, block, args, shared_mem))
+
+    monkeypatch.setattr(launcher, "require", lambda: None)
+    monkeypatch.setattr(launcher, "require_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=3))))
+    monkeypatch.setattr(launcher, "_sm_count", lambda device: 132 if device == 3 else 0)
+    monkeypatch.setattr(launcher, "encode_tensor_map", encode)
+    monkeypatch.setattr(launcher, "_function_fp8", function)
+    m, n, k = 3900, 640, 384  # 31 block-rows (a cluster's last block outside), 155 tiles
+    a, b = _Codes((m, k), "uint8", 4096), _Codes((n, k), "uint8", 8192)
+    sa, sb = _Codes((3, m), "float32", 16), _Codes((5, 3), "float32", 32)
+    for c, kernel in ((_Codes((m, n), "float32", 64), "wgmma_fp8_f32"),
+                      (_Codes((m, n), "int16", 64), "wgmma_fp8_bf16"),
+                      (_Codes((m, n), "uint16", 64), "wgmma_fp8_bf16")):
+        maps.clear()
+        launcher.launch_fp8(a, b, sa, sb, c, stages=5, overlap=False, schedule=schedule,
+                            diagnostic=diagnostic)
+        defines, name, device, smem, grid, block, args, shared_mem = launched[-1]
+        want = {"STAGES": 5, "OVERLAP": 0, **launcher.FP8_SCHEDULES[schedule],
+                **(launcher.FP8_DIAGNOSTICS[diagnostic] if diagnostic else {})}
+        assert defines == want and name == kernel and device == 3
+        assert smem == shared_mem == launcher.fp8_dynamic_smem(5) == 5 * 2 * 128 * 128 + 1024
+        cluster = want.get("CLUSTER_M", 1)
+        assert maps == [(4096, m, k, 128, 128, 1), (8192, n, k, 128 // cluster, 128, 1)]
+        assert all(type(x) is int for x in maps[0] + maps[1])  # cuTensorMapEncodeTiled's uint32s
+        persistent = "PERSISTENT" in want
+        assert grid == (launcher.fp8_grid(m, n, schedule, 132 if persistent else None),)
+        assert grid == ((132,) if persistent else (155,) if cluster == 1 else (32 * 5,))
+        assert block == (384,)
+        assert args[:5] == ("map 1", "map 2", sa, sb, c)
+        assert [int(x) for x in args[5:]] == [m, n, k]
+        assert all(x.dtype == np.int32 for x in args[5:])
+
+
+def test_step7_launcher_defaults_and_the_argument_it_refuses(monkeypatch):
+    """By default the launcher builds step 7 itself (6 stages, the promotion overlapped, one tile
+    per block); each refusal names the array it refuses."""
+    built = []
+    monkeypatch.setattr(launcher, "require", lambda: None)
+    monkeypatch.setattr(launcher, "require_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))))
+    monkeypatch.setattr(launcher, "encode_tensor_map", lambda *a, **k: "map")
+    monkeypatch.setattr(launcher, "_function_fp8", lambda defines, *rest: built.append(
+        dict(defines)) or (lambda *a, **k: None))
+    good = dict(a=_Codes((200, 256), "uint8", 256), b=_Codes((128, 256), "uint8", 512),
+                sa=_Codes((2, 200), "float32", 16), sb=_Codes((1, 2), "float32", 32),
+                c=_Codes((200, 128), "float32", 64))
+    launcher.launch_fp8(**good)
+    assert built == [{"STAGES": 6, "OVERLAP": 1}]
+    for name in good:
+        bad = _Codes(good[name].shape, good[name].dtype, good[name].data.ptr)
+        bad.flags.c_contiguous = False
+        with pytest.raises(ValueError, match=f"^step 7 needs C-contiguous arrays; {name} is not$"):
+            launcher.launch_fp8(**{**good, name: bad})
+    for name in ("a", "b"):
+        with pytest.raises(ValueError, match=f"16-byte aligned base; {name} starts at 0x108$"):
+            launcher.launch_fp8(**{**good, name: _Codes(good[name].shape, "uint8", 264)})
+    with pytest.raises(ValueError, match="one-byte codes and float32 factors"):
+        launcher.launch_fp8(**{**good, "b": _Codes((128, 256), "int16", 512)})
+    with pytest.raises(ValueError, match="^the persistent schedule launches one block per SM: give "
+                                         "sms, the GPU's number of SMs$"):
+        launcher.fp8_grid(300, 640, "persistent")
+
+
+def test_step6_shared_memory_and_grid_defaults():
+    # four stages of a 128 x 64 tile of A and a 64 x 256 tile of B in fp16, plus 1 KB to align
+    assert launcher.dynamic_smem(128, 256, 64, 4) == 4 * (128 * 64 + 64 * 256) * 2 + 1024 == 197_632
+    assert launcher.dynamic_smem(128, 128, 64, 6) == 6 * (128 * 64 + 64 * 128) * 2 + 1024
+    assert launcher.grid(300, 640, 128, 128) == 3 * 5  # no cluster, one block per tile
+
+
 def test_shared_memory_fits_one_block_per_sm():
     # 227 KB is the most one block may have on Hopper
     for spec in (s for s in KERNELS.values() if s.builder == "nvcc"):

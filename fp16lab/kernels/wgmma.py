@@ -183,14 +183,19 @@ def fp8_dynamic_smem(stages: int = FP8_STAGES) -> int:
     return stages * (bm * bk + bn * bk) + 1024
 
 
-def fp8_grid(m: int, n: int, schedule: str = "tile per block", sms: int = 0) -> int:
+def fp8_grid(m: int, n: int, schedule: str = "tile per block", sms: int | None = None) -> int:
     """Returns step 7's number of blocks under ``schedule``: one per 128 x 128 tile of C (block-rows
-    rounded up to whole clusters), or for the persistent schedule at most ``sms`` (one per SM)."""
+    rounded up to whole clusters), or for the persistent schedule at most ``sms``, the GPU's
+    number of SMs (one block each), which that schedule needs."""
     m, n = validate.count("m", m), validate.count("n", n)
     defines = FP8_SCHEDULES[validate.choice("schedule", schedule, FP8_SCHEDULES)]
+    if sms is not None:
+        sms = validate.count("sms", sms)
+    if defines.get("PERSISTENT") and sms is None:
+        raise ValueError("the persistent schedule launches one block per SM: give sms, the GPU's "
+                         "number of SMs")
     bm, bn, _ = FP8_TILE
-    sms = validate.count("sms", sms) if defines.get("PERSISTENT") else 0
-    return grid(m, n, bm, bn, defines.get("CLUSTER_M", 1), sms)
+    return grid(m, n, bm, bn, defines.get("CLUSTER_M", 1), sms if defines.get("PERSISTENT") else 0)
 
 
 def check_fp8_operands(m: int, n: int, k: int, sa_shape: tuple[int, ...],
@@ -263,7 +268,7 @@ def launch_fp8(a: Any, b: Any, sa: Any, sb: Any, c: Any, *, stages: int = FP8_ST
     # in a cluster each block fetches its share of B's tile rows and multicasts them
     map_b = encode_tensor_map(b.data.ptr, n, k, bn // defines.get("CLUSTER_M", 1), bk,
                               element_bytes=1)
-    blocks = fp8_grid(m, n, schedule, _sm_count(device) if defines.get("PERSISTENT") else 0)
+    blocks = fp8_grid(m, n, schedule, _sm_count(device) if defines.get("PERSISTENT") else None)
     fn((blocks,), (THREADS,), (map_a, map_b, sa, sb, c, np.int32(m), np.int32(n), np.int32(k)),
        shared_mem=smem)
 

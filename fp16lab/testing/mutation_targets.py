@@ -84,6 +84,12 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
     "formats": ("tests/test_formats.py", "tests/test_hostile.py"),
     "fp8.training": ("tests/test_fp8.py", "tests/test_recipes.py"),  # not test_training.py
     "kernels.emulate": ("tests/test_kernels.py", "tests/test_bounds.py"),
+    # step 7's launcher checks are tested beside the FP8 code that calls them
+    "kernels.wgmma": ("tests/test_kernels_wgmma.py",
+                      *(f"tests/test_fp8.py::{t}" for t in (
+                          "test_step7_operand_checks_name_each_problem",
+                          "test_step7_launcher_refuses_bad_arrays_before_looking_for_a_gpu",
+                          "test_step7_refuses_what_it_cannot_multiply_before_any_gpu_work"))),
     "models": ("tests/test_recipes.py", "tests/test_execution.py"),
     "sweep.engine": ("tests/test_sweep.py", "tests/test_hostile_runs.py"),
     "workload": ("tests/test_workload.py", "tests/test_sweep_workloads.py", "tests/test_memory.py"),
