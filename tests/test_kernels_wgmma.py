@@ -294,6 +294,36 @@ def test_step6_shared_memory_and_grid_defaults():
     assert launcher.grid(300, 640, 128, 128) == 3 * 5  # no cluster, one block per tile
 
 
+@pytest.mark.parametrize("name", [s.name for s in KERNELS.values() if s.source == "wgmma.cu"])
+def test_step6_launcher_builds_and_launches_each_variant(monkeypatch, name):
+    """Step 6's launcher with the GPU side replaced: the build it asks for (the variant's own
+    switches), the tensor maps (A's box as tall as the tile, B's as deep as a K slice), the grid
+    (whole clusters; one block per SM when persistent), block, shared memory and arguments."""
+    spec, maps, launched = KERNELS[name], [], []
+    defines = dict(spec.defines)
+    monkeypatch.setattr(launcher, "require_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=2))))
+    monkeypatch.setattr(launcher, "_sm_count", lambda device: 132 if device == 2 else 0)
+    monkeypatch.setattr(launcher, "tensor_map", lambda x, box_rows: maps.append(
+        (x, box_rows)) or f"map {len(maps)}")
+    monkeypatch.setattr(launcher, "_function", lambda d, fn, device, smem: lambda grid, block, args,
+                        shared_mem: launched.append((dict(d), fn, device, smem, grid, block, args,
+                                                     shared_mem)))
+    m, n, k = 3900, 2048, 512
+    a, b, c = _Codes((m, k), "float16", 256), _Codes((k, n), "float16", 512), object()
+    launcher.launch(a, b, c, defines=defines, function="wgmma_f16")
+    (built, fn, device, smem, grid, block, args, shared_mem), = launched
+    assert built == defines and fn == "wgmma_f16" and device == 2
+    bm, bn, bk, stages = (defines[x] for x in ("BM", "BN", "BK", "STAGES"))
+    assert smem == shared_mem == launcher.dynamic_smem(bm, bn, bk, stages)
+    assert maps == [(a, bm), (b, bk)]
+    cluster, persistent = defines.get("CLUSTER_M", 1), defines.get("PERSISTENT", 0)
+    tiles = -(-m // (bm * cluster)) * cluster * -(-n // bn)
+    assert grid == (min(tiles, 132) if persistent else tiles,) and block == (384,)
+    assert args[:3] == ("map 1", "map 2", c)
+    assert [int(x) for x in args[3:]] == [m, n, k] and all(x.dtype == np.int32 for x in args[3:])
+
+
 def test_shared_memory_fits_one_block_per_sm():
     # 227 KB is the most one block may have on Hopper
     for spec in (s for s in KERNELS.values() if s.builder == "nvcc"):
