@@ -150,3 +150,22 @@ def test_compiled_auto_runs_scaled_mm_on_cuda_operands(gpu, monkeypatch):
     qa, qb = operands(32, 512, 40)  # N = 40: emulated, even on CUDA
     out = linear.fp8_mm(qa, qb)
     assert gpu == [] and out.shape == (32, 40)
+
+
+def test_step7_valid_calls_pass_every_check_before_the_gpu(monkeypatch):
+    """A valid call of wgmma_blockwise_mm, with its defaults or any schedule, passes every input
+    check and reaches the GPU check (here replaced by a sentinel), on any machine."""
+    class Reached(Exception):
+        pass
+
+    def reached():
+        raise Reached
+
+    monkeypatch.setattr(linear._wgmma, "require", reached)
+    qa = fp8.quantize(torch.randn(4, 256), "e4m3", "1x128")
+    qb = fp8.quantize(torch.randn(256, 128), "e4m3", "128x128", contraction_dim=0)
+    calls = [{}, {"overlap": False}, {"out_dtype": torch.float32},
+             *({"schedule": s} for s in linear._wgmma.FP8_SCHEDULES)]
+    for kw in calls:
+        with pytest.raises(Reached):
+            fp8.wgmma_blockwise_mm(qa, qb, **kw)
