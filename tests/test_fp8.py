@@ -1051,3 +1051,30 @@ def test_step7_launcher_refuses_bad_arrays_before_looking_for_a_gpu(monkeypatch)
         wgmma.launch_fp8(**good, diagnostic="no factors")
     assert wgmma.FP8_DIAGNOSTICS == {"no promotion": {"PROMOTE": 0},
                                      "promotion, factors not loaded": {"PROMOTE": 2}}
+
+
+def test_step7_operands_are_the_product_laid_out_for_the_kernel():
+    """What step 7 is given, read back on the CPU: A's and B's codes (B transposed), K contiguous,
+    times their factors per K block of 128 (and B's per tile of 128 x 128) give the product of
+    the dequantized operands; the output is empty in the asked dtype, with its bits beside it."""
+    torch.manual_seed(0)
+    qa = fp8.quantize(torch.randn(200, 384) * torch.logspace(-2, 2, 200)[:, None], "e4m3", "1x128")
+    qb = fp8.quantize(torch.randn(384, 256), "e4m3", "128x128", contraction_dim=0)
+    out, (a, b, sa, sb, bits) = fp8.linear.step7_operands(qa, qb, torch.bfloat16)
+    assert out.shape == (200, 256) and out.dtype == torch.bfloat16 and bits.dtype == torch.int16
+    assert bits.data_ptr() == out.data_ptr()
+    assert a.shape == (200, 384) and b.shape == (256, 384) and a.is_contiguous() and b.is_contiguous()
+    assert a.dtype == b.dtype == torch.uint8 and sa.shape == (3, 200) and sb.shape == (2, 3)
+    codes_a = a.view(torch.float8_e4m3fn).double() * sa.t().double().repeat_interleave(128, 1)
+    codes_b = (b.view(torch.float8_e4m3fn).double()
+               * sb.double().repeat_interleave(128, 0).repeat_interleave(128, 1))
+    exact = fp8.dequantize(qa).double() @ fp8.dequantize(qb).double()
+    # the factors are the scales' fp32 reciprocals: each off by at most 2^-24 relative
+    assert torch.allclose(codes_a @ codes_b.t(), exact, rtol=1e-6,
+                          atol=1e-6 * exact.abs().max().item())
+    out32, ops32 = fp8.linear.step7_operands(qa, qb, torch.float32)
+    assert out32.dtype == torch.float32 and ops32[-1] is out32
+    with pytest.raises(ValueError, match="writes torch.bfloat16 or torch.float32, not torch.float16"):
+        fp8.linear.step7_operands(qa, qb, torch.float16)
+    with pytest.raises(ValueError, match="1x128 by 128x128 e4m3 tiles"):
+        fp8.linear.step7_operands(fp8.quantize(torch.randn(4, 384), "e4m3"), qb, torch.float32)

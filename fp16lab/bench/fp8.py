@@ -49,8 +49,9 @@ import torch
 from fp16lab import fp8
 from fp16lab import measure, validate
 from fp16lab.bench import argument_parser
+from fp16lab.fp8.linear import launch_step7, step7_operands
 from fp16lab.fp8.training import GPTConfig, train_curve
-from fp16lab.kernels.wgmma import FP8_DIAGNOSTICS, FP8_SCHEDULES, launch_fp8
+from fp16lab.kernels.wgmma import FP8_DIAGNOSTICS, FP8_SCHEDULES
 
 SIZES = (1024, 2048, 4096, 8192)
 QUICK_SIZES = (256, 512)
@@ -155,7 +156,7 @@ def blockwise_rows(shapes: tuple[tuple[int, int, int], ...]) -> list[dict[str, A
             fns[f"step 7, {schedule}"] = functools.partial(fp8.wgmma_blockwise_mm, qa, qb,
                                                            schedule=schedule)
         # the kernel alone on operands laid out once, and its diagnostic builds beside it
-        kernel = functools.partial(_step7_kernel, *_step7_operands(qa, qb))
+        kernel = functools.partial(launch_step7, *step7_operands(qa, qb, torch.bfloat16))
         fns["step 7 kernel alone"] = kernel
         for diagnostic in FP8_DIAGNOSTICS:
             fns[f"step 7 kernel, diagnostic: {diagnostic}"] = functools.partial(
@@ -183,29 +184,6 @@ def blockwise_rows(shapes: tuple[tuple[int, int, int], ...]) -> list[dict[str, A
             rows[-1]["note"] = ("torch._scaled_mm's blockwise GEMM not timed: "
                                 + (why or f"K={k} is not a multiple of {fp8.BLOCKWISE_K}"))
     return rows
-
-
-def _step7_operands(qa: fp8.Quantized, qb: fp8.Quantized) -> tuple[Any, ...]:
-    """Returns step 7's CuPy operands for ``qa @ qb`` (as ``fp8.wgmma_blockwise_mm`` lays them
-    out on each call) and its bf16 output tensor, made once."""
-    import cupy
-
-    (m, _), n = qa.data.shape, qb.data.shape[1]
-    out = torch.empty(m, n, dtype=torch.bfloat16, device=qa.data.device)
-    return (out, *(cupy.asarray(t) for t in (
-        qa.data.contiguous().view(torch.uint8), qb.data.t().contiguous().view(torch.uint8),
-        qa.scale.reciprocal().t().contiguous(), qb.scale.reciprocal().t().contiguous(),
-        out.view(torch.int16))))
-
-
-def _step7_kernel(out: torch.Tensor, *operands: Any, diagnostic: str | None = None) -> torch.Tensor:
-    """Launches step 7 on operands made by :func:`_step7_operands` (on torch's current stream)."""
-    import cupy
-
-    stream = torch.cuda.current_stream(out.device)
-    with cupy.cuda.ExternalStream(stream.cuda_stream):
-        launch_fp8(*operands, diagnostic=diagnostic)
-    return out
 
 
 def accumulation_rows(ks: tuple[int, ...] = ACCUMULATION_K, mn: int = 512) -> list[dict[str, Any]]:

@@ -34,6 +34,8 @@ few MMAs unless ``fast_accum`` asks it not to. The emulation accumulates in fp32
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -256,16 +258,20 @@ def wgmma_blockwise_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype =
         ValueError: other tiles, formats or output dtypes.
         fp16lab.kernels.KernelUnavailable: no Hopper GPU, nvcc or cuda-bindings here (says which).
     """
-    _check_operands(qa, qb)
-    if qa.tile != (1, BLOCK) or qb.tile != (BLOCK, BLOCK) or not qa.fmt == qb.fmt == "e4m3":
-        raise ValueError(f"step 7 multiplies 1x{BLOCK} by {BLOCK}x{BLOCK} e4m3 tiles, not tiles "
-                         f"of {qa.tile} and {qb.tile} ({qa.fmt} x {qb.fmt})")
-    if out_dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"step 7 writes torch.bfloat16 or torch.float32, not {out_dtype}")
+    _check_step7(qa, qb, out_dtype)
     overlap = validate.boolean("overlap", overlap)
     validate.choice("schedule", schedule, _wgmma.FP8_SCHEDULES)
     _wgmma.require()
-    cupy = require_cupy()
+    return launch_step7(*step7_operands(qa, qb, out_dtype), overlap=overlap, schedule=schedule)
+
+
+def step7_operands(qa: Quantized, qb: Quantized,
+                   out_dtype: torch.dtype) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Returns the output of step 7's ``qa @ qb`` (empty, ``out_dtype``) and the kernel's operands
+    laid out as it takes them: the codes of A (M, K) and B (N, K), K contiguous, as bytes; the
+    factors of A (K/128, M) and B (N/128, K/128); the output's bits. :func:`wgmma_blockwise_mm`
+    makes them on every call; a benchmark of the kernel alone makes them once."""
+    _check_step7(qa, qb, out_dtype)
     (m, _), n = qa.data.shape, qb.data.shape[1]
     a = qa.data.contiguous().view(torch.uint8)        # (M, K), K contiguous
     b = qb.data.t().contiguous().view(torch.uint8)    # (N, K), K contiguous
@@ -274,11 +280,28 @@ def wgmma_blockwise_mm(qa: Quantized, qb: Quantized, *, out_dtype: torch.dtype =
     sb = qb.scale.reciprocal().t().contiguous()       # (N/128, K/128)
     out = torch.empty(m, n, dtype=out_dtype, device=qa.data.device)
     bits = out if out_dtype == torch.float32 else out.view(torch.int16)
+    return out, (a, b, sa, sb, bits)
+
+
+def _check_step7(qa: Quantized, qb: Quantized, out_dtype: torch.dtype) -> None:
+    """Raises where step 7 cannot multiply ``qa`` by ``qb`` into ``out_dtype``."""
+    _check_operands(qa, qb)
+    if qa.tile != (1, BLOCK) or qb.tile != (BLOCK, BLOCK) or not qa.fmt == qb.fmt == "e4m3":
+        raise ValueError(f"step 7 multiplies 1x{BLOCK} by {BLOCK}x{BLOCK} e4m3 tiles, not tiles "
+                         f"of {qa.tile} and {qb.tile} ({qa.fmt} x {qb.fmt})")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"step 7 writes torch.bfloat16 or torch.float32, not {out_dtype}")
+
+
+def launch_step7(out: torch.Tensor, operands: tuple[torch.Tensor, ...],
+                 **launch: Any) -> torch.Tensor:
+    """Runs step 7 on :func:`step7_operands`' operands on torch's current stream (``launch``:
+    ``fp16lab.kernels.wgmma.launch_fp8``'s options) and returns ``out``."""
+    cupy = require_cupy()
     stream = torch.cuda.current_stream(out.device)  # CuPy launches on torch's stream
     with (cupy.cuda.Stream.from_external(stream) if hasattr(stream, "__cuda_stream__")
           else cupy.cuda.ExternalStream(stream.cuda_stream)):
-        _wgmma.launch_fp8(*(cupy.asarray(t) for t in (a, b, sa, sb, bits)), overlap=overlap,
-                          schedule=schedule)
+        _wgmma.launch_fp8(*(cupy.asarray(t) for t in operands), **launch)
     return out
 
 
