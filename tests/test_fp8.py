@@ -1016,43 +1016,6 @@ def test_grad_format_per_recipe():
         fp8.grad_format("e4m3")
 
 
-class _Array:
-    """What launch_fp8 reads of a cupy array, without a GPU."""
-
-    def __init__(self, shape, dtype, ptr=256, contiguous=True):
-        import types
-        self.shape, self.dtype = shape, np.dtype(dtype)
-        self.flags = types.SimpleNamespace(c_contiguous=contiguous)
-        self.data = types.SimpleNamespace(ptr=ptr)
-
-
-def test_step7_launcher_refuses_bad_arrays_before_looking_for_a_gpu(monkeypatch):
-    from fp16lab.kernels import wgmma
-
-    monkeypatch.setattr(wgmma, "require", lambda: pytest.fail("checked the GPU before the input"))
-    good = dict(a=_Array((200, 256), "uint8"), b=_Array((128, 256), "uint8"),
-                sa=_Array((2, 200), "float32"), sb=_Array((1, 2), "float32"),
-                c=_Array((200, 128), "float32"))
-    cases = [({"c": _Array((200, 129), "float32")}, r"into \(M, N\)"),
-             ({"sa": _Array((2, 200), "float64")}, "float32 factors"),
-             ({"c": _Array((200, 128), "float16")}, "float32 or bfloat16 bits"),
-             ({"b": _Array((128, 256), "uint8", contiguous=False)}, "b is not"),
-             ({"a": _Array((200, 256), "uint8", ptr=264)}, "16-byte aligned base; a starts at 0x108"),
-             ({"sb": _Array((2, 2), "float32")}, "sb must be")]
-    for change, message in cases:
-        with pytest.raises(ValueError, match=message):
-            wgmma.launch_fp8(**{**good, **change})
-    with pytest.raises(ValueError, match="schedule must be one of 'tile per block', 'persistent'"):
-        wgmma.launch_fp8(**good, schedule="clusters")
-    with pytest.raises(TypeError, match="overlap must be True or False, got 1"):
-        wgmma.launch_fp8(**good, overlap=1)
-    with pytest.raises(ValueError, match="diagnostic must be one of 'no promotion', 'promotion, "
-                                         "factors not loaded'"):
-        wgmma.launch_fp8(**good, diagnostic="no factors")
-    assert wgmma.FP8_DIAGNOSTICS == {"no promotion": {"PROMOTE": 0},
-                                     "promotion, factors not loaded": {"PROMOTE": 2}}
-
-
 def test_step7_operands_are_the_product_laid_out_for_the_kernel():
     """What step 7 is given, read back on the CPU: A's and B's codes (B transposed), K contiguous,
     times their factors per K block of 128 (and B's per tile of 128 x 128) give the product of

@@ -176,6 +176,7 @@ def test_step7_schedules_grids():
     with pytest.raises(ValueError, match="^sms must be >= 1, got 0$"):  # refused under any schedule
         launcher.fp8_grid(300, 640, sms=0)
     assert launcher.fp8_grid(300, 640, sms=132) == 15  # tiles, whatever the SMs
+    assert launcher.fp8_grid(2048, 2048, sms=132) == 256  # more tiles than SMs: still one each
     with pytest.raises(ValueError, match="schedule must be one of"):
         launcher.fp8_grid(300, 640, "tiles")
 
@@ -200,12 +201,46 @@ def test_step7_refusals_name_the_argument_and_join_every_problem():
 
 
 class _Codes:
-    """What launch_fp8 reads of a cupy array, without a GPU."""
+    """What the launchers read of a cupy array, without a GPU."""
 
-    def __init__(self, shape, dtype, ptr):
+    def __init__(self, shape, dtype, ptr=256, contiguous=True):
         self.shape, self.dtype = shape, np.dtype(dtype)
-        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.flags = types.SimpleNamespace(c_contiguous=contiguous)
         self.data = types.SimpleNamespace(ptr=ptr)
+
+
+def _gpu_side(monkeypatch, device: int) -> None:
+    """Replaces what the launchers ask of a GPU: the check for one, CuPy's current device (id
+    ``device``) and its SM count (132)."""
+    monkeypatch.setattr(launcher, "require", lambda: None)
+    monkeypatch.setattr(launcher, "require_cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=device))))
+    monkeypatch.setattr(launcher, "_sm_count", lambda d: 132 if d == device else 0)
+
+
+def test_step7_launcher_refuses_bad_arrays_before_looking_for_a_gpu(monkeypatch):
+    monkeypatch.setattr(launcher, "require", lambda: pytest.fail("checked the GPU before the input"))
+    good = dict(a=_Codes((200, 256), "uint8"), b=_Codes((128, 256), "uint8"),
+                sa=_Codes((2, 200), "float32"), sb=_Codes((1, 2), "float32"),
+                c=_Codes((200, 128), "float32"))
+    cases = [({"c": _Codes((200, 129), "float32")}, r"into \(M, N\)"),
+             ({"sa": _Codes((2, 200), "float64")}, "float32 factors"),
+             ({"c": _Codes((200, 128), "float16")}, "float32 or bfloat16 bits"),
+             ({"b": _Codes((128, 256), "uint8", contiguous=False)}, "b is not"),
+             ({"a": _Codes((200, 256), "uint8", ptr=264)}, "16-byte aligned base; a starts at 0x108"),
+             ({"sb": _Codes((2, 2), "float32")}, "sb must be")]
+    for change, message in cases:
+        with pytest.raises(ValueError, match=message):
+            launcher.launch_fp8(**{**good, **change})
+    with pytest.raises(ValueError, match="schedule must be one of 'tile per block', 'persistent'"):
+        launcher.launch_fp8(**good, schedule="clusters")
+    with pytest.raises(TypeError, match="overlap must be True or False, got 1"):
+        launcher.launch_fp8(**good, overlap=1)
+    with pytest.raises(ValueError, match="diagnostic must be one of 'no promotion', 'promotion, "
+                                         "factors not loaded'"):
+        launcher.launch_fp8(**good, diagnostic="no factors")
+    assert launcher.FP8_DIAGNOSTICS == {"no promotion": {"PROMOTE": 0},
+                                        "promotion, factors not loaded": {"PROMOTE": 2}}
 
 
 @pytest.mark.parametrize("schedule", list(launcher.FP8_SCHEDULES))
@@ -225,10 +260,7 @@ def test_step7_launcher_builds_and_launches_each_schedule(monkeypatch, schedule,
         return lambda grid, block, args, shared_mem: launched.append(
             (dict(defines), name, device, smem, grid, block, args, shared_mem))
 
-    monkeypatch.setattr(launcher, "require", lambda: None)
-    monkeypatch.setattr(launcher, "require_cupy", lambda: types.SimpleNamespace(
-        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=3))))
-    monkeypatch.setattr(launcher, "_sm_count", lambda device: 132 if device == 3 else 0)
+    _gpu_side(monkeypatch, 3)
     monkeypatch.setattr(launcher, "encode_tensor_map", encode)
     monkeypatch.setattr(launcher, "_function_fp8", function)
     m, n, k = 3900, 640, 384  # 31 block-rows (a cluster's last block outside), 155 tiles
@@ -261,9 +293,7 @@ def test_step7_launcher_defaults_and_the_argument_it_refuses(monkeypatch):
     """By default the launcher builds step 7 itself (6 stages, the promotion overlapped, one tile
     per block); each refusal names the array it refuses."""
     built = []
-    monkeypatch.setattr(launcher, "require", lambda: None)
-    monkeypatch.setattr(launcher, "require_cupy", lambda: types.SimpleNamespace(
-        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))))
+    _gpu_side(monkeypatch, 0)
     monkeypatch.setattr(launcher, "encode_tensor_map", lambda *a, **k: "map")
     monkeypatch.setattr(launcher, "_function_fp8", lambda defines, *rest: built.append(
         dict(defines)) or (lambda *a, **k: None))
@@ -301,9 +331,7 @@ def test_step6_launcher_builds_and_launches_each_variant(monkeypatch, name):
     (whole clusters; one block per SM when persistent), block, shared memory and arguments."""
     spec, maps, launched = KERNELS[name], [], []
     defines = dict(spec.defines)
-    monkeypatch.setattr(launcher, "require_cupy", lambda: types.SimpleNamespace(
-        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=2))))
-    monkeypatch.setattr(launcher, "_sm_count", lambda device: 132 if device == 2 else 0)
+    _gpu_side(monkeypatch, 2)
     monkeypatch.setattr(launcher, "tensor_map", lambda x, box_rows: maps.append(
         (x, box_rows)) or f"map {len(maps)}")
     monkeypatch.setattr(launcher, "_function", lambda d, fn, device, smem: lambda grid, block, args,

@@ -88,7 +88,6 @@ OVERRIDES: dict[str, tuple[str, ...]] = {
     "kernels.wgmma": ("tests/test_kernels_wgmma.py",
                       *(f"tests/test_fp8.py::{t}" for t in (
                           "test_step7_operand_checks_name_each_problem",
-                          "test_step7_launcher_refuses_bad_arrays_before_looking_for_a_gpu",
                           "test_step7_refuses_what_it_cannot_multiply_before_any_gpu_work"))),
     "models": ("tests/test_recipes.py", "tests/test_execution.py"),
     "sweep.engine": ("tests/test_sweep.py", "tests/test_hostile_runs.py"),
