@@ -188,3 +188,61 @@ def test_the_time_limit_is_a_positive_number():
     for bad in (0, -1, float("nan"), "10", True):
         with pytest.raises((TypeError, ValueError), match="time_limit_s"):
             Exercise("q1", "?", str, hint="", solution="", time_limit_s=bad)
+
+
+def test_a_stop_landing_in_a_finalizer_is_not_reported_and_the_next_one_stops_the_call():
+    """The alarm fires while an object's __del__ runs: Python cannot raise it from there and
+    reports it as unraisable. That report is dropped, and the next alarm stops the loop."""
+    import sys
+    import time as clock
+    from fp16lab.exercises.core import alarm
+
+    class Stop(BaseException):
+        pass
+
+    class SlowToDie:
+        def __del__(self):
+            end = clock.monotonic() + 0.3
+            while clock.monotonic() < end:
+                pass
+
+    reported, finished = [], []
+    previous = sys.unraisablehook
+    sys.unraisablehook = reported.append
+    try:
+        start = clock.monotonic()
+        with pytest.raises(Stop):
+            with alarm(0.05, Stop):
+                SlowToDie()  # dies at once; its __del__ is busy when the alarm fires
+                finished.append(clock.monotonic() - start)
+                while True:
+                    pass
+        took = clock.monotonic() - start
+        assert sys.unraisablehook == reported.append  # put back
+    finally:
+        sys.unraisablehook = previous
+    assert reported == []
+    assert finished and finished[0] < 0.1  # the alarm cut the __del__ short, not the caller
+    assert took < 0.5
+
+
+def test_an_unraisable_of_another_kind_still_reaches_the_hook():
+    import sys
+    from fp16lab.exercises.core import alarm
+
+    class Stop(BaseException):
+        pass
+
+    class Broken:
+        def __del__(self):
+            raise KeyError("in __del__")
+
+    reported = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = reported.append
+    try:
+        with alarm(5.0, Stop):
+            Broken()
+    finally:
+        sys.unraisablehook = previous
+    assert [type(u.exc_value) for u in reported] == [KeyError]

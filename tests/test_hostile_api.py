@@ -27,7 +27,6 @@ import inspect
 import io
 import math
 import pkgutil
-import signal
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ import torch
 import torch._dynamo  # noqa: F401 imported whole now: a time limit landing mid-import breaks it
 
 import fp16lab
+from fp16lab.exercises.core import alarm
 
 #: Seconds one probe may run; a call past it is a hang (or work started before the check).
 LIMIT_S = 1.0
@@ -265,20 +265,13 @@ CALLABLES = _public_callables()
 
 @contextlib.contextmanager
 def _time_limit(seconds: float):
+    """Raises _Hang in a probe past ``seconds`` (the exercises' alarm: one that lands in a
+    finalizer is not reported, and the next, 0.1 s on, stops the probe)."""
     if threading.current_thread() is not threading.main_thread():  # pragma: no cover
         yield
         return
-
-    def on_alarm(signum, frame):
-        raise _Hang
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.1)
-    try:
+    with alarm(seconds, _Hang):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _judge(call, param_name: str) -> str | None:

@@ -20,11 +20,13 @@ stuck inside one C call (a single endless torch op): Python gets no say until th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import html
 import math
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -72,27 +74,47 @@ def _described(value: Any) -> str:
     return text if len(text) <= 40 and "\n" not in text else f"<{type(value).__name__}>"
 
 
-def _call_in_main_thread(fn: Callable, args: tuple, kwargs: dict, limit_s: float) -> Any:
-    """Calls ``fn`` with SIGALRM armed: the handler raises :class:`_Stop` inside it at the limit,
-    and again every 0.1 s should the learner's code swallow the first one."""
+@contextlib.contextmanager
+def alarm(limit_s: float, stop: type[BaseException]):
+    """Raises ``stop`` in the main thread ``limit_s`` seconds on, and again every 0.1 s until the
+    block ends (should the code inside swallow the first one).
+
+    A ``stop`` that lands in a finalizer (a ``__del__``, a weakref callback) cannot leave it:
+    Python reports it as "unraisable" instead. Those reports are dropped while the alarm is
+    armed; the next alarm, 0.1 s on, stops the code that was running. Someone else's timer (a
+    test runner's time-out, say) is set back with the time it had left."""
     running = True
 
     def on_alarm(signum, frame):
         if running:
-            raise _Stop
+            raise stop
+
+    previous_hook = sys.unraisablehook
+
+    def hook(unraisable):
+        if not isinstance(unraisable.exc_value, stop):
+            previous_hook(unraisable)
 
     start = time.monotonic()
     old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    sys.unraisablehook = hook
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, limit_s, 0.1)
     try:
-        return fn(*args, **kwargs)
+        yield
     finally:
         running = False
         signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
-        if old_delay:  # someone else's timer (pytest-timeout, say) keeps its deadline
+        if old_delay:  # someone else's timer keeps its deadline
             left = old_delay - (time.monotonic() - start)
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), old_interval)
+
+
+def _call_in_main_thread(fn: Callable, args: tuple, kwargs: dict, limit_s: float) -> Any:
+    """Calls ``fn`` under :func:`alarm`, which raises :class:`_Stop` inside it at the limit."""
+    with alarm(limit_s, _Stop):
+        return fn(*args, **kwargs)
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
