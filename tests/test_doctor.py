@@ -355,6 +355,40 @@ def test_best_combination_keeps_the_fastest_variant_whose_loss_holds():
     assert got.config.batch_size == 32
 
 
+def test_race_times_the_configurations_in_balanced_orders(monkeypatch):
+    """Three configurations, three rounds: a b c, c b a, b c a (no one always after the same
+    one); a bad round count is refused before any step is built."""
+    from fp16lab.doctor import probe as P
+    probe = Probe(clean(), "cpu", 16, loss_steps=3, timed_steps=1)
+    a, b, c = Config("fp32"), Config("amp-bf16"), Config("fp32", batch_size=32)
+    for config in (a, b, c):
+        probe.measure(config)
+    built: dict[int, Config] = {}
+    real_build = Probe.build_step
+
+    def build(self, config, batch_size):
+        step = real_build(self, config, batch_size)
+        built[id(step)] = config
+        return step
+
+    timed: list[Config] = []
+
+    def times(step, n, device):
+        timed.append(built[id(step)])
+        return [10.0 * (1 + len(timed))] * n
+
+    monkeypatch.setattr(Probe, "build_step", build)
+    monkeypatch.setattr(P, "step_times_ms", times)
+    with pytest.raises(ValueError, match="rounds"):
+        probe.race([a, b, c], rounds=0)
+    assert built == {}
+    speeds = probe.race([a, b, c], rounds=3)
+    assert timed == [a, b, c, c, b, a, b, c, a]
+    # each one's median over its own rounds: a got the 1st, 6th and 9th times
+    assert probe.measure(a).step_ms == 10.0 * 7
+    assert speeds[a] == pytest.approx(16 / 0.070)
+
+
 def test_evidence_lines_round_numbers_for_reading():
     f = Finding("range", "t", "note", evidence={"share": 0.123456789, "peak": 123456.7,
                                                  "ok": True})

@@ -37,7 +37,7 @@ def test_bad_counts_and_backend():
         measure.time_cuda(lambda: None, backend="opencl")
 
 
-def test_interleaved_timing_rotates_the_order_and_pools_the_rounds(monkeypatch):
+def test_interleaved_timing_balances_the_order_and_pools_the_rounds(monkeypatch):
     calls = []
 
     def fake_samples(fn, warmup, repeat, backend):
@@ -49,15 +49,46 @@ def test_interleaved_timing_rotates_the_order_and_pools_the_rounds(monkeypatch):
     monkeypatch.setattr(measure.timing, "_cuda_samples", fake_samples)
     out = measure.time_cuda_interleaved({n: (lambda n=n: n) for n in "abc"}, rounds=3, repeat=2,
                                       backend="cupy")
-    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert calls == ["a", "b", "c", "c", "b", "a", "b", "c", "a"]
     assert {n: t.n for n, t in out.items()} == {"a": 6, "b": 6, "c": 6}
     # each function's samples are the ones it got in its three rounds
-    assert out["a"].median_ms == pytest.approx(np.median([1.1, 1.6, 1.8]))
-    assert out["c"].median_ms == pytest.approx(4 * np.median([1.3, 1.5, 1.7]))
+    assert out["a"].median_ms == pytest.approx(np.median([1.1, 1.6, 1.9]))
+    assert out["c"].median_ms == pytest.approx(4 * np.median([1.3, 1.4, 1.8]))
     with pytest.raises(ValueError, match="rounds"):
         measure.time_cuda_interleaved({"a": lambda: "a"}, rounds=0)
     with pytest.raises(ValueError, match="at least one function"):
         measure.time_cuda_interleaved({})
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_round_orders_put_every_name_everywhere_and_after_every_other_equally(n):
+    """Counted over one cycle (n rounds, 2n when n is odd): every round is every name once,
+    every name holds every place equally often, and within the rounds every ordered pair of
+    different names is neighbours equally often, so no name always follows the same one."""
+    from collections import Counter
+    names = [f"f{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    orders = measure.round_orders(names, cycle)
+    assert len(orders) == cycle and all(sorted(o) == names for o in orders)
+    places = Counter((i, name) for o in orders for i, name in enumerate(o))
+    assert set(places) == {(i, name) for i in range(n) for name in names}
+    assert len(set(places.values())) == 1
+    pairs = Counter(p for o in orders for p in zip(o, o[1:]))
+    assert set(pairs) == {(a, b) for a in names for b in names if a != b}
+    assert len(set(pairs.values())) <= 1
+    # more rounds repeat the cycle; fewer take its start
+    assert measure.round_orders(names, 2 * cycle + 1) == orders * 2 + orders[:1]
+
+
+def test_round_orders_by_hand():
+    assert measure.round_orders("ab", 4) == [["a", "b"], ["b", "a"]] * 2
+    assert measure.round_orders("abcd", 4) == [list("abdc"), list("bcad"), list("cdba"),
+                                               list("dacb")]
+    for bad in ({"rounds": 0}, {"rounds": -1}):
+        with pytest.raises(ValueError, match="rounds >= 1"):
+            measure.round_orders("ab", **bad)
+    with pytest.raises(ValueError, match="at least one name"):
+        measure.round_orders([], 2)
 
 
 def test_nvidia_smi_id_follows_cuda_visible_devices(monkeypatch):

@@ -1,6 +1,6 @@
 """Does the sweep engine report what a bare training loop gets? And what does telemetry cost?
 
-Times, in one process and interleaved (the order rotates every repeat):
+Times, in one process and interleaved (in balanced orders, :func:`fp16lab.measure.round_orders`):
 
 - ``bare``: a hand-written training loop (forward, loss, scaled backward, scaler step,
   optimizer step) timed with two CUDA events around ``steps`` steps, mean per step;
@@ -121,11 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         "engine": lambda: engine(True),
         "engine_no_telemetry": lambda: engine(False),
     }
-    order = list(variants)
     rows = []
     t0 = time.perf_counter()
-    for r in range(repeats):
-        for name_v in order[r % 3:] + order[:r % 3]:
+    for r, order in enumerate(measure.round_orders(variants, repeats)):
+        for name_v in order:
             ms, n_tel = variants[name_v]()
             rows.append({"variant": name_v, "repeat": r, "step_ms": ms,
                          "samples_per_s": batch / (ms / 1e3), "telemetry_samples": n_tel})

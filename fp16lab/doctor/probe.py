@@ -12,7 +12,7 @@ settings); :meth:`Probe.measure` trains a fresh model under it and returns a
    the host clock on a CPU); the step time is their median.
 
 Where a choice rests on a ratio of speeds (the precision, all changes against the start),
-:meth:`Probe.race` times the candidates again side by side, in rotated rounds.
+:meth:`Probe.race` times the candidates again side by side, in rounds of balanced orders.
 
 On CUDA the peak is ``torch.cuda.max_memory_allocated`` from before the model is built. A loss
 is *within tolerance* of fp32 when every loss is finite and the last one is within
@@ -34,7 +34,7 @@ from torch import nn
 
 from .. import validate
 from ..diagnostics.islands import FP32Island
-from ..measure import step_times_ms
+from ..measure import round_orders, step_times_ms
 from ..recipes import PRECISIONS, check_precision, sgd
 from ..scaling import ScalerSettings
 from ..workload import LAYOUTS, Workload, WorkloadCannotRun, load_workload, train_step
@@ -233,10 +233,11 @@ class Probe:
     def race(self, configs: list[Config], rounds: int = 3) -> dict[Config, float]:
         """Returns the samples/s of each configuration timed against the others: their steps
         built side by side, warmed up, then ``timed_steps`` of each in turn, ``rounds`` times
-        with the order rotated, each one's median over all its steps. A GPU's clock drifts as it
+        in balanced orders (:func:`~fp16lab.measure.round_orders`), each one's median over all its steps. A GPU's clock drifts as it
         heats, so runs measured one after the other can differ by more than their gap; the
         measurements take the raced figures. A configuration that cannot be built beside the
         others (out of memory) keeps its own measurement."""
+        rounds = validate.count("rounds", rounds)
         configs = [c for c in dict.fromkeys(configs) if self.measure(c).ran]
         steps: dict[Config, Any] = {}
         _free(self.device)
@@ -249,9 +250,8 @@ class Probe:
                 steps.pop(c, None)
                 break
         samples: dict[Config, list[float]] = {c: [] for c in steps}
-        order = list(steps)
-        for r in range(validate.count("rounds", rounds)):
-            for c in order[r % len(order):] + order[:r % len(order)] if order else []:
+        for order in round_orders(steps, rounds) if steps else []:
+            for c in order:
                 samples[c] += step_times_ms(steps[c], self.timed_steps, self.device)
         for c, times in samples.items():
             m = self._cache[c]

@@ -82,26 +82,48 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int = 3, repeat: int = 20,
     return summarize(_cuda_samples(fn, warmup, repeat, backend))
 
 
+def round_orders(names: Iterable[Any], rounds: int) -> list[list[Any]]:
+    """Returns the order to run ``names`` in, for each of ``rounds`` rounds of interleaved timing.
+
+    The orders are a Williams design: over a cycle of n rounds (2n when n is odd; more rounds
+    repeat it) each of n names comes at every place in a round equally often, and within the
+    rounds right after every other name equally often. A GPU that meets its power limit runs
+    slower after heavy work, so a fixed order (each name always after the same one, as when a
+    list is rotated) can give one kernel a handicap that another never meets; balanced orders
+    share it out. Two names alternate: a b, b a, a b, ...
+    """
+    names = list(names)
+    n = len(names)
+    if rounds < 1 or n == 0:
+        raise ValueError(f"need rounds >= 1 and at least one name, got rounds={rounds}, "
+                         f"{n} names")
+    # 0, 1, n-1, 2, n-2, ...: shifted by r, row r; with each row's reverse too when n is odd
+    base = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    rows = [[(b + r) % n for b in base] for r in range(n)]
+    if n % 2:
+        rows = [row for r in rows for row in (r, r[::-1])]
+    return [[names[i] for i in rows[k % len(rows)]] for k in range(rounds)]
+
+
 def time_cuda_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 4, warmup: int = 3,
                           repeat: int = 10, backend: str = "torch") -> dict[str, Timing]:
     """Returns {name: timing} of several GPU functions timed in alternating blocks.
 
-    Round r times ``repeat`` calls of every function in turn (after ``warmup`` calls each), the
-    order rotated by one each round; each function's timing pools its samples of all rounds. A
-    GPU's clock drifts within seconds as it heats and meets its power limit, so functions timed
-    one after the other would each see a different clock; interleaved, their ratio does not
-    depend on which ran first.
+    Round r times ``repeat`` calls of every function in turn (after ``warmup`` calls each), in
+    the round's order from :func:`round_orders`; each function's timing pools its samples of
+    all rounds. A GPU's clock drifts within seconds as it heats and meets its power limit, so
+    functions timed one after the other would each see a different clock; interleaved, their
+    ratio does not depend on which ran first, nor on which ran just before.
     """
     _check_counts(warmup, repeat)
     if rounds < 1 or not fns:
         raise ValueError(f"need rounds >= 1 and at least one function, got rounds={rounds}, "
                          f"{len(fns)} functions")
-    names = list(fns)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    samples: dict[str, list[float]] = {n: [] for n in fns}
+    for order in round_orders(fns, rounds):
+        for name in order:
             samples[name] += _cuda_samples(fns[name], warmup, repeat, backend)
-    return {n: summarize(samples[n]) for n in names}
+    return {n: summarize(samples[n]) for n in fns}
 
 
 def _cuda_samples(fn: Callable[[], Any], warmup: int, repeat: int, backend: str) -> list[float]:
