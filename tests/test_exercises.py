@@ -246,3 +246,54 @@ def test_an_unraisable_of_another_kind_still_reaches_the_hook():
     finally:
         sys.unraisablehook = previous
     assert [type(u.exc_value) for u in reported] == [KeyError]
+
+
+def test_someone_elses_short_timer_keeps_its_deadline_through_an_alarm():
+    """A timer with half a second left, an alarm block of 0.1 s: about 0.4 s are left after."""
+    import signal
+    import time as clock
+    from fp16lab.exercises.core import alarm
+
+    class Stop(BaseException):
+        pass
+
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with alarm(5.0, Stop):
+            clock.sleep(0.1)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert signal.getsignal(signal.SIGALRM) is not None and fired == []
+        assert 0.3 < left < 0.41
+        clock.sleep(left + 0.05)
+        assert fired == [1]  # the old handler is back, and its timer went off
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_stop_set_while_the_function_waits_in_c_does_not_land_after_the_check():
+    """Outside the main thread the stop is an asynchronous exception, which lands only when
+    Python code runs: set while the function sleeps, it must be withdrawn (or caught) before
+    the check returns, not land in whatever the thread runs next."""
+    import threading
+    import time as clock
+    q = Exercise("q1", "?", lambda fn: (fn(), "right")[1], hint="", solution="",
+                 time_limit_s=0.1)
+    out = []
+
+    def worker():
+        try:
+            message = q.check(lambda: clock.sleep(0.3)).message
+            total = 0
+            for i in range(300_000):  # Python code after the check, where a stray stop lands
+                total += i
+            out.append(message)
+        except BaseException as exc:  # noqa: BLE001 what escaped is the finding
+            out.append(f"escaped: {type(exc).__name__}")
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert len(out) == 1 and not out[0].startswith("escaped"), out
