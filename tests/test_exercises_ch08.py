@@ -127,8 +127,51 @@ def test_ddp_loop_wrong_loops_say_what_is_wrong(old, new, words):
 def test_ddp_loop_wrong_kinds():
     assert "without calling it" in ch08.ddp_loop.check(3).message
     assert "(model, dataset, epochs, batch_size, device)" in ch08.ddp_loop.check(lambda m: m).message
-    assert "must return (model, scales)" in ch08.ddp_loop.check(lambda m, d, e, b, dev: None).message or \
-        "process group" not in ch08.ddp_loop.check(lambda m, d, e, b, dev: None).message
+    assert "must return (model, scales)" in ch08.ddp_loop.check(lambda m, d, e, b, dev: None).message
+
+
+def _variant_of(*changes: tuple[str, str]):
+    """The reference loop with several lines changed (each old text must be there)."""
+    source = _SOURCE
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    scope = {}
+    exec(ch08.LOOP_IMPORTS + "\n" + source, scope)
+    return scope["reference_ddp_amp_loop"]
+
+
+_NO_SCALER_CALLS = (("scaler.scale(loss).backward()", "loss.backward()"),
+                    ("            scaler.step(opt)\n", "            opt.step()\n"),
+                    ("            scaler.update()\n", ""))
+_ONE_STEP_THEN_RETURN = ("            scales.append(scaler.get_scale())\n",
+                         "            scales.append(scaler.get_scale())\n"
+                         "            dist.destroy_process_group()\n"
+                         "            return model, scales\n")
+
+
+@pytest.mark.parametrize("changes, words", [
+    # no GradScaler at all: plain backward and step
+    ((("scaler = torch.amp.GradScaler(device.type)", "scaler = None"), *_NO_SCALER_CALLS,
+      ("scales.append(scaler.get_scale())", "scales.append(1.0)")), "no GradScaler was made"),
+    # a GradScaler made, and only its scale read
+    (_NO_SCALER_CALLS, "so small fp16 gradients do not underflow"),
+    # scaled backward, then a plain optimizer step and no update
+    ((("            scaler.step(opt)\n", "            opt.step()\n"),
+      ("            scaler.update()\n", "")), "scaler.step(opt) is never called"),
+    # one step through the scaler and no update (it returns before a second step can complain)
+    ((("            scaler.update()\n", ""), _ONE_STEP_THEN_RETURN),
+     "call it after scaler.step(opt) in every step"),
+    # one batch per epoch
+    ((("            scales.append(scaler.get_scale())\n",
+       "            scales.append(scaler.get_scale())\n            break\n"),),
+     "the loop read 8 samples in 2 epochs of 24"),
+    # the model alone returned
+    ((("    return model, scales\n", "    return model\n"),), "must return (model, scales)"),
+])
+def test_ddp_loop_answers_that_run_but_miss_a_part_hear_which(changes, words):
+    result = ch08.ddp_loop.check(_variant_of(*changes))
+    assert not result and words in result.message, result.message
 
 
 def test_ddp_loop_skeleton_is_named_unwritten():
