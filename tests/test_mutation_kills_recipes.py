@@ -20,25 +20,38 @@ EXPECTED = {
 }
 
 
-def test_each_precision_is_the_recipe_it_names():
+#: The table as the package holds it, and as its builder makes it when called (the module-level
+#: table is built once, at import: a mutation test plants its bug after that).
+TABLES = pytest.mark.parametrize("table", [lambda: PRECISIONS, recipes._all_precisions],
+                                 ids=["PRECISIONS", "built again"])
+
+
+@TABLES
+def test_each_precision_is_the_recipe_it_names(table):
+    table = table()
     fp8 = {f"fp8-{r}": ("bfloat16", False, False, False, r) for r in recipes.FP8_RECIPES}
     want = {**EXPECTED, **fp8}
-    assert list(PRECISIONS) == list(want)  # the order every table and sweep uses
+    assert list(table) == list(want)  # the order every table and sweep uses
     for name, (dtype, scaled, tf32, master, recipe) in want.items():
-        p = PRECISIONS[name]
+        p = table[name]
         assert (p.name, p.autocast_dtype, p.scaled, p.tf32, p.master_weights, p.fp8_recipe) == (
             name, dtype, scaled, tf32, master, recipe), name
 
 
-def test_each_precision_says_what_it_does():
-    words = {"fp32": ("fp32", "TF32 off"), "tf32": ("TF32 tensor cores", "no effect on a CPU"),
-             "amp-fp16": ("fp16", "GradScaler"), "amp-bf16": ("bf16", "no scaler"),
-             "fp16-o2": ("master weights", "BatchNorm kept in fp32", "Apex O2")}
+@TABLES
+def test_each_precision_says_what_it_does(table):
+    table = table()
+    words = {"fp32": ("fp32 weights and maths", "TF32 off for matmul and cuDNN"),
+             "tf32": ("fp32 weights", "TF32 tensor cores", "(no effect on a CPU)"),
+             "amp-fp16": ("autocast to fp16", "with a GradScaler"),
+             "amp-bf16": ("autocast to bf16", "no scaler", "fp32's exponent range"),
+             "fp16-o2": ("pure fp16 model", "fp32 master weights", "dynamic loss scaler",
+                         "BatchNorm kept in fp32", "Apex O2")}
     for name, needed in words.items():
-        text = str(PRECISIONS[name])
-        assert text == PRECISIONS[name].description and all(w in text for w in needed), text
+        text = str(table[name])
+        assert text == table[name].description and all(w in text for w in needed), text
     for r, what in recipes.FP8_RECIPES.items():
-        assert str(PRECISIONS[f"fp8-{r}"]) == f"FP8 linear layers: {what}; the rest as amp-bf16"
+        assert str(table[f"fp8-{r}"]) == f"FP8 linear layers: {what}; the rest as amp-bf16"
 
 
 @pytest.mark.parametrize("call, name", [
@@ -71,3 +84,89 @@ def test_autocast_keeps_its_cache_setting():
         assert not torch.is_autocast_cache_enabled()
     with recipes.autocast("amp-bf16", "cpu", cache_enabled=True):
         assert torch.is_autocast_cache_enabled()
+
+
+def test_a_known_precision_not_offered_says_where():
+    with pytest.raises(ValueError) as e:
+        recipes.check_precision("amp-fp16", ["fp32", "tf32"])
+    assert str(e.value) == "precision 'amp-fp16' is not offered here; allowed: fp32, tf32"
+    with pytest.raises(ValueError) as e:
+        recipes.make_train_step("fp8-tensorwise", torch.nn.Linear(4, 2), torch.zeros(2, 4),
+                                torch.zeros(2, dtype=torch.long), device="cpu")
+    assert "not offered by recipes.make_train_step (an fp8 precision's step is " \
+           "fp16lab.fp8.training.make_fp8_step)" in str(e.value)
+
+
+def _linear_step(precision="fp32", **kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    step, gs = recipes.make_train_step(precision, model, x, y, device="cpu", **kwargs)
+    return model, x, y, step, gs
+
+
+def test_a_forward_given_is_what_the_batch_goes_through():
+    """The loss is the forward's, and the optimizer steps the model's parameters."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    doubled = lambda xb: 2.0 * model(xb)  # noqa: E731
+    step, _ = recipes.make_train_step("fp32", model, x, y, device="cpu", forward=doubled)
+    want = torch.nn.functional.cross_entropy(2.0 * model(x), y)
+    assert torch.equal(step().detach(), want.detach())
+
+
+def test_the_batch_step_trains_on_is_kept_and_o2_keeps_the_fp16_copy():
+    model, x, y, step, _ = _linear_step()
+    assert step.batch[0] is x and step.batch[1] is y
+    _, x16, y16, o2, _ = _linear_step("fp16-o2")
+    assert o2.batch[0].dtype == torch.float16 and torch.equal(o2.batch[0], x16.half())
+    assert o2.batch[1] is y16
+
+
+def _gradients_seen(precision, unscale_first=False):
+    """(the |gradient| sum after backward, and as the optimizer step is entered)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    seen = {}
+    step, gs = recipes.make_train_step(
+        precision, model, x, y, device="cpu", unscale_first=unscale_first,
+        after_backward=lambda: seen.setdefault("after backward", model.weight.grad.abs().sum()))
+    if gs is not None:
+        real_step = gs.step
+
+        def stepping(opt, *args, **kwargs):
+            seen["at the step"] = model.weight.grad.abs().sum()
+            return real_step(opt, *args, **kwargs)
+        gs.step = stepping
+    step()
+    return {k: float(v) for k, v in seen.items()}
+
+
+def test_after_backward_sees_scaled_gradients_and_unscale_first_unscales_before_the_step():
+    """GradScaler multiplies the loss by its scale (2^16 at first): the gradients a hook reads
+    after backward are that many times fp32's; unscale_first divides them back in a call of its
+    own before the optimizer step (where clipping goes), else the step does it inside."""
+    plain = _gradients_seen("fp32")["after backward"]
+    inside = _gradients_seen("amp-fp16")
+    first = _gradients_seen("amp-fp16", unscale_first=True)
+    assert inside["after backward"] == pytest.approx(plain * 65536.0, rel=1e-2)
+    assert inside["at the step"] == pytest.approx(plain * 65536.0, rel=1e-2)
+    assert first["after backward"] == pytest.approx(plain * 65536.0, rel=1e-2)
+    assert first["at the step"] == pytest.approx(plain, rel=1e-2)
+
+
+def test_the_autocast_cache_setting_reaches_autocast():
+    seen = []
+    model = torch.nn.Linear(4, 3)
+
+    def forward(xb):
+        seen.append(torch.is_autocast_cache_enabled())
+        return model(xb)
+    for cache in (False, True):
+        step, _ = recipes.make_train_step("amp-bf16", model, torch.randn(2, 4),
+                                          torch.tensor([0, 1]), device="cpu", forward=forward,
+                                          autocast_cache=cache)
+        step()
+    assert seen == [False, True]
