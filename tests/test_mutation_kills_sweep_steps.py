@@ -85,3 +85,60 @@ def test_an_fp8_point_reports_its_layers(recorded):
     assert built.scaler is None
     # Linear(16, 32) converts; Linear(32, 4) cannot (4 features)
     assert built.columns == {"fp8_layers": 1, "fp8_scaled_mm": False}
+
+
+@pytest.mark.parametrize("given, want", [
+    # the defaults a point leaves to the pipeline: pinned, copied ahead, normalised in workers
+    ({"layout": "channels_last"},
+     {"pin_memory": True, "non_blocking": True, "channels_last": True, "normalize_on": "cpu"}),
+    # every one of them set the other way
+    ({"layout": "nchw", "pin_memory": False, "non_blocking": False, "normalize_on": "gpu"},
+     {"pin_memory": False, "non_blocking": False, "channels_last": False, "normalize_on": "gpu"}),
+])
+def test_a_pipeline_points_input_settings(monkeypatch, tmp_path, given, want):
+    """A point that reads images builds the input its axes name: the backend, batch, the
+    model's crop size (ResNet-18: 224), its workers and the four dataloader switches."""
+    from fp16lab.inputs import InputSettings
+    from fp16lab.models import NUM_CLASSES
+    made = []
+    monkeypatch.setattr(steps.inputs, "make_input",
+                        lambda settings, images_dir, *, device, num_classes:
+                        made.append((settings, images_dir, device, num_classes)) or "feeder")
+    p = SimpleNamespace(**{"model": "resnet18", "batch": 6, "input": "dataloader",
+                           "num_workers": 3, "images_dir": str(tmp_path), "device": "cpu",
+                           "pin_memory": None, "non_blocking": None, "normalize_on": None,
+                           **given})
+    assert steps._pipeline(p) == "feeder"
+    assert made == [(InputSettings(backend="dataloader", batch=6, image_size=224, num_workers=3,
+                                   **want), str(tmp_path), "cpu", NUM_CLASSES)]
+
+
+def test_an_fp8_point_reports_only_the_fallbacks_of_its_own_steps(monkeypatch):
+    """fp8.FALLBACKS holds the process's first reason per kind of GEMM; a point's row names what
+    its own steps fell back on (any scale kind: a blockwise backward has plain tiles), and the
+    earlier reasons are back after it."""
+    from fp16lab import fp8
+    monkeypatch.setattr(steps.fp8, "scaled_mm_available", lambda device: True)
+    monkeypatch.setattr(fp8.linear, "FALLBACKS", {"rowwise e4m3 x e4m3": "earlier point"})
+    monkeypatch.setattr(steps.fp8, "FALLBACKS", fp8.linear.FALLBACKS)
+    p = SimpleNamespace(device="cuda", precision="fp8-blockwise")
+    finish = steps._fp8_finish(p)
+    assert fp8.FALLBACKS == {}  # set aside while the point runs
+    fp8.FALLBACKS["blockwise e4m3 x e4m3, K=96"] = "emulated: K=96 is not a multiple of 128"
+    fp8.FALLBACKS["tiles (1, 128) x (1, 128) e5m2 x e4m3"] = "emulated: no such scale layout"
+    assert finish() == {"fp8_emulated": True, "fp8_fallbacks":
+                        "blockwise e4m3 x e4m3, K=96: emulated: K=96 is not a multiple of 128; "
+                        "tiles (1, 128) x (1, 128) e5m2 x e4m3: emulated: no such scale layout"}
+    assert fp8.FALLBACKS["rowwise e4m3 x e4m3"] == "earlier point" and len(fp8.FALLBACKS) == 3
+    # a point whose steps all ran on _scaled_mm: not emulated, nothing named
+    assert steps._fp8_finish(SimpleNamespace(device="cuda", precision="fp8-rowwise"))() == {
+        "fp8_emulated": False, "fp8_fallbacks": ""}
+    assert len(fp8.FALLBACKS) == 3
+
+
+def test_an_fp8_point_without_scaled_mm_says_why_it_was_emulated(monkeypatch):
+    monkeypatch.setattr(steps.fp8, "scaled_mm_available", lambda device: False)
+    finish = steps._fp8_finish(SimpleNamespace(device="cpu", precision="fp8-tensorwise"))
+    assert finish() == {"fp8_emulated": True, "fp8_fallbacks":
+                        "emulated: torch._scaled_mm needs a CUDA GPU of compute capability 8.9 "
+                        "or newer, the device is cpu"}

@@ -179,15 +179,21 @@ def _fp8_step(point: Point, model: Any, x: Any, y: Any) -> PointStep:
 
 
 def _fp8_finish(point: Point) -> Callable[[], dict[str, Any]]:
-    """Returns what an FP8 point's row records after its steps: emulated or not, and why."""
+    """Returns what an FP8 point's row records after its steps: emulated or not, and why.
+
+    ``fp8.FALLBACKS`` keeps, for the whole process, the first reason each kind of GEMM was
+    emulated; a point must report only its own. So it is set aside here, as the step is built,
+    the steps record afresh, and ``finish`` reads what they recorded (the GEMMs of every scale
+    kind the recipe makes: a blockwise step's backward has tiles _scaled_mm cannot take) and
+    puts the earlier reasons back."""
     fast = fp8.scaled_mm_available(point.device)
-    # FALLBACKS keys start with the scale kind _scaled_mm was asked for: tensorwise (also the
-    # delayed recipe's), rowwise, or "tiles" (blockwise, always emulated)
-    kind = fp8.granularity(PRECISIONS[point.precision].fp8_recipe, "data")
-    kind = kind if kind in ("tensorwise", "rowwise") else "tiles"
+    earlier = dict(fp8.FALLBACKS)
+    fp8.FALLBACKS.clear()
 
     def finish() -> dict[str, Any]:
-        met = [f"{k}: {v}" for k, v in fp8.FALLBACKS.items() if k.startswith(kind)]
+        met = [f"{k}: {v}" for k, v in fp8.FALLBACKS.items()]
+        for k, v in earlier.items():
+            fp8.FALLBACKS.setdefault(k, v)
         if not fast:
             met = [f"emulated: torch._scaled_mm needs a CUDA GPU of compute capability 8.9 or "
                    f"newer, the device is {point.device}"]
