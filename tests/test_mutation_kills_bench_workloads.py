@@ -520,3 +520,69 @@ def test_summary_medians_per_model():
     s = bench.summarize(rows)
     assert s["engine_vs_bare"] == {"a": statistics.median([2.0, 4.0, 6.0]) / 3.0, "b": 1.5}
     assert s["vocab_gain"] == pytest.approx(12.0 / 6.0 - 1)
+
+
+def test_recipe_rows_against_the_steps_run_by_hand(monkeypatch):
+    """Each arm's row: its losses and scales are those of the same step built here (AdamW with
+    the source's settings, the arm's scaler), the skipped steps are the scale's drops counted
+    by hand, and the rate is the batch over the median of the timed steps."""
+    from fp16lab.scaling import DynamicLossScaler
+    from fp16lab.workload import train_step
+    w = tiny(name="tiny-recipe")
+    timed = iter([[3.0, 1.0, 2.0], [8.0, 4.0, 6.0], [5.0, 5.0, 5.0], [9.0, 7.0, 8.0]])
+    monkeypatch.setattr(bench.measure, "step_times_ms", lambda step, n, device: next(timed))
+    rows = bench.recipe_rows(w, 6, "cpu", loss_steps=4, timed_steps=3)
+    assert [r["arm"] for r in rows] == [a for a, _, _ in bench.RECIPE_ARMS]
+    for row, (arm, precision, scaler), ms in zip(rows, bench.RECIPE_ARMS, (2.0, 6.0, 5.0, 8.0)):
+        engine = {"optimizer": lambda ps: torch.optim.AdamW(ps, lr=1e-4, betas=(0.9, 0.999),
+                                                            weight_decay=0.01)}
+        if scaler is not None:
+            engine["loss_scaler"] = DynamicLossScaler(**scaler)
+        step = train_step(w, precision, "cpu", 6, seed=0, **engine)
+        first = None if step.scaler is None else float(step.scaler.get_scale())
+        losses, scales = [], []
+        for _ in range(4):
+            losses.append(float(step().detach()))
+            scales.append(None if step.scaler is None else float(step.scaler.get_scale()))
+        drops = None if first is None else sum(
+            1 for a, b in zip([first] + scales, scales) if b < a)
+        assert row["losses"] == losses and row["scales"] == scales, arm
+        assert row["skipped_steps"] == drops, arm
+        assert (row["part"], row["model"], row["batch"], row["precision"]) == (
+            "recipe", "tiny-recipe", 6, precision)
+        assert row["optimizer"] == "AdamW({'lr': 0.0001, 'betas': (0.9, 0.999), " \
+                                   "'weight_decay': 0.01})"
+        assert row["scaler"] == (scaler or ("GradScaler defaults" if precision == "amp-fp16"
+                                            else None)), arm
+        assert row["step_ms"] == ms and row["samples_per_s"] == pytest.approx(6 / (ms / 1e3))
+        assert row["peak_mem_allocated_mb"] is None
+    assert rows[0]["scaler"] == {"init_scale": 8192.0, "max_scale": 32768.0}
+    assert rows[3]["skipped_steps"] is None and rows[3]["scales"] == [None] * 4
+
+
+def test_recipe_rows_count_every_drop_of_the_scale(monkeypatch):
+    """A scaler that halves at steps 2 and 4: two skipped steps, the steps between not counted."""
+    class Halving:
+        def __init__(self):
+            self.scale, self.n = 1024.0, 0
+
+        def get_scale(self):
+            return self.scale
+
+    class Step:
+        def __init__(self):
+            self.scaler = Halving()
+
+        def __call__(self):
+            self.scaler.n += 1
+            if self.scaler.n in (2, 4):
+                self.scaler.scale /= 2
+            elif self.scaler.n == 5:
+                self.scaler.scale *= 4  # a growth is no skip
+            return torch.tensor(1.0)
+    monkeypatch.setattr(bench, "RECIPE_ARMS", (("halving", "amp-fp16", None),))
+    monkeypatch.setattr(bench, "train_step", lambda *a, **k: Step())
+    monkeypatch.setattr(bench.measure, "step_times_ms", lambda step, n, device: [1.0])
+    row, = bench.recipe_rows(tiny(), 2, "cpu", loss_steps=6, timed_steps=1)
+    assert row["scales"] == [1024.0, 512.0, 512.0, 256.0, 1024.0, 1024.0]
+    assert row["skipped_steps"] == 2
