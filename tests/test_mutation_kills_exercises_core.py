@@ -112,3 +112,38 @@ def test_a_new_exercise_is_unsolved_and_a_bad_checker_named():
     with pytest.raises(TypeError) as info:
         Exercise("q9", "?", 3, hint="", solution="")
     assert str(info.value) == "checker of exercise 'q9' must be callable, got int"
+
+
+def test_shown_writes_six_significant_digits_in_brackets():
+    assert core.shown([1, 0.5, 1 / 3, 1e-7, 65504.0]) == "[1, 0.5, 0.333333, 1e-07, 65504]"
+    assert core.shown([]) == "[]"
+
+
+def test_feedback_text_and_html_with_and_without_code():
+    plain = core.Feedback("hint", "q7", "look at <b>")
+    assert str(plain) == f"{core.KINDS['hint'][0]} (q7): look at <b>" and "\n" not in str(plain)
+    assert "<pre" not in plain._repr_html_() and "look at &lt;b&gt;" in plain._repr_html_()
+    coded = core.Feedback("solution", "q7", "like so", "x = 1 < 2")
+    assert str(coded) == f"{core.KINDS['solution'][0]} (q7): like so\nx = 1 < 2"
+    assert coded._repr_html_().endswith(
+        "like so<pre style='margin:.4em 0 0 0'>x = 1 &lt; 2</pre></div>")
+
+
+def test_an_exercise_without_solution_code_and_its_hint_name():
+    q = Exercise("q3", "?", lambda a: "", hint="think", solution="say so")
+    assert q.solution().code == "" and "\n" not in str(q.solution())
+    assert q.hint().name == "q3" and q.hint().message == "think"
+
+
+def test_the_learners_function_keeps_its_attributes_and_repr_inside_the_check():
+    def answer(x):
+        return x
+    answer.note = "mine"
+    seen = {}
+
+    def checker(fn):
+        seen["note"], seen["repr"], seen["name"] = fn.note, repr(fn), fn.__name__
+        return "right"
+    q = Exercise("q4", "?", checker, hint="", solution="")
+    assert q.check(answer)
+    assert seen == {"note": "mine", "repr": repr(answer), "name": "answer"}
