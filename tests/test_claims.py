@@ -738,10 +738,12 @@ def test_amp_ratio_sentence_names_the_batch():
          "saved_bytes_fp32": 12 << 20}
     assert claims.judge_amp_ratio(f) == (
         NONEXISTENT, "no 'AMP ratio' in torch.autocast(device_type, dtype); torch.amp.GradScaler("
-                     "device). autocast picks the dtype per op (Dropout, Linear -> torch.float16; "
-                     "LayerNorm -> float32); what you choose is the region. Saved activations (a "
-                     "transformer block at batch 16): autocast everywhere 8.00 MiB, FFN kept in "
-                     "fp32 10.00 MiB, fp32 12.00 MiB: less fp16 work uses more activation memory")
+                     "device). autocast casts per op (each layer's output: Dropout, Linear -> "
+                     "torch.float16; LayerNorm -> float32; an op on none of its lists keeps its "
+                     "input's dtype); what you choose is the region. Saved activations (a "
+                     "transformer block at batch 16): autocast everywhere 8.00 MiB, the "
+                     "feed-forward layers kept in fp32 10.00 MiB, fp32 12.00 MiB: less fp16 work "
+                     "uses more activation memory")
     del f["batch"]  # a file recorded before the batch was a figure
     assert "Saved activations: autocast everywhere 8.00 MiB" in claims.judge_amp_ratio(f)[1]
 

@@ -597,7 +597,7 @@ def test_without_a_file_the_rows_are_returned_and_no_bar_unless_asked(capsys):
     assert "sweep" not in capsys.readouterr().err
     sweep.run_sweep(tiny(batches=(2,), repeats=1), progress=True)
     err = capsys.readouterr().err  # tqdm's bar, on stderr
-    assert "sweep: 100%" in err and " 1/1 " in err and "point/s" in err
+    assert "sweep: 100%" in err and " 1/1 " in err and "measurement/s" in err
     assert f"{spec.points()[0].label()} r0" in err  # the point being measured
 
 

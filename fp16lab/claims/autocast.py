@@ -231,11 +231,12 @@ def judge_amp_ratio(f: Figures) -> Judgement:
     at = f" (a transformer block at batch {f['batch']})" if "batch" in f else ""
     low = sorted(k for k, v in f["layer_dtypes"].items() if "float32" not in v)
     high = sorted(k for k, v in f["layer_dtypes"].items() if "float32" in v)
-    facts = (f"autocast picks the dtype per op ({', '.join(low)} -> {f['autocast_dtype']}; "
-             f"{', '.join(high)} -> float32); what you choose is the region. Saved "
+    facts = (f"autocast casts per op (each layer's output: {', '.join(low)} -> "
+             f"{f['autocast_dtype']}; {', '.join(high)} -> float32; an op on none of its lists "
+             f"keeps its input's dtype); what you choose is the region. Saved "
              f"activations{at}: autocast everywhere {f['saved_bytes_autocast'] / mib:.2f} MiB, "
-             f"FFN kept in fp32 {f['saved_bytes_ffn_fp32'] / mib:.2f} MiB, fp32 {f['saved_bytes_fp32'] / mib:.2f} "
-             f"MiB: less fp16 work uses "
+             f"the feed-forward layers kept in fp32 {f['saved_bytes_ffn_fp32'] / mib:.2f} MiB, "
+             f"fp32 {f['saved_bytes_fp32'] / mib:.2f} MiB: less fp16 work uses "
              f"{'more' if f['saved_bytes_ffn_fp32'] > f['saved_bytes_autocast'] else 'less'} "
              f"activation memory")
     if not f["ratio_knobs"]:

@@ -83,8 +83,8 @@ def _check_q1(answer: object) -> str:
 
 
 q1 = Exercise(
-    "q1", "Predict, then read the reference sweep: how many times fp32's samples/s does amp-fp16 "
-          "reach for resnet50 at batch 256, channels_last? A number.", _check_q1,
+    "q1", "Read the reference sweep's samples/s table: how many times fp32's samples/s does "
+          "amp-fp16 reach for resnet50 at batch 256, channels_last? A number.", _check_q1,
     hint="sweep.ratio_table(ref, model='resnet50', by='precision', baseline='fp32') has it, or "
          "divide two entries of sweep.throughput_table(ref, model='resnet50').",
     solution="The channels_last / 'amp-fp16 / fp32' entry at batch 256 of the ratio table.",
@@ -213,7 +213,8 @@ def _check_q4(answer: object) -> str:
 
 q4 = Exercise(
     "q4", "GradScaler starts at init_scale 2**40 with the default backoff_factor; this model's "
-          "gradients overflow fp16 whenever the scale is above 2**16. How many steps are skipped?",
+          "gradients overflow fp16 whenever the scale is above 2**16. How many steps are skipped "
+          "before the first step that updates the weights?",
     _check_q4,
     hint="Every skipped step multiplies the scale by backoff_factor (0.5 by default).",
     solution="24: 2^40 -> 2^16 takes 24 halvings; each is a skipped step.",

@@ -302,7 +302,7 @@ def run_sweep(spec: SweepSpec, out: str | Path | None = None, *,
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(tasks), unit="point", desc="sweep")
+        bar = tqdm(total=len(tasks), unit="measurement", desc="sweep")  # a point, one repeat
     try:
         for i, (r, p) in enumerate(tasks):
             if stop is not None and stop.is_set():
