@@ -155,3 +155,27 @@ def test_train_step_figures_needs_a_gpu_unless_exercised(monkeypatch):
         pytest.skip("a GPU is here")
     with pytest.raises(RuntimeError, match="train_step_figures needs a CUDA GPU; torch sees none"):
         T.train_step_figures("mlp", "fp32", "nchw", 4, 2)
+
+
+def test_the_verdicts_name_the_batch_and_layout_they_measured():
+    """Claims 2, 4 and 5 say at which batch (and, for 4 and 5, in which layout) the CNN was
+    trained; a file recorded before the batch was a figure says neither."""
+    cl = {"model": "resnet50", "batch": 128, "speedup_amp": 1.86, "speedup_fp32": 0.99}
+    assert T.judge_channels_last(cl)[1] == (
+        "only under AMP fp16. resnet50 training at batch 128, channels_last/NCHW: AMP fp16 "
+        "1.86x, fp32 0.99x")
+    del cl["batch"]
+    assert "resnet50 training, channels_last/NCHW" in T.judge_channels_last(cl)[1]
+    amp = {"model": "resnet50", "batch": 128, "speedup_vs_fp32": 2.84, "speedup_vs_tf32": 1.3,
+           "memory_saving": 0.5}
+    assert T.judge_amp_vs_fp32(amp)[1].endswith(
+        "resnet50 at batch 128, NCHW: AMP fp16 is 2.84x fp32 (TF32 off), 1.30x TF32; peak "
+        "memory 50% lower")
+    util = {"model": "resnet50", "batch": 128, "fp32_sm_util_pct": 50.0,
+            "amp-fp16_sm_util_pct": 70.0, "fp32_dram_bw_util_pct": 85.0,
+            "amp-fp16_dram_bw_util_pct": 90.0}
+    assert "read GPM SM utilisation and DRAM bandwidth utilisation while resnet50 trained at " \
+           "batch 128, NCHW: SM fp32 50% -> AMP 70%" in T.judge_utilisation(util)[1]
+    del util["batch"], util["model"]
+    assert "read GPM SM utilisation and DRAM bandwidth utilisation: SM fp32" in \
+        T.judge_utilisation(util)[1]

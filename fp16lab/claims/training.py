@@ -70,6 +70,12 @@ def train_step_figures(model_name: str, precision: str, layout: str, batch: int,
             "gpm_note": row.get("gpm_note") or ""}
 
 
+def _at_batch(f: Figures, layout: str = "") -> str:
+    """' at batch 128' (and ``layout`` after it) where the figures name their batch; files
+    recorded before the batch was a figure say nothing."""
+    return f" at batch {f['batch']}{layout}" if "batch" in f else ""
+
+
 def _train_sizes(quick: bool) -> tuple[int, int]:
     """Returns (batch, timed steps) for the GPU training claims (full: the sweep's protocol)."""
     return _sizes(quick, (128, sweep.GPU_PROTOCOL.steps), (16, 5), (2, 2))
@@ -101,7 +107,8 @@ def experiment_channels_last(quick: bool = False) -> Figures:
 def judge_channels_last(f: Figures) -> Judgement:
     """Rules on claim 2 from the channels_last/NCHW throughput ratios."""
     amp, fp32 = f["speedup_amp"], f["speedup_fp32"]
-    facts = f"{f['model']} training, channels_last/NCHW: AMP fp16 {amp:.2f}x, fp32 {fp32:.2f}x"
+    facts = (f"{f['model']} training{_at_batch(f)}, channels_last/NCHW: AMP fp16 {amp:.2f}x, "
+             f"fp32 {fp32:.2f}x")
     if amp >= CL_CLAIMED and fp32 >= CL_CLAIMED:
         return HOLDS, facts
     if amp >= CL_CLAIMED or fp32 >= CL_CLAIMED:
@@ -193,7 +200,8 @@ def experiment_amp_vs_fp32(quick: bool = False) -> Figures:
 def judge_amp_vs_fp32(f: Figures) -> Judgement:
     """Rules on claim 4 from the AMP/fp32 speedup and the peak-memory saving."""
     s, m = f["speedup_vs_fp32"], f["memory_saving"]
-    facts = (f"{f['model']}: AMP fp16 is {s:.2f}x fp32 (TF32 off), {f['speedup_vs_tf32']:.2f}x "
+    facts = (f"{f['model']}{_at_batch(f, ', NCHW')}: AMP fp16 is {s:.2f}x fp32 (TF32 off), "
+             f"{f['speedup_vs_tf32']:.2f}x "
              f"TF32; peak memory {100 * m:.0f}% lower")
     fast, lean = s >= AMP_SPEEDUP, m >= AMP_SAVING
     if s >= 2 * 1.6:
@@ -250,7 +258,8 @@ def judge_utilisation(f: Figures) -> Judgement:
         return UNTESTABLE, (f"neither GPM nor NVML gave readings ({f.get('fp32_telemetry')}; "
                             f"{f.get('fp32_gpm_note') or 'no GPM note'})")
     nvml = sm_key == "gpu_busy_pct"
-    facts = (f"read {what}: {'GPU busy' if nvml else 'SM'} fp32 {sm[0]:.0f}% -> AMP "
+    trained = f" while {f['model']} trained{_at_batch(f, ', NCHW')}" if "model" in f else ""
+    facts = (f"read {what}{trained}: {'GPU busy' if nvml else 'SM'} fp32 {sm[0]:.0f}% -> AMP "
              f"{sm[1]:.0f}%; {'memory busy' if nvml else 'DRAM bandwidth'} {mem[0]:.0f}% -> "
              f"{mem[1]:.0f}%")
     if nvml:
