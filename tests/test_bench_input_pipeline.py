@@ -19,6 +19,7 @@ WANTED = ["loader synthetic", "loader dali", "loader gpu-decode", "loader hw-dec
 def calls(monkeypatch):
     seen = []
     monkeypatch.setattr(bench, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(bench, "physical_cores", lambda: 8)
     monkeypatch.setattr(bench, "default_workers", lambda cores=None: 12)
     monkeypatch.setattr(bench, "measure_loader",
                         lambda s, root, **kw: seen.append(("loader", s, kw)) or {})
@@ -40,7 +41,39 @@ def test_the_wanted_rows_come_first_then_hybrids_fp32_and_the_worker_sweep(calls
                            "loader gpu-decode + 25% CPU", "train amp-fp16 gpu-decode + 25% CPU sgd-fused",
                            "train fp32 synthetic", "train fp32 dali", "train fp32 gpu-decode",
                            "train fp32 dataloader", "loader dataloader 4 workers",
-                           "loader dataloader 8 workers", "loader dataloader 16 workers"]
+                           "loader dataloader 8 workers", "loader dataloader 16 workers",
+                           # 25, 50, 75 and 100% of the 8 physical cores, less the 12 already run
+                           "loader dali 2 threads", "loader dali 4 threads",
+                           "loader dali 6 threads", "loader dali 8 threads"]
+
+
+def test_without_a_readable_topology_the_dali_counts_follow_the_logical_cores(calls, monkeypatch):
+    monkeypatch.setattr(bench, "physical_cores", lambda: None)
+    labels = [label for label, _ in bench.plan(_args(), "cuda")]
+    assert [x for x in labels if x.endswith("threads")] == [
+        "loader dali 4 threads", "loader dali 8 threads", "loader dali 16 threads"]
+
+
+def test_physical_cores_count_each_core_once(tmp_path, monkeypatch):
+    """Four logical CPUs: two hyperthreads of core 0 and two of core 1 on package 0 is two
+    cores; the same core ids on two packages are four; a missing file is unknown."""
+    from fp16lab.inputs import physical_cores
+
+    def topology(pairs):
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        for cpu, (package, core) in enumerate(pairs):
+            d = root / f"cpu{cpu}" / "topology"
+            d.mkdir(parents=True)
+            (d / "physical_package_id").write_text(f"{package}\n")
+            (d / "core_id").write_text(f"{core}\n")
+        return root
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert physical_cores(topology([(0, 0), (0, 0), (0, 1), (0, 1)])) == 2
+    assert physical_cores(topology([(0, 0), (0, 1), (1, 0), (1, 1)])) == 4
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {1, 3})  # only some CPUs allowed
+    assert physical_cores(topology([(0, 0), (0, 0), (0, 1), (0, 1)])) == 2
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 4})
+    assert physical_cores(topology([(0, 0), (0, 1)])) is None  # cpu4 has no topology here
 
 
 def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):
@@ -64,8 +97,10 @@ def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):
         want_steps = 12 if kind == "loader" else 10 if kind == "fp32" else 20
         assert kw["steps"] == want_steps, label
         assert kw.get("optimizer", "sgd") == ("sgd-fused" if "sgd-fused" in label else "sgd"), label
-        if kind != "loader" or "workers" not in label:
+        if kind != "loader" or not label.endswith(("workers", "threads")):
             assert s.resolved_workers() == 12, label
+        elif label.endswith("threads"):
+            assert s.resolved_workers() == int(label.split()[2]), label
 
 
 def test_the_protocol_in_the_meta_states_the_window():

@@ -46,7 +46,7 @@ from fp16lab.device import device_info
 from fp16lab.sweep.cli import images_folder
 from fp16lab.inputs import (GPU_DECODE_DEPTH, GPU_DECODE_PRODUCERS, InputSettings, cpu_cores,
                             default_workers, make_image_folder, measure_loader, measure_training,
-                            summary_lines)
+                            physical_cores, summary_lines)
 
 #: Each timed window lasts at least this long (and at least the row's steps), so that a
 #: pipeline of 12 workers building whole batches is timed over several waves of batches.
@@ -84,12 +84,16 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
     same inputs with the plain SGD in amp-fp16 and amp-bf16; then hw-decode and gpu-decode with
     ``HYBRID_SHARE`` of each batch decoded on the CPU (loader, and amp-fp16 with the fused SGD);
     then fp32 (its first step pays about a minute of cuDNN's algorithm search on an H200); then the
-    worker sweep (the "75% of cores" rule). What the budget leaves out is recorded as skipped.
+    worker sweep (the "75% of cores" rule); then DALI's reader threads at the same shares of the
+    *physical* cores, the form the rule has in its source (where DALI is not installed, those
+    rows are skipped at once). What the budget leaves out is recorded as skipped.
     """
     cores = cpu_cores()
     shares = (0.5, 1.0) if a.quick else (0.25, 0.5, 0.75, 1.0)
     rule = default_workers(cores)
     counts = [w for w in sorted({max(1, int(s * cores)) for s in shares}) if w != rule]
+    physical = physical_cores() or cores
+    threads = [t for t in sorted({max(1, int(s * physical)) for s in shares}) if t != rule]
     size, root = a.image_size, a.images_dir
 
     def loader(backend: str, workers: int, normalize_on: str = "cpu", cpu_share: float = 0.0):
@@ -137,6 +141,7 @@ def plan(a: argparse.Namespace, device: str) -> list[tuple[str, Callable[[], dic
                   train("amp-fp16", backend, cpu_share=HYBRID_SHARE, optimizer="sgd-fused"))]
     rows += [(f"train fp32 {b}", train("fp32", b)) for b in ("synthetic", "dali", "gpu-decode", "dataloader")]
     rows += [(f"loader dataloader {w} workers", loader("dataloader", w)) for w in counts]
+    rows += [(f"loader dali {t} threads", loader("dali", t)) for t in threads]
     return rows
 
 
@@ -175,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             "min_seconds": a.min_seconds, "budget_s": a.budget_s,
             "gpu_decode": {"producer_threads": GPU_DECODE_PRODUCERS, "depth": GPU_DECODE_DEPTH},
             "model": a.model, "batch": a.batch, "image_size": a.image_size,
-            "cpu_cores": cpu_cores(), "default_workers": default_workers(),
+            "cpu_cores": cpu_cores(), "physical_cores": physical_cores(),
+            "default_workers": default_workers(),
             "data_set": {"images": data.images, "classes": data.classes, "size": data.size,
                          "quality": data.quality, "mean_kb": data.mean_kb}}
     if a.host_note:

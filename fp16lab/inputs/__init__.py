@@ -31,14 +31,14 @@ from .producers import OrderedProducer
 from .dali import dali_pipeline, dali_unavailable
 from .dataloader import JpegFolder, dataloader_pipeline
 from .registry import BACKENDS, REGISTRY, Backend, make_input, unavailable_reason
-from .settings import (CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores,
+from .settings import (CPU_SHARE_BACKENDS, InputPipeline, InputSettings, cpu_cores, physical_cores,
                        default_workers)
 from .synthetic import synthetic_pipeline
 
 __all__ = [
     # settings and the registry
     "BACKENDS", "CPU_SHARE_BACKENDS", "REGISTRY", "Backend", "InputPipeline", "InputSettings",
-    "cpu_cores", "default_workers", "make_input", "unavailable_reason",
+    "cpu_cores", "default_workers", "make_input", "physical_cores", "unavailable_reason",
     # the backends
     "synthetic_pipeline", "JpegFolder", "dataloader_pipeline", "GPU_DECODE_DEPTH",
     "GPU_DECODE_PRODUCERS", "augment_batch", "decode_batch", "decode_on_cpu",

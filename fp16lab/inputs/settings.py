@@ -41,6 +41,28 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def physical_cores(sysfs: str | os.PathLike = "/sys/devices/system/cpu") -> int | None:
+    """Returns the physical cores among the CPUs this process may run on (two hyperthreads of
+    one core count once), read from Linux's CPU topology under ``sysfs``; None where it cannot
+    be read (another system, a container that hides it)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return None
+    cores = set()
+    for cpu in cpus:
+        topology = os.path.join(sysfs, f"cpu{cpu}", "topology")
+        try:
+            with open(os.path.join(topology, "physical_package_id")) as f:
+                package = f.read().strip()
+            with open(os.path.join(topology, "core_id")) as f:
+                core = f.read().strip()
+        except OSError:
+            return None
+        cores.add((package, core))
+    return len(cores) or None
+
+
 def default_workers(cores: int | None = None) -> int:
     """Returns the default worker count: 75% of the cores rounded down, at least 1."""
     cores = cpu_cores() if cores is None else validate.count("cores", cores)
