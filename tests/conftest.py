@@ -107,6 +107,14 @@ def root() -> pathlib.Path:
     return ROOT
 
 
+@pytest.fixture(scope="session")
+def lab_executed() -> dict:
+    """The notebooks a browser test ran with Run All in JupyterLab this session, without an error:
+    {file name: (the notebook's JSON as JupyterLab holds it, outputs included; seconds)}.
+    tests/test_notebooks.py reads their outputs instead of executing them a second time."""
+    return {}
+
+
 # ------------------------------------------------------------ the exercises' feedback, word for word
 
 #: Every message an exercise's check gave in the exercise tests, per test, in order: what a

@@ -30,14 +30,33 @@ def test_committed_without_outputs(path):
 _EXECUTED: dict[pathlib.Path, tuple[object, float] | Exception] = {}
 
 
-def executed(path: pathlib.Path):
+def _cells(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+def executed(path: pathlib.Path, lab_executed: dict):
     """Returns (the executed notebook, seconds): executed once per test session, kept for every
-    test that reads its outputs, and written to test-artifacts/executed/ (also when a cell fails)."""
+    test that reads its outputs, and written to test-artifacts/executed/ (also when a cell fails).
+
+    A notebook the browser tests ran with Run All in JupyterLab this session, without an error
+    and with the cells committed now, is not executed again: its outputs there are read."""
     if path not in _EXECUTED:
         import nbformat
         from nbclient import NotebookClient
 
         nb = nbformat.read(path, as_version=4)
+        if path.name in lab_executed:
+            raw, seconds = lab_executed[path.name]
+            # JupyterLab's model gives a markdown cell without attachments "attachments": null,
+            # which its server drops when it saves; reads() also rejoins multiline strings
+            raw = {**raw, "cells": [{k: v for k, v in c.items() if v is not None}
+                                    for c in raw["cells"]]}
+            in_lab = nbformat.reads(json.dumps(raw), as_version=4)
+            if _cells(in_lab) == _cells(nb):
+                _EXECUTED[path] = (in_lab, seconds)
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                nbformat.write(in_lab, ARTIFACTS / path.name)
+                return _EXECUTED[path]
         client = NotebookClient(nb, timeout=900, kernel_name="python3",
                                 resources={"metadata": {"path": str(path.parent)}})
         t0 = time.perf_counter()
@@ -56,12 +75,36 @@ def executed(path: pathlib.Path):
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path):
-    nb, elapsed = executed(path)
+def test_notebook_executes(path, lab_executed):
+    nb, elapsed = executed(path, lab_executed)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors, f"{path.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
-    print(f"{path.name} executed in {elapsed:.1f} s")
+    where = "in JupyterLab (the browser test's Run All)" if path.name in lab_executed else ""
+    print(f"{path.name} executed {where} in {elapsed:.1f} s".replace("  ", " "))
+
+
+def test_a_lab_run_is_read_only_where_its_cells_are_the_committed_ones(tmp_path):
+    """A notebook the browser ran with the same cells: its outputs are read, nothing executes.
+    One whose cells differ (edited since): executed here, its Lab outputs ignored."""
+    import nbformat
+    path = tmp_path / "zz_lab_reuse_check.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]),
+                   path)
+    lab = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    lab.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="from the lab\n")]
+    raw = json.loads(nbformat.writes(lab))
+    raw["cells"][0]["attachments"] = None  # as JupyterLab's model gives it
+    try:
+        nb, seconds = executed(path, {path.name: (raw, 2.5)})
+        assert seconds == 2.5 and nb.cells[0].outputs[0]["text"] == "from the lab\n"
+        _EXECUTED.pop(path)
+        raw["cells"][0]["source"] = "print(6 * 9)"  # the committed cell changed since the run
+        nb, _ = executed(path, {path.name: (raw, 2.5)})
+        assert nb.cells[0].outputs[0]["text"] == "42\n"
+    finally:
+        _EXECUTED.pop(path, None)
+        (ARTIFACTS / path.name).unlink(missing_ok=True)
 
 
 # What a learner reads must be a sentence or a rounded table, never an object's field dump or a
@@ -158,10 +201,10 @@ def test_unreadable_finds_what_the_rule_names():
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_outputs_are_readable(path):
+def test_outputs_are_readable(path, lab_executed):
     """No object repr, and no float with more than MAX_DIGITS significant digits, in what a learner
     reads (the outputs of the same execution as test_notebook_executes)."""
-    nb, _ = executed(path)
+    nb, _ = executed(path, lab_executed)
     records = _fp16lab_record_names()
     bad = []
     for i, cell in enumerate(nb.cells):

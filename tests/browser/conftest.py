@@ -255,14 +255,28 @@ class Notebook:
                 f"[{i}] {sec:.0f} s" for i, sec in slowest)] = sum(sec for _, sec in slowest)
         return state
 
-    def run_all_without_errors(self) -> dict:
+    def model_json(self) -> dict:
+        """Returns the notebook as JupyterLab holds it now, outputs included (nbformat JSON)."""
+        return self.page.evaluate("""(path) => {
+          for (const w of window.jupyterapp.shell.widgets('main'))
+            if (w.context && w.context.path === path) return w.context.model.toJSON();
+          return null;
+        }""", self.name)
+
+    def run_all_without_errors(self, keep: dict | None = None) -> dict:
         """Returns the state after Run All, having checked that every code cell ran and none
-        shows an error; a screenshot of the whole notebook is saved first."""
+        shows an error; a screenshot of the whole notebook is saved first. ``keep`` (the
+        session's ``lab_executed``) gets the executed notebook and the seconds Run All took,
+        for tests/test_notebooks.py to read instead of executing it again."""
+        t0 = time.perf_counter()
         state = self.run_all()
+        seconds = time.perf_counter() - t0
         self.shot_whole_notebook("after-run-all")
         self.assert_no_errors(state)
         assert state["codeCells"] > 0, f"{self.name} has no code cells"
         assert state["pending"] == 0, f"{self.name}: {state['pending']} code cells did not run"
+        if keep is not None:
+            keep[self.name] = (self.model_json(), seconds)
         return state
 
     def assert_no_errors(self, state: dict | None = None) -> None:

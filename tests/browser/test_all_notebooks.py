@@ -26,8 +26,10 @@ NOTEBOOKS = [n for n in ALL if not n.startswith(WIDGET_TESTED)]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS, ids=[pathlib.Path(n).stem for n in NOTEBOOKS])
-def test_run_all_shows_no_error(open_notebook, name):
-    open_notebook(name).run_all_without_errors()
+def test_run_all_shows_no_error(open_notebook, name, lab_executed):
+    """Each runs once in this session: its outputs, kept in ``lab_executed``, are what
+    tests/test_notebooks.py checks for readability, instead of a second execution."""
+    open_notebook(name).run_all_without_errors(keep=lab_executed)
 
 
 def test_widget_notebooks_have_their_own_tests():

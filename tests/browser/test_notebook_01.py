@@ -90,11 +90,11 @@ def _has(css_class: str):
     return re.compile(rf"(^|\s){re.escape(css_class)}(\s|$)")
 
 
-def test_bit_explorer_follows_clicks_and_typing(open_notebook):
+def test_bit_explorer_follows_clicks_and_typing(open_notebook, lab_executed):
     from playwright.sync_api import expect
 
     nb = open_notebook("01_")
-    nb.run_all_without_errors()
+    nb.run_all_without_errors(keep=lab_executed)
     ex = Explorer(nb.page)
     expect(ex.root).to_be_visible()
     ex.root.scroll_into_view_if_needed()

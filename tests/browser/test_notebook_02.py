@@ -37,11 +37,11 @@ def _plot_state(plot) -> tuple[str, int, int]:
     raise AssertionError("unreachable")
 
 
-def test_scaler_slider_redraws_the_plot(open_notebook):
+def test_scaler_slider_redraws_the_plot(open_notebook, lab_executed):
     from playwright.sync_api import expect
 
     nb = open_notebook("02_")
-    nb.run_all_without_errors()
+    nb.run_all_without_errors(keep=lab_executed)
     page = nb.page
     playground = page.locator(".fp16lab-scaler-playground").first
     expect(playground).to_be_visible()

@@ -28,11 +28,11 @@ def _control(panel, name: str):
     return panel.locator(f".fp16lab-sweep-{name}").locator("select, input").first
 
 
-def test_sweep_panel_runs_a_tiny_cpu_sweep(open_notebook):
+def test_sweep_panel_runs_a_tiny_cpu_sweep(open_notebook, lab_executed):
     from playwright.sync_api import expect
 
     nb = open_notebook("04_")
-    nb.run_all_without_errors()
+    nb.run_all_without_errors(keep=lab_executed)
     page = nb.page
     panel = page.locator(".fp16lab-sweep-panel").first
     expect(panel).to_be_visible()
