@@ -50,6 +50,14 @@ def test_each_precision_says_what_it_does(table):
     for name, needed in words.items():
         text = str(table[name])
         assert text == table[name].description and all(w in text for w in needed), text
+    # and word for word, as `fp16lab sweep --help` and notebook 04 print them
+    assert [str(table[n]) for n in words] == [
+        "fp32 weights and maths; TF32 off for matmul and cuDNN",
+        "fp32 weights; matmul and convolutions on TF32 tensor cores (no effect on a CPU)",
+        "autocast to fp16 with a GradScaler",
+        "autocast to bf16, no scaler (bf16 has fp32's exponent range)",
+        "pure fp16 model with fp32 master weights in the optimizer and a dynamic loss scaler "
+        "(the Apex O2 recipe; BatchNorm kept in fp32)"]
     for r, what in recipes.FP8_RECIPES.items():
         assert str(table[f"fp8-{r}"]) == f"FP8 linear layers: {what}; the rest as amp-bf16"
 
@@ -124,14 +132,14 @@ def test_the_batch_step_trains_on_is_kept_and_o2_keeps_the_fp16_copy():
     assert o2.batch[1] is y16
 
 
-def _gradients_seen(precision, unscale_first=False):
+def _gradients_seen(precision, **kwargs):
     """(the |gradient| sum after backward, and as the optimizer step is entered)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
     seen = {}
     step, gs = recipes.make_train_step(
-        precision, model, x, y, device="cpu", unscale_first=unscale_first,
+        precision, model, x, y, device="cpu", **kwargs,
         after_backward=lambda: seen.setdefault("after backward", model.weight.grad.abs().sum()))
     if gs is not None:
         real_step = gs.step
@@ -149,7 +157,7 @@ def test_after_backward_sees_scaled_gradients_and_unscale_first_unscales_before_
     after backward are that many times fp32's; unscale_first divides them back in a call of its
     own before the optimizer step (where clipping goes), else the step does it inside."""
     plain = _gradients_seen("fp32")["after backward"]
-    inside = _gradients_seen("amp-fp16")
+    inside = _gradients_seen("amp-fp16")  # the default: unscaled inside the optimizer step
     first = _gradients_seen("amp-fp16", unscale_first=True)
     assert inside["after backward"] == pytest.approx(plain * 65536.0, rel=1e-2)
     assert inside["at the step"] == pytest.approx(plain * 65536.0, rel=1e-2)
@@ -170,3 +178,20 @@ def test_the_autocast_cache_setting_reaches_autocast():
                                           autocast_cache=cache)
         step()
     assert seen == [False, True]
+
+
+def test_the_loss_function_gets_the_models_output_as_it_is():
+    """Under autocast the output stays 16-bit for the loss (cross-entropy casts it to fp32 on
+    its own; a loss of the user's sees what the model gave); fp16-o2's fp16 output is made fp32
+    first, since no autocast is there to do it."""
+    seen = []
+
+    def loss(out, y):
+        seen.append(out.dtype)
+        return out.float().square().mean()
+    model = torch.nn.Linear(4, 3)
+    for precision in ("amp-bf16", "fp32", "fp16-o2"):
+        step, _ = recipes.make_train_step(precision, model, torch.randn(2, 4),
+                                          torch.tensor([0, 1]), device="cpu", loss_fn=loss)
+        step()
+    assert seen == [torch.bfloat16, torch.float32, torch.float32]
