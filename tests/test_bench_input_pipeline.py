@@ -74,6 +74,9 @@ def test_physical_cores_count_each_core_once(tmp_path, monkeypatch):
     assert physical_cores(topology([(0, 0), (0, 0), (0, 1), (0, 1)])) == 2
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 4})
     assert physical_cores(topology([(0, 0), (0, 1)])) is None  # cpu4 has no topology here
+    for bad, error in (("", ValueError), (7, TypeError), (tmp_path / "missing", OSError)):
+        with pytest.raises(error, match="sysfs"):
+            physical_cores(bad)
 
 
 def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):

@@ -41,10 +41,21 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def physical_cores(sysfs: str | os.PathLike = "/sys/devices/system/cpu") -> int | None:
+#: Where Linux describes its CPUs (cpuN/topology/core_id and physical_package_id).
+CPU_TOPOLOGY = "/sys/devices/system/cpu"
+
+
+def physical_cores(sysfs: str | os.PathLike | None = None) -> int | None:
     """Returns the physical cores among the CPUs this process may run on (two hyperthreads of
-    one core count once), read from Linux's CPU topology under ``sysfs``; None where it cannot
-    be read (another system, a container that hides it)."""
+    one core count once), read from Linux's CPU topology; None where it cannot be read (another
+    system, a container that hides it). ``sysfs``: the topology's folder, :data:`CPU_TOPOLOGY`
+    by default (a test gives one of its own; a folder given must exist)."""
+    if sysfs is None:
+        if not os.path.isdir(CPU_TOPOLOGY):
+            return None
+        sysfs = CPU_TOPOLOGY
+    else:
+        sysfs = validate.existing_dir("sysfs", sysfs)
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
