@@ -84,9 +84,12 @@ def test_round_orders_by_hand():
     assert measure.round_orders("ab", 4) == [["a", "b"], ["b", "a"]] * 2
     assert measure.round_orders("abcd", 4) == [list("abdc"), list("bcad"), list("cdba"),
                                                list("dacb")]
-    for bad in ({"rounds": 0}, {"rounds": -1}):
-        with pytest.raises(ValueError, match="rounds >= 1"):
-            measure.round_orders("ab", **bad)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="rounds must be >= 1"):
+            measure.round_orders("ab", bad)
+    for bad in (True, 2.5, "3"):
+        with pytest.raises((TypeError, ValueError), match="rounds must be a whole number"):
+            measure.round_orders("ab", bad)
     with pytest.raises(ValueError, match="at least one name"):
         measure.round_orders([], 2)
 

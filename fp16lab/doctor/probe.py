@@ -233,8 +233,9 @@ class Probe:
     def race(self, configs: list[Config], rounds: int = 3) -> dict[Config, float]:
         """Returns the samples/s of each configuration timed against the others: their steps
         built side by side, warmed up, then ``timed_steps`` of each in turn, ``rounds`` times
-        in balanced orders (:func:`~fp16lab.measure.round_orders`), each one's median over all its steps. A GPU's clock drifts as it
-        heats, so runs measured one after the other can differ by more than their gap; the
+        in balanced orders (:func:`~fp16lab.measure.round_orders`), each one's median over all
+        its steps. A GPU's clock drifts as it heats, so runs measured one after the other can
+        differ by more than their gap; the
         measurements take the raced figures. A configuration that cannot be built beside the
         others (out of memory) keeps its own measurement."""
         rounds = validate.count("rounds", rounds)

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
+from .. import validate
 from ..profile import torch_profiler
 
 
@@ -92,11 +93,11 @@ def round_orders(names: Iterable[Any], rounds: int) -> list[list[Any]]:
     list is rotated) can give one kernel a handicap that another never meets; balanced orders
     share it out. Two names alternate: a b, b a, a b, ...
     """
+    rounds = validate.count("rounds", rounds)
     names = list(names)
     n = len(names)
-    if rounds < 1 or n == 0:
-        raise ValueError(f"need rounds >= 1 and at least one name, got rounds={rounds}, "
-                         f"{n} names")
+    if n == 0:
+        raise ValueError("round_orders needs at least one name, got none")
     # 0, 1, n-1, 2, n-2, ...: shifted by r, row r; with each row's reverse too when n is odd
     base = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
     rows = [[(b + r) % n for b in base] for r in range(n)]
