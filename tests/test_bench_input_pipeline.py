@@ -54,31 +54,6 @@ def test_without_a_readable_topology_the_dali_counts_follow_the_logical_cores(ca
         "loader dali 4 threads", "loader dali 8 threads", "loader dali 16 threads"]
 
 
-def test_physical_cores_count_each_core_once(tmp_path, monkeypatch):
-    """Four logical CPUs: two hyperthreads of core 0 and two of core 1 on package 0 is two
-    cores; the same core ids on two packages are four; a missing file is unknown."""
-    from fp16lab.inputs import physical_cores
-
-    def topology(pairs):
-        root = tmp_path / str(len(list(tmp_path.iterdir())))
-        for cpu, (package, core) in enumerate(pairs):
-            d = root / f"cpu{cpu}" / "topology"
-            d.mkdir(parents=True)
-            (d / "physical_package_id").write_text(f"{package}\n")
-            (d / "core_id").write_text(f"{core}\n")
-        return root
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert physical_cores(topology([(0, 0), (0, 0), (0, 1), (0, 1)])) == 2
-    assert physical_cores(topology([(0, 0), (0, 1), (1, 0), (1, 1)])) == 4
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {1, 3})  # only some CPUs allowed
-    assert physical_cores(topology([(0, 0), (0, 0), (0, 1), (0, 1)])) == 2
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 4})
-    assert physical_cores(topology([(0, 0), (0, 1)])) is None  # cpu4 has no topology here
-    for bad, error in (("", ValueError), (7, TypeError), (tmp_path / "missing", OSError)):
-        with pytest.raises(error, match="sysfs"):
-            physical_cores(bad)
-
-
 def test_every_window_but_the_synthetic_loaders_lasts_five_seconds(calls):
     plan = bench.plan(_args(), "cuda")
     for label, measure in plan:
