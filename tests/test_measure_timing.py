@@ -56,8 +56,9 @@ def test_interleaved_timing_balances_the_order_and_pools_the_rounds(monkeypatch)
     assert out["c"].median_ms == pytest.approx(4 * np.median([1.3, 1.4, 1.8]))
     with pytest.raises(ValueError, match="rounds"):
         measure.time_cuda_interleaved({"a": lambda: "a"}, rounds=0)
-    with pytest.raises(ValueError, match="at least one function"):
+    with pytest.raises(ValueError) as e:
         measure.time_cuda_interleaved({})
+    assert str(e.value) == "time_cuda_interleaved needs at least one function, got none"
 
 
 @pytest.mark.parametrize("n", range(1, 10))
@@ -90,8 +91,9 @@ def test_round_orders_by_hand():
     for bad in (True, 2.5, "3"):
         with pytest.raises((TypeError, ValueError), match="rounds must be a whole number"):
             measure.round_orders("ab", bad)
-    with pytest.raises(ValueError, match="at least one name"):
+    with pytest.raises(ValueError) as e:
         measure.round_orders([], 2)
+    assert str(e.value) == "round_orders needs at least one name, got none"
 
 
 def test_nvidia_smi_id_follows_cuda_visible_devices(monkeypatch):
